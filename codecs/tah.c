@@ -1,0 +1,462 @@
+/* tah.c — TAH-Quant (tile-wise adaptive Hadamard quantisation) for forward
+ * activations of shape (B,S,C).
+ *
+ * Tiles: each token's C channels are cut into Q = ceil(C/G) quantisation
+ * tiles of G channels (the last one zero-padded to G) and into allocation
+ * tiles of A = k*G channels (the last one may hold fewer quant tiles).
+ *
+ * Encode, per sample b:
+ *   1. entropy of every allocation tile, H = -sum p_k log2 p_k with
+ *      p_k = |a_k| / (||a||_1 + eps); the n_hi = round(hi_frac * S*ceil(Q/k))
+ *      highest-entropy tiles (ties: lower index first) get bits_hi, the rest
+ *      bits_lo — exactly n_hi per sample, found with a radix select;
+ *   2. per quant tile, if |a(1)| / (|a(2)| + rho) > tau: swap the largest-
+ *      magnitude element to position 0 and apply H_G/sqrt(G) (fwht_f32);
+ *   3. asymmetric uniform quantisation: fp16 minimum rounded down, fp16 step
+ *      rounded up (so min + step*(2^b-1) covers the tile), codes round to
+ *      nearest and are clamped.
+ * All fp16 metadata is relative to a per-frame power of two 2^e chosen from
+ * the frame's absmax, so any finite float32 tensor is encodable.
+ *
+ * Payload (T = B*S*Q tiles, lg = log2 G):
+ *   i32 e, u32 0
+ *   flags: T entries of (2+lg) bits, LSB-first stream, byte-padded:
+ *          bit 0 high width, bit 1 rotated, bits 2.. pivot index (0 if not rotated)
+ *   meta:  T x (u16 fp16 min, u16 fp16 step)
+ *   codes: per sample a fixed region sized for its largest possible number
+ *          of high tiles; inside, tiles in (s, q) order, G*bits/8 bytes each
+ *          (bitpack layout), zero after the last tile.
+ * Entropies are float32 sums: a tile whose L1 norm overflows float32 (values
+ * above ~1e36) ranks as entropy 0; the count of high tiles stays exact.
+ *
+ * Default (G=A=64, 80 % INT4, INT3): 8 + 32 + 0.8*256 + 0.2*192 bits per
+ * 64 elements = 4.425 bits/element plus 72 bytes per frame. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bitpack.h" /* bitpack_pack, bitpack_unpack */
+#include "codec_impl.h"
+#include "fwht.h" /* fwht_f32 */
+#include "half.h" /* half_from_f32_down/up, half_to_f32 */
+#include "simd.h" /* simd_f8 lanes for the per-tile reductions */
+
+#define S_ENTROPY_EPS 1e-12f
+#define S_EXP_LIMIT 200 /* |e| beyond this cannot come from a finite float32 tensor */
+
+typedef struct s_geom {
+    uint32_t G, lg, k, Q, nA, r; /* r: quant tiles in a token's last allocation tile */
+    uint32_t bh, bl;
+    uint64_t S, B, tiles, n_alloc, n_hi, hi_q_max;
+    uint64_t flags_bytes, meta_bytes, code_bytes; /* code_bytes: per sample */
+} s_geom_t;
+
+static uint32_t s_log2(uint32_t v)
+{
+    uint32_t l = 0;
+    while ((1u << l) < v)
+        l++;
+    return l;
+}
+
+static void s_geometry(const codec_tah_params_t *p, codec_shape_t shape, s_geom_t *g)
+{
+    g->G = p->tile;
+    g->lg = s_log2(p->tile);
+    g->k = p->alloc_tile / p->tile;
+    g->Q = (shape.c + g->G - 1) / g->G;
+    g->nA = (g->Q + g->k - 1) / g->k;
+    g->r = g->Q - (g->nA - 1) * g->k;
+    g->bh = p->bits_hi;
+    g->bl = p->bits_lo;
+    g->S = shape.s;
+    g->B = shape.b;
+    g->tiles = g->B * g->S * g->Q;
+    g->n_alloc = g->S * g->nA;
+    double want = floor((double)p->hi_frac * (double)g->n_alloc + 0.5);
+    g->n_hi = want < 0 ? 0 : (want > (double)g->n_alloc ? g->n_alloc : (uint64_t)want);
+    /* worst case: the high tiles are the full allocation tiles first */
+    uint64_t full = (g->r == g->k) ? g->n_alloc : g->S * (g->nA - 1);
+    g->hi_q_max = (g->n_hi <= full) ? g->n_hi * g->k : full * g->k + (g->n_hi - full) * g->r;
+    uint64_t sq = g->S * g->Q;
+    g->flags_bytes = (g->tiles * (2 + g->lg) + 7) / 8;
+    g->meta_bytes = 4 * g->tiles;
+    g->code_bytes = g->hi_q_max * g->G * g->bh / 8 + (sq - g->hi_q_max) * g->G * g->bl / 8;
+}
+
+static uint64_t s_payload_size(const codec_spec_t *spec, codec_shape_t shape)
+{
+    s_geom_t g;
+    s_geometry(&spec->p.tah, shape, &g);
+    return 8 + g.flags_bytes + g.meta_bytes + g.B * g.code_bytes;
+}
+
+/* ---- bit field access for the flags stream (fields of at most 14 bits) ---- */
+
+static void s_put_bits(uint8_t *stream, uint64_t bitpos, uint32_t nbits, uint32_t v)
+{
+    uint8_t *p = stream + bitpos / 8;
+    uint32_t sh = (uint32_t)(bitpos % 8);
+    uint32_t w = v << sh; /* at most 14 + 7 bits: three bytes */
+    uint32_t nbytes = (sh + nbits + 7) / 8;
+    for (uint32_t i = 0; i < nbytes; i++)
+        p[i] |= (uint8_t)(w >> (8 * i));
+}
+
+static uint32_t s_get_bits(const uint8_t *stream, uint64_t bitpos, uint32_t nbits)
+{
+    const uint8_t *p = stream + bitpos / 8;
+    uint32_t sh = (uint32_t)(bitpos % 8);
+    uint32_t nbytes = (sh + nbits + 7) / 8;
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < nbytes; i++)
+        w |= (uint32_t)p[i] << (8 * i);
+    return (w >> sh) & ((1u << nbits) - 1u);
+}
+
+/* ---- entropy ---- */
+
+/* log2(x) for x > 0 to about 1e-7, in plain float arithmetic so every
+ * machine (and the GPU kernel) computes the same bits: x = m * 2^e with
+ * m in [sqrt(1/2), sqrt(2)), log2 m = 2/ln2 * atanh((m-1)/(m+1)) as a series.
+ * x == 0 returns a finite value (callers multiply it by x). */
+static inline float s_log2f(float x)
+{
+    uint32_t u = codec_f32_bits(x);
+    int32_t e = (int32_t)((u >> 23) & 0xffu) - 127;
+    float m = codec_bits_f32((u & 0x007fffffu) | 0x3f800000u);
+    int32_t big = m > 1.41421356f;
+    m = big ? m * 0.5f : m;
+    e += big;
+    float t = (m - 1.0f) / (m + 1.0f);
+    float t2 = t * t;
+    float s = t * (2.88539008f + t2 * (0.961796694f + t2 * (0.577078016f + t2 * 0.412198583f)));
+    return (float)e + s;
+}
+
+/* Entropy (bits) of the normalised magnitudes of a[0..n); also folds max|a|
+ * into *absmax. Uses H = log2(D) * S1/D - (1/D) * sum |a| log2 |a|, with
+ * D = S1 + eps, so one pass and one log per element. */
+static float s_entropy(const float *a, uint32_t n, float *absmax)
+{
+    enum { L = 16 };
+    float s1[L] = { 0 }, sl[L] = { 0 }, mx[L] = { 0 };
+    uint32_t i = 0;
+    for (; i + L <= n; i += L) {
+        for (uint32_t j = 0; j < L; j++) {
+            float v = fabsf(a[i + j]);
+            s1[j] += v;
+            sl[j] += v * s_log2f(v);
+            mx[j] = mx[j] > v ? mx[j] : v;
+        }
+    }
+    float S1 = 0.0f, SL = 0.0f, M = *absmax;
+    for (uint32_t j = 0; j < L; j++) {
+        S1 += s1[j];
+        SL += sl[j];
+        M = M > mx[j] ? M : mx[j];
+    }
+    for (; i < n; i++) {
+        float v = fabsf(a[i]);
+        S1 += v;
+        SL += v * s_log2f(v);
+        M = M > v ? M : v;
+    }
+    *absmax = M;
+    if (S1 == 0.0f)
+        return 0.0f;
+    float D = S1 + S_ENTROPY_EPS;
+    float h = s_log2f(D) * (S1 / D) - SL / D;
+    return h > 0.0f ? h : 0.0f;
+}
+
+/* Mark exactly n_hi of the n entries (keys are non-negative float bit
+ * patterns, so integer order is value order) as high: the largest keys,
+ * equal keys by lower index. Radix select, 8 bits at a time, MSB first. */
+static void s_select_top(const uint32_t *key, uint64_t n, uint64_t n_hi, uint8_t *hi)
+{
+    if (n_hi == 0 || n_hi == n) {
+        memset(hi, n_hi ? 1 : 0, n);
+        return;
+    }
+    uint32_t prefix = 0, mask = 0;
+    uint64_t need = n_hi; /* how many still to take among keys matching prefix */
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        uint64_t hist[256] = { 0 };
+        for (uint64_t i = 0; i < n; i++)
+            if ((key[i] & mask) == prefix)
+                hist[(key[i] >> shift) & 0xffu]++;
+        uint32_t d = 256;
+        while (d-- > 0) {
+            if (hist[d] >= need)
+                break;
+            need -= hist[d];
+        }
+        prefix |= d << shift;
+        mask |= 0xffu << shift;
+    }
+    /* prefix is now the threshold key T: take all keys > T, and the first
+     * `need` keys == T in index order */
+    for (uint64_t i = 0; i < n; i++) {
+        if (key[i] > prefix)
+            hi[i] = 1;
+        else if (key[i] == prefix && need > 0) {
+            hi[i] = 1;
+            need--;
+        } else
+            hi[i] = 0;
+    }
+}
+
+/* ---- quantisation of one tile ---- */
+
+/* ---- per-tile reductions, 8 lanes (G is a power of two >= 8) ---- */
+
+static void s_minmax(const float *v, uint32_t n, float *mn_out, float *mx_out)
+{
+    simd_f8 mn = simd_load(v), mx = mn;
+    for (uint32_t i = 8; i < n; i += 8) {
+        simd_f8 a = simd_load(v + i);
+        mn = simd_min(a, mn);
+        mx = simd_max(a, mx);
+    }
+    *mn_out = simd_hmin(mn);
+    *mx_out = simd_hmax(mx);
+}
+
+static void s_minmax_scalar(const float *v, uint32_t n, float *mn, float *mx)
+{
+    *mn = *mx = v[0];
+    for (uint32_t i = 1; i < n; i++) {
+        *mn = v[i] < *mn ? v[i] : *mn;
+        *mx = v[i] > *mx ? v[i] : *mx;
+    }
+}
+
+/* What the encoder needs to know of a tile before deciding to rotate it. */
+typedef struct s_tile_stats {
+    float m1, m2; /* largest and second-largest magnitude */
+    uint32_t piv; /* first index holding m1 (0 if the tile is all zeros) */
+    float mn, mx; /* min and max value */
+} s_tile_stats_t;
+
+/* v[0..G) = src[0..w) * scale, zero-padded; in the same pass the lane-wise
+ * top two magnitudes (with the top one's index) and min/max. */
+static void s_load_tile(float *restrict v, const float *restrict src, uint32_t w, uint32_t G, float scale,
+                        s_tile_stats_t *st)
+{
+    simd_f8 sc = simd_splat(scale);
+    simd_f8 m1 = simd_splat(0.0f), m2 = m1, mn = simd_splat(src[0] * scale), mx = mn;
+    simd_i8 idx = { 0 }, iv = { 0, 1, 2, 3, 4, 5, 6, 7 };
+    if (w < G) { /* partial tile: scale and pad first, then reduce the padded tile */
+        for (uint32_t i = 0; i < G; i++)
+            v[i] = i < w ? src[i] * scale : 0.0f;
+        src = v;
+        sc = simd_splat(1.0f);
+    }
+    for (uint32_t i = 0; i < G; i += 8, iv += 8) {
+        simd_f8 a = simd_load(src + i) * sc;
+        simd_store(v + i, a);
+        simd_f8 m = simd_abs(a);
+        m2 = simd_max(m2, simd_min(m, m1));
+        simd_i8 gt = m > m1;
+        idx = simd_sel_i(gt, iv, idx);
+        m1 = simd_sel(gt, m, m1);
+        mn = simd_min(a, mn);
+        mx = simd_max(a, mx);
+    }
+    /* merge lanes: the winner is the largest m1, lowest index on ties; the
+     * second magnitude is the winner's m2 or any other lane's m1 */
+    int win = 0;
+    for (int j = 1; j < 8; j++)
+        if (m1[j] > m1[win] || (m1[j] == m1[win] && idx[j] < idx[win]))
+            win = j;
+    st->m1 = m1[win];
+    st->piv = m1[win] > 0.0f ? (uint32_t)idx[win] : 0;
+    st->m2 = m2[win];
+    for (int j = 0; j < 8; j++)
+        if (j != win && m1[j] > st->m2)
+            st->m2 = m1[j];
+    st->mn = simd_hmin(mn);
+    st->mx = simd_hmax(mx);
+    if (w < G) /* unrotated, the padding is not data: its codes are clamped and dropped */
+        s_minmax_scalar(v, w, &st->mn, &st->mx);
+}
+
+/* Quantise v[0..G) (already scaled by 2^-e) into codes; returns fp16 meta. */
+static void s_quant_tile(const float *v, uint32_t G, uint32_t bits, float mn, float mx, uint16_t *codes,
+                         uint16_t *min16, uint16_t *step16)
+{
+    const float levels = (float)((1u << bits) - 1u);
+    *min16 = half_from_f32_down(mn);
+    float minf = half_to_f32(*min16);
+    *step16 = half_from_f32_up((mx - minf) / levels);
+    float step = half_to_f32(*step16);
+    float inv = step > 0.0f ? 1.0f / step : 0.0f;
+    for (uint32_t i = 0; i < G; i++) {
+        float q = (v[i] - minf) * inv + 0.5f;
+        q = q < levels ? q : levels;
+        q = q > 0.0f ? q : 0.0f; /* only padding lies below the minimum */
+        codes[i] = (uint16_t)q;  /* non-negative: truncation rounds half up */
+    }
+}
+
+static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload)
+{
+    const codec_tah_params_t *p = &spec->p.tah;
+    s_geom_t g;
+    s_geometry(p, shape, &g);
+    const uint32_t C = shape.c, G = g.G, A = p->alloc_tile;
+    uint32_t *ekey = malloc(g.n_alloc * sizeof *ekey);
+    uint8_t *hi = malloc(g.n_alloc);
+    float *ent = malloc(g.B * g.n_alloc * sizeof *ent);
+    if (!ekey || !hi || !ent) {
+        free(ekey);
+        free(hi);
+        free(ent);
+        return TAH_ENOMEM;
+    }
+
+    /* pass 1: entropies of every allocation tile, and the frame's absmax */
+    float absmax = 0.0f;
+    for (uint64_t t = 0; t < g.B * g.S; t++) {
+        const float *row = x + t * C;
+        for (uint32_t j = 0; j < g.nA; j++) {
+            uint32_t c0 = j * A, w = (C - c0 < A) ? C - c0 : A;
+            ent[t * g.nA + j] = s_entropy(row + c0, w, &absmax);
+        }
+    }
+    /* e: absmax * 2^-e <= 2^14, and a rotated tile (up to sqrt(G) larger)
+     * still below 2^(14 + lg/2) <= 65504 needs e raised by ceil(lg/2) */
+    int ex = 0;
+    if (absmax > 0.0f)
+        frexpf(absmax, &ex); /* absmax < 2^ex */
+    int32_t e = absmax > 0.0f ? ex + (int32_t)((g.lg + 1) / 2) - 14 : 0;
+    e = e < -126 ? -126 : e; /* 2^-e must stay a finite float (subnormal inputs) */
+    const float down = ldexpf(1.0f, -e);
+
+    uint8_t *flags = payload + 8;
+    uint8_t *meta = flags + g.flags_bytes;
+    uint8_t *codes_base = meta + g.meta_bytes;
+    codec_put_u32(payload, (uint32_t)e);
+    codec_put_u32(payload + 4, 0);
+    memset(flags, 0, g.flags_bytes);
+    memset(codes_base, 0, g.B * g.code_bytes);
+
+    float v[4096];
+    uint16_t codes[4096];
+    const uint32_t fbits = 2 + g.lg;
+    for (uint64_t b = 0; b < g.B; b++) {
+        for (uint64_t j = 0; j < g.n_alloc; j++)
+            ekey[j] = codec_f32_bits(ent[b * g.n_alloc + j]);
+        s_select_top(ekey, g.n_alloc, g.n_hi, hi);
+        uint8_t *out = codes_base + b * g.code_bytes;
+        for (uint64_t s = 0; s < g.S; s++) {
+            const float *row = x + (b * g.S + s) * C;
+            for (uint32_t q = 0; q < g.Q; q++) {
+                uint64_t tile = (b * g.S + s) * g.Q + q;
+                uint32_t c0 = q * G, w = (C - c0 < G) ? C - c0 : G;
+                /* scale into the metadata's range; top two magnitudes decide rotation */
+                s_tile_stats_t st;
+                s_load_tile(v, row + c0, w, G, down, &st);
+                uint32_t piv = st.piv;
+                uint32_t rot = st.m1 / (st.m2 + p->rho * down) > p->tau;
+                if (rot) {
+                    float tmp = v[0];
+                    v[0] = v[piv];
+                    v[piv] = tmp;
+                    fwht_f32(v, G);
+                    s_minmax(v, G, &st.mn, &st.mx); /* the padding is part of the transform */
+                } else
+                    piv = 0;
+                uint32_t is_hi = hi[s * g.nA + q / g.k];
+                uint32_t bits = is_hi ? g.bh : g.bl;
+                uint16_t min16, step16;
+                s_quant_tile(v, G, bits, st.mn, st.mx, codes, &min16, &step16);
+                if ((step16 & 0x7c00u) == 0x7c00u || (min16 & 0x7c00u) == 0x7c00u) {
+                    free(ekey);
+                    free(hi);
+                    free(ent);
+                    return TAH_ERANGE; /* cannot happen for finite input; kept as a guard */
+                }
+                bitpack_pack(out, codes, G, bits);
+                out += (size_t)G * bits / 8;
+                codec_put_u16(meta + 4 * tile, min16);
+                codec_put_u16(meta + 4 * tile + 2, step16);
+                s_put_bits(flags, tile * fbits, fbits, is_hi | (rot << 1) | (piv << 2));
+            }
+        }
+    }
+    free(ekey);
+    free(hi);
+    free(ent);
+    return 0;
+}
+
+static int s_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *payload, float *out)
+{
+    const codec_tah_params_t *p = &spec->p.tah;
+    s_geom_t g;
+    s_geometry(p, shape, &g);
+    const uint32_t C = shape.c, G = g.G, fbits = 2 + g.lg;
+    int32_t e = (int32_t)codec_get_u32(payload);
+    if (e < -S_EXP_LIMIT || e > S_EXP_LIMIT || codec_get_u32(payload + 4) != 0)
+        return TAH_ECORRUPT;
+    const uint8_t *flags = payload + 8;
+    const uint8_t *meta = flags + g.flags_bytes;
+    const uint8_t *codes_base = meta + g.meta_bytes;
+    float v[4096];
+    uint16_t codes[4096];
+
+    for (uint64_t b = 0; b < g.B; b++) {
+        /* validate this sample's flags before trusting any offset they imply:
+         * one width per allocation tile, exactly n_hi high allocation tiles,
+         * no pivot without rotation */
+        uint64_t n_hi = 0;
+        for (uint64_t s = 0; s < g.S; s++) {
+            for (uint32_t q = 0; q < g.Q; q++) {
+                uint64_t tile = (b * g.S + s) * g.Q + q;
+                uint32_t f = s_get_bits(flags, tile * fbits, fbits);
+                if (!(f & 2u) && (f >> 2) != 0)
+                    return TAH_ECORRUPT;
+                if (q % g.k == 0)
+                    n_hi += f & 1u;
+                else if ((f & 1u) != (s_get_bits(flags, (tile - 1) * fbits, fbits) & 1u))
+                    return TAH_ECORRUPT;
+            }
+        }
+        if (n_hi != g.n_hi)
+            return TAH_ECORRUPT;
+
+        const uint8_t *in = codes_base + b * g.code_bytes;
+        for (uint64_t s = 0; s < g.S; s++) {
+            float *row = out + (b * g.S + s) * C;
+            for (uint32_t q = 0; q < g.Q; q++) {
+                uint64_t tile = (b * g.S + s) * g.Q + q;
+                uint32_t f = s_get_bits(flags, tile * fbits, fbits);
+                uint32_t bits = (f & 1u) ? g.bh : g.bl;
+                uint16_t min16 = codec_get_u16(meta + 4 * tile);
+                uint16_t step16 = codec_get_u16(meta + 4 * tile + 2);
+                if ((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u || (step16 & 0x8000u))
+                    return TAH_ECORRUPT;
+                float minf = ldexpf(half_to_f32(min16), e), step = ldexpf(half_to_f32(step16), e);
+                bitpack_unpack(codes, in, G, bits);
+                in += (size_t)G * bits / 8;
+                for (uint32_t i = 0; i < G; i++)
+                    v[i] = minf + (float)codes[i] * step;
+                if (f & 2u) {
+                    uint32_t piv = f >> 2;
+                    fwht_f32(v, G);
+                    float tmp = v[0];
+                    v[0] = v[piv];
+                    v[piv] = tmp;
+                }
+                uint32_t c0 = q * G, w = (C - c0 < G) ? C - c0 : G;
+                memcpy(row + c0, v, w * sizeof *v);
+            }
+        }
+    }
+    return 0;
+}
+
+const codec_ops_t codec_tah_ops = { CODEC_TAH, "tah", s_payload_size, s_encode, s_decode };

@@ -1,0 +1,440 @@
+/* test_tah.c — TAH-Quant against a float64 reference written here.
+ *
+ * The reference recomputes, in double with libm's log2, what the paper
+ * prescribes: allocation-tile entropies and the top-p% selection, the
+ * outlier test and pivot, the Hadamard rotation, and the tile's range. The
+ * frame's documented layout is parsed here independently of the codec
+ * (flags, fp16 metadata, per-frame exponent), then the decoded tensor is
+ * checked against error bounds derived from the quantiser's arithmetic. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "codec.h"
+#include "half.h"  /* half_to_f32: to read the frame's metadata */
+#include "synth.h" /* codec_synth_activations, codec_synth_normal */
+
+typedef struct {
+    codec_spec_t spec;
+    codec_shape_t shape;
+    uint8_t *frame;
+    size_t len;
+    float *y;
+} enc_t;
+
+static void encode_decode(enc_t *e, const char *spec, codec_shape_t shape, const float *x)
+{
+    char err[CODEC_ERRLEN];
+    assert_int_equal(codec_spec_parse(spec, &e->spec, err, sizeof err), 0);
+    e->shape = shape;
+    int64_t size = codec_frame_size(&e->spec, shape);
+    assert_true(size > 0);
+    e->frame = malloc((size_t)size);
+    uint64_t n = (uint64_t)shape.b * shape.s * shape.c;
+    e->y = malloc(n * sizeof(float));
+    assert_non_null(e->frame);
+    assert_non_null(e->y);
+    int rc = codec_encode(&e->spec, shape, x, e->frame, (size_t)size, &e->len, err, sizeof err);
+    if (rc != 0)
+        fail_msg("encode %s: %s", spec, err);
+    assert_int_equal(e->len, (size_t)size);
+    rc = codec_decode(e->frame, e->len, e->y, n, NULL, err, sizeof err);
+    if (rc != 0)
+        fail_msg("decode %s: %s", spec, err);
+}
+
+static void enc_free(enc_t *e)
+{
+    free(e->frame);
+    free(e->y);
+}
+
+/* ---- independent reading of the documented payload layout ---- */
+
+typedef struct {
+    uint32_t G, lg, k, Q, nA;
+    uint64_t tiles;
+    int32_t e;
+    const uint8_t *flags, *meta;
+} layout_t;
+
+static void read_layout(const enc_t *enc, layout_t *L)
+{
+    const codec_tah_params_t *p = &enc->spec.p.tah;
+    L->G = p->tile;
+    L->lg = 0;
+    while ((1u << L->lg) < L->G)
+        L->lg++;
+    L->k = p->alloc_tile / p->tile;
+    L->Q = (enc->shape.c + L->G - 1) / L->G;
+    L->nA = (L->Q + L->k - 1) / L->k;
+    L->tiles = (uint64_t)enc->shape.b * enc->shape.s * L->Q;
+    const uint8_t *payload = enc->frame + CODEC_HEADER_SIZE;
+    L->e = (int32_t)((uint32_t)payload[0] | (uint32_t)payload[1] << 8 | (uint32_t)payload[2] << 16 |
+                     (uint32_t)payload[3] << 24);
+    L->flags = payload + 8;
+    L->meta = L->flags + (L->tiles * (2 + L->lg) + 7) / 8;
+}
+
+static uint32_t tile_flags(const layout_t *L, uint64_t t)
+{
+    uint32_t nb = 2 + L->lg, v = 0;
+    for (uint32_t i = 0; i < nb; i++) {
+        uint64_t bit = t * nb + i;
+        v |= (uint32_t)((L->flags[bit / 8] >> (bit % 8)) & 1u) << i;
+    }
+    return v;
+}
+
+static double tile_step(const layout_t *L, uint64_t t)
+{
+    uint16_t h = (uint16_t)(L->meta[4 * t + 2] | L->meta[4 * t + 3] << 8);
+    return ldexp((double)half_to_f32(h), L->e);
+}
+
+/* ---- float64 reference pieces ---- */
+
+static double ref_entropy(const float *a, uint32_t n)
+{
+    double s1 = 0.0, h = 0.0;
+    for (uint32_t i = 0; i < n; i++)
+        s1 += fabs((double)a[i]);
+    double d = s1 + 1e-12;
+    for (uint32_t i = 0; i < n; i++) {
+        double p = fabs((double)a[i]) / d;
+        if (p > 0.0)
+            h -= p * log2(p);
+    }
+    return h;
+}
+
+/* orthonormal Hadamard by definition: H[i][j] = (-1)^popcount(i&j) / sqrt(n) */
+static void ref_hadamard(double *out, const double *in, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        double s = 0.0;
+        for (uint32_t j = 0; j < n; j++)
+            s += (__builtin_popcount(i & j) & 1) ? -in[j] : in[j];
+        out[i] = s / sqrt((double)n);
+    }
+}
+
+/* Check one encoded tensor against the reference; returns the relative error. */
+static double check_against_reference(const enc_t *enc, const float *x)
+{
+    const codec_tah_params_t *p = &enc->spec.p.tah;
+    const uint32_t B = enc->shape.b, S = enc->shape.s, C = enc->shape.c;
+    layout_t L;
+    read_layout(enc, &L);
+    const uint64_t nalloc = (uint64_t)S * L.nA;
+    const uint64_t n_hi = (uint64_t)floor((double)p->hi_frac * (double)nalloc + 0.5);
+    double *ent = malloc(nalloc * sizeof *ent);
+    double *t = malloc(L.G * sizeof *t), *z = malloc(L.G * sizeof *z);
+    double err2 = 0.0, x2 = 0.0;
+    for (uint32_t b = 0; b < B; b++) {
+        /* allocation: exactly n_hi high tiles per sample, and they are the
+         * highest-entropy ones (up to the codec's float entropy: 1e-4 bits) */
+        uint64_t hi_count = 0;
+        double min_hi = INFINITY, max_lo = -INFINITY;
+        for (uint32_t s = 0; s < S; s++) {
+            const float *row = x + ((uint64_t)b * S + s) * C;
+            for (uint32_t j = 0; j < L.nA; j++) {
+                uint32_t c0 = j * p->alloc_tile, w = C - c0 < p->alloc_tile ? C - c0 : p->alloc_tile;
+                double h = ref_entropy(row + c0, w);
+                uint64_t tile = ((uint64_t)b * S + s) * L.Q + (uint64_t)j * L.k;
+                uint32_t hi = tile_flags(&L, tile) & 1u;
+                /* every quant tile of an allocation tile has the same width */
+                for (uint32_t q = j * L.k; q < (j + 1) * L.k && q < L.Q; q++)
+                    assert_int_equal(tile_flags(&L, ((uint64_t)b * S + s) * L.Q + q) & 1u, hi);
+                hi_count += hi;
+                if (hi)
+                    min_hi = h < min_hi ? h : min_hi;
+                else
+                    max_lo = h > max_lo ? h : max_lo;
+            }
+        }
+        assert_int_equal(hi_count, n_hi);
+        if (hi_count > 0 && hi_count < nalloc && !(min_hi >= max_lo - 1e-4))
+            fail_msg("sample %u: a low tile has entropy %.6f above a high tile's %.6f", b, max_lo, min_hi);
+
+        /* per quant tile: outlier test, pivot, and the error bound */
+        for (uint32_t s = 0; s < S; s++) {
+            const float *row = x + ((uint64_t)b * S + s) * C;
+            const float *yrow = enc->y + ((uint64_t)b * S + s) * C;
+            for (uint32_t q = 0; q < L.Q; q++) {
+                uint64_t tile = ((uint64_t)b * S + s) * L.Q + q;
+                uint32_t f = tile_flags(&L, tile), c0 = q * L.G;
+                uint32_t w = C - c0 < L.G ? C - c0 : L.G;
+                double m1 = 0.0, m2 = 0.0;
+                uint32_t piv = 0;
+                for (uint32_t i = 0; i < L.G; i++) {
+                    t[i] = i < w ? (double)row[c0 + i] : 0.0;
+                    double m = fabs(t[i]);
+                    if (m > m1) {
+                        m2 = m1;
+                        m1 = m;
+                        piv = i;
+                    } else if (m > m2)
+                        m2 = m;
+                }
+                double r = m1 / (m2 + (double)p->rho);
+                int rot = (f >> 1) & 1u;
+                if (fabs(r - (double)p->tau) > 1e-4 * (double)p->tau + 1e-9)
+                    assert_int_equal(rot, r > (double)p->tau);
+                if (rot) {
+                    assert_int_equal(f >> 2, piv);
+                    double tmp = t[0];
+                    t[0] = t[piv];
+                    t[piv] = tmp;
+                    ref_hadamard(z, t, L.G);
+                } else {
+                    assert_int_equal(f >> 2, 0);
+                    memcpy(z, t, L.G * sizeof *z);
+                }
+                /* the range covers the padded tile when rotated, else the data */
+                double mn = z[0], mx = z[0], norm2 = 0.0;
+                for (uint32_t i = 0; i < (rot ? L.G : w); i++) {
+                    mn = z[i] < mn ? z[i] : mn;
+                    mx = z[i] > mx ? z[i] : mx;
+                    norm2 += z[i] * z[i];
+                }
+                uint32_t bits = (f & 1u) ? p->bits_hi : p->bits_lo;
+                double levels = (double)((1u << bits) - 1u), step = tile_step(&L, tile);
+                /* metadata is tight: fp16 round-up of the step costs a factor
+                 * 1 + 2^-10, fp16 round-down of the minimum widens the range
+                 * by at most 2^-10 |mn|; fp16 subnormal steps (2^-24 * 2^e) twice;
+                 * the codec's float32 transform moves the range by ~1e-6 of the norm */
+                double tight = ((mx - mn) + ldexp(fabs(mn), -10)) / levels * (1.0 + ldexp(1.0, -10)) +
+                               2.0 * ldexp(1.0, L.e - 24) + 1e-6 * sqrt(norm2) / levels;
+                if (!(step <= tight * (1.0 + 1e-6)))
+                    fail_msg("tile %llu: step %.9g above the tight bound %.9g", (unsigned long long)tile, step, tight);
+                /* each code is within step/2 of its value in the (rotated)
+                 * domain and the rotation is orthonormal, so the tile's L2
+                 * error is at most sqrt(G) * step/2; float32 arithmetic in the
+                 * transform adds ~1e-6 of the tile's norm */
+                double e2 = 0.0;
+                for (uint32_t i = 0; i < w; i++) {
+                    double d = (double)row[c0 + i] - (double)yrow[c0 + i];
+                    e2 += d * d;
+                    x2 += (double)row[c0 + i] * row[c0 + i];
+                }
+                err2 += e2;
+                double bound = sqrt((double)L.G) * step / 2.0 * (1.0 + 1e-5) + 1e-5 * sqrt(norm2) + 1e-30;
+                if (!(sqrt(e2) <= bound))
+                    fail_msg("tile %llu: L2 error %.9g above bound %.9g (bits %u, rot %d)", (unsigned long long)tile,
+                             sqrt(e2), bound, bits, rot);
+            }
+        }
+    }
+    free(ent);
+    free(t);
+    free(z);
+    return x2 > 0.0 ? sqrt(err2 / x2) : sqrt(err2);
+}
+
+/* Plain per-group asymmetric INT-b in double with exact (ideal) metadata:
+ * the baseline the paper compares against. */
+static double ref_plain_int_rel_error(const float *x, uint64_t n, uint32_t group, uint32_t bits)
+{
+    double err2 = 0.0, x2 = 0.0, levels = (double)((1u << bits) - 1u);
+    for (uint64_t g0 = 0; g0 < n; g0 += group) {
+        uint64_t w = n - g0 < group ? n - g0 : group;
+        double mn = x[g0], mx = x[g0];
+        for (uint64_t i = 0; i < w; i++) {
+            mn = x[g0 + i] < mn ? x[g0 + i] : mn;
+            mx = x[g0 + i] > mx ? x[g0 + i] : mx;
+        }
+        double step = (mx - mn) / levels;
+        for (uint64_t i = 0; i < w; i++) {
+            double v = x[g0 + i], q = step > 0 ? round((v - mn) / step) : 0.0;
+            double d = v - (mn + q * step);
+            err2 += d * d;
+            x2 += v * v;
+        }
+    }
+    return sqrt(err2 / x2);
+}
+
+static float *make_activations(codec_shape_t shape, uint64_t seed)
+{
+    float *x = malloc((size_t)shape.b * shape.s * shape.c * sizeof *x);
+    assert_non_null(x);
+    assert_int_equal(codec_synth_activations(x, shape, seed), 0);
+    return x;
+}
+
+/* ---- tests ---- */
+
+static void test_default_bits_per_element(void **state)
+{
+    (void)state;
+    codec_spec_t spec;
+    assert_int_equal(codec_spec_parse("tah", &spec, NULL, 0), 0);
+    /* paper budget: <= 4.45 bits/element including all metadata */
+    codec_shape_t shapes[] = { { 8, 512, 768 }, { 4, 1024, 1024 }, { 1, 128, 768 }, { 2, 64, 4096 } };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int64_t size = codec_frame_size(&spec, shapes[i]);
+        double bpe = 8.0 * (double)size / ((double)shapes[i].b * shapes[i].s * shapes[i].c);
+        if (!(bpe <= 4.45))
+            fail_msg("shape %u,%u,%u: %.4f bits/element", shapes[i].b, shapes[i].s, shapes[i].c, bpe);
+        assert_true(bpe >= 4.42); /* 3.8 code bits + 40 metadata bits per 64 */
+    }
+}
+
+static void test_reference_realistic(void **state)
+{
+    (void)state;
+    codec_shape_t shape = { 3, 64, 768 };
+    float *x = make_activations(shape, 11);
+    enc_t e;
+    encode_decode(&e, "tah", shape, x);
+    double rel = check_against_reference(&e, x);
+    /* the baseline: plain INT4 per 64-channel group, ideal fp64 metadata,
+     * 4.5 bits/element with fp16 metadata — more bits than TAH's 4.425 */
+    double base = ref_plain_int_rel_error(x, (uint64_t)shape.b * shape.s * shape.c, 64, 4);
+    if (!(rel < 0.75 * base))
+        fail_msg("TAH rel. error %.4g not well below plain INT4's %.4g", rel, base);
+    enc_free(&e);
+    free(x);
+}
+
+static void test_reference_parameter_grid(void **state)
+{
+    (void)state;
+    const char *specs[] = {
+        "tah:tile=8", "tah:tile=32,alloc_tile=64", "tah:tile=16,alloc_tile=48,hi_frac=0.5",
+        "tah:hi_frac=0", "tah:hi_frac=1", "tah:bits_hi=8,bits_lo=2,hi_frac=0.3",
+        "tah:bits_hi=2,bits_lo=2", "tah:tau=0", "tah:tau=1000", "tah:tile=128,alloc_tile=256,hi_frac=0.75",
+        "tah:tile=64,rho=0.5,tau=1.5", "tah:bits_hi=5,bits_lo=3,hi_frac=0.6",
+    };
+    /* C values that do and do not divide the tiles */
+    codec_shape_t shapes[] = { { 2, 17, 256 }, { 3, 5, 100 }, { 1, 7, 129 }, { 2, 3, 8 } };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+        for (size_t j = 0; j < sizeof shapes / sizeof shapes[0]; j++) {
+            float *x = make_activations(shapes[j], 100 + i * 10 + j);
+            enc_t e;
+            encode_decode(&e, specs[i], shapes[j], x);
+            check_against_reference(&e, x);
+            enc_free(&e);
+            free(x);
+        }
+}
+
+static void test_spike_tile_beats_int4(void **state)
+{
+    (void)state;
+    codec_shape_t shape = { 1, 1, 64 };
+    float x[64];
+    for (int i = 0; i < 64; i++)
+        x[i] = (float)codec_synth_normal(7, (uint64_t)i);
+    x[17] = 100.0f; /* one spike, ~100 sigma */
+    enc_t e;
+    encode_decode(&e, "tah:hi_frac=1", shape, x); /* INT4 for the tile */
+    layout_t L;
+    read_layout(&e, &L);
+    assert_int_equal(tile_flags(&L, 0), 1u | 2u | (17u << 2)); /* high, rotated, pivot 17 */
+    double rel = check_against_reference(&e, x);
+    double base = ref_plain_int_rel_error(x, 64, 64, 4);
+    /* the rotation spreads the spike evenly (column 0 of H is all +1), so the
+     * tile's range shrinks ~16x; demand at least 4x lower error */
+    if (!(rel < 0.25 * base))
+        fail_msg("spike tile: TAH %.4g vs plain INT4 %.4g", rel, base);
+    enc_free(&e);
+}
+
+static void test_edge_values(void **state)
+{
+    (void)state;
+    codec_shape_t shape = { 2, 3, 96 }; /* C = 1.5 tiles */
+    uint64_t n = 2 * 3 * 96;
+    float *x = calloc(n, sizeof *x);
+    enc_t e;
+    /* zeros decode to exact zeros */
+    encode_decode(&e, "tah", shape, x);
+    for (uint64_t i = 0; i < n; i++)
+        assert_true(e.y[i] == 0.0f);
+    enc_free(&e);
+    /* a constant tile is exact (zero range) up to the fp16 minimum */
+    for (uint64_t i = 0; i < n; i++)
+        x[i] = 0.75f;
+    encode_decode(&e, "tah", shape, x);
+    for (uint64_t i = 0; i < n; i++)
+        assert_float_equal(e.y[i], 0.75f, 1e-6f);
+    enc_free(&e);
+    /* magnitudes far from 1 stay finite and within the bounds (entropies
+     * are computed in float32: tiles whose L1 norm overflows it, above
+     * ~1e36 per element, rank as zero entropy; see tah.c) */
+    const float mags[] = { 1.0e34f, 1.0e-30f, 1.0e-40f /* subnormal */ };
+    for (size_t m = 0; m < 3; m++) {
+        for (uint64_t i = 0; i < n; i++)
+            x[i] = mags[m] * (float)codec_synth_normal(m, i);
+        encode_decode(&e, "tah", shape, x);
+        check_against_reference(&e, x);
+        enc_free(&e);
+    }
+    /* one spike in an otherwise zero tensor */
+    memset(x, 0, n * sizeof *x);
+    x[100] = -5.0f;
+    encode_decode(&e, "tah", shape, x);
+    check_against_reference(&e, x);
+    assert_float_equal(e.y[100], -5.0f, 5.0f * 1e-3f);
+    enc_free(&e);
+    /* a single element */
+    codec_shape_t one = { 1, 1, 1 };
+    float v = 3.5f;
+    encode_decode(&e, "tah", one, &v);
+    assert_float_equal(e.y[0], 3.5f, 1e-6f);
+    enc_free(&e);
+    free(x);
+}
+
+static void test_nonfinite_input_rejected(void **state)
+{
+    (void)state;
+    codec_shape_t shape = { 1, 2, 64 };
+    float x[128] = { 0 };
+    uint8_t frame[1024];
+    codec_spec_t spec;
+    codec_spec_parse("tah", &spec, NULL, 0);
+    x[77] = NAN;
+    char err[CODEC_ERRLEN];
+    assert_int_equal(codec_encode(&spec, shape, x, frame, sizeof frame, NULL, err, sizeof err), TAH_ENONFINITE);
+    assert_non_null(strstr(err, "77"));
+    x[77] = INFINITY;
+    assert_int_equal(codec_encode(&spec, shape, x, frame, sizeof frame, NULL, err, sizeof err), TAH_ENONFINITE);
+}
+
+static void test_deterministic(void **state)
+{
+    (void)state;
+    codec_shape_t shape = { 2, 33, 192 };
+    float *x = make_activations(shape, 5);
+    enc_t a, b;
+    encode_decode(&a, "tah", shape, x);
+    encode_decode(&b, "tah", shape, x);
+    assert_int_equal(a.len, b.len);
+    assert_memory_equal(a.frame, b.frame, a.len);
+    enc_free(&a);
+    enc_free(&b);
+    free(x);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_bits_per_element),
+        cmocka_unit_test(test_reference_realistic),
+        cmocka_unit_test(test_reference_parameter_grid),
+        cmocka_unit_test(test_spike_tile_beats_int4),
+        cmocka_unit_test(test_edge_values),
+        cmocka_unit_test(test_nonfinite_input_rejected),
+        cmocka_unit_test(test_deterministic),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
