@@ -1,0 +1,516 @@
+/* stage.c — a GPT-2 pipeline stage on the CPU (see stage.h). */
+#include "stage.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "layers.h"
+
+#define S_NORM_CHUNK 65536
+
+/* ---- size tables ---- */
+
+size_t stage_param_sizes(const stage_opts_t *o, size_t sizes[STAGE_NTENSORS])
+{
+    size_t total = 0;
+    int nl = o->layer1 - o->layer0;
+    for (int i = 0; i < STAGE_NTENSORS; i++) {
+        size_t n = 0;
+        if (i == GPT2_WTE || i == GPT2_WPE)
+            n = o->first ? gpt2_tensor_layer_size(&o->cfg, i) : 0;
+        else if (gpt2_tensor_per_layer(i))
+            n = gpt2_tensor_layer_size(&o->cfg, i) * (size_t)nl;
+        else if (i == GPT2_LNFW || i == GPT2_LNFB)
+            n = o->last ? gpt2_tensor_layer_size(&o->cfg, i) : 0;
+        else if (i == STAGE_HEAD)
+            n = o->last ? gpt2_tensor_layer_size(&o->cfg, GPT2_WTE) : 0;
+        sizes[i] = n;
+        total += n;
+    }
+    return total;
+}
+
+const char *stage_tensor_name(int i)
+{
+    return i == STAGE_HEAD ? "head" : gpt2_tensor_name(i);
+}
+
+enum {
+    A_IN, A_LN1, A_LN1_MEAN, A_LN1_RSTD, A_QKV, A_ATTY, A_ATT, A_RES2, A_LN2, A_LN2_MEAN,
+    A_LN2_RSTD, A_FCH, A_FCHG, A_RES3, A_LNF, A_LNF_MEAN, A_LNF_RSTD, A_LOGITS, A_LOSSES, A_N
+};
+
+static size_t s_act_sizes(const stage_opts_t *o, size_t a[A_N])
+{
+    size_t B = (size_t)o->B, T = (size_t)o->T, C = (size_t)o->cfg.C, NH = (size_t)o->cfg.NH;
+    size_t nl = (size_t)(o->layer1 - o->layer0), BT = B * T;
+    size_t lastf = o->last ? 1 : 0;
+    a[A_IN] = BT * C;
+    a[A_LN1] = nl * BT * C;
+    a[A_LN1_MEAN] = a[A_LN1_RSTD] = nl * BT;
+    a[A_QKV] = nl * BT * 3 * C;
+    a[A_ATTY] = nl * BT * C;
+    a[A_ATT] = nl * B * NH * T * T;
+    a[A_RES2] = nl * BT * C;
+    a[A_LN2] = nl * BT * C;
+    a[A_LN2_MEAN] = a[A_LN2_RSTD] = nl * BT;
+    a[A_FCH] = a[A_FCHG] = nl * BT * 4 * C;
+    a[A_RES3] = nl * BT * C;
+    a[A_LNF] = lastf * BT * C;
+    a[A_LNF_MEAN] = a[A_LNF_RSTD] = lastf * BT;
+    a[A_LOGITS] = lastf * BT * (size_t)o->cfg.Vp;
+    a[A_LOSSES] = lastf * BT;
+    size_t total = 0;
+    for (int i = 0; i < A_N; i++)
+        total += a[i];
+    return total;
+}
+
+/* ---- life cycle ---- */
+
+static int s_validate(const stage_opts_t *o, char *err, size_t errlen)
+{
+    int rc = gpt2_config_validate(&o->cfg, err, errlen);
+    if (rc)
+        return rc;
+    const char *what = NULL;
+    if (o->layer0 < 0 || o->layer1 > o->cfg.L || o->layer1 <= o->layer0)
+        what = "layer range";
+    else if (o->first != (o->layer0 == 0) || o->last != (o->layer1 == o->cfg.L))
+        what = "first/last flags (first stage starts at layer 0, last ends at L)";
+    else if (o->B < 1 || o->B > (1 << 20))
+        what = "micro-batch size B";
+    else if (o->T < 1 || o->T > o->cfg.maxT)
+        what = "sequence length T (must be 1..maxT)";
+    else if (o->nslots < 1 || o->nslots > 4096)
+        what = "number of in-flight slots";
+    if (what) {
+        if (err)
+            snprintf(err, errlen, "bad stage options: %s (layers %d..%d of L=%d, B=%d, T=%d, maxT=%d, slots=%d)",
+                     what, o->layer0, o->layer1, o->cfg.L, o->B, o->T, o->cfg.maxT, o->nslots);
+        return TAH_EINVAL;
+    }
+    return 0;
+}
+
+stage_t *stage_new(const stage_opts_t *o, char *err, size_t errlen)
+{
+    if (s_validate(o, err, errlen) != 0)
+        return NULL;
+    stage_t *s = calloc(1, sizeof *s);
+    if (!s)
+        goto nomem;
+    s->o = *o;
+    s->nl = o->layer1 - o->layer0;
+    s->nparams = stage_param_sizes(o, s->sizes);
+    s->params = calloc(s->nparams, sizeof(float));
+    s->grads = calloc(s->nparams, sizeof(float));
+    s->moments = calloc(2 * s->nparams, sizeof(float));
+    if (!s->params || !s->grads || !s->moments)
+        goto nomem;
+    size_t off = 0;
+    for (int i = 0; i < STAGE_NTENSORS; i++) {
+        s->p[i] = s->sizes[i] ? s->params + off : NULL;
+        s->g[i] = s->sizes[i] ? s->grads + off : NULL;
+        s->m[i] = s->sizes[i] ? s->moments + off : NULL;
+        s->v[i] = s->sizes[i] ? s->moments + s->nparams + off : NULL;
+        off += s->sizes[i];
+    }
+
+    /* activations: nslots x size table */
+    size_t asz[A_N];
+    size_t per_slot = s_act_sizes(o, asz);
+    size_t BT = (size_t)o->B * o->T;
+    s->acts = malloc((size_t)o->nslots * per_slot * sizeof(float));
+    s->acts_i = malloc((size_t)o->nslots * 2 * BT * sizeof(int));
+    s->slots = calloc((size_t)o->nslots, sizeof *s->slots);
+    if (!s->acts || !s->acts_i || !s->slots)
+        goto nomem;
+    for (int k = 0; k < o->nslots; k++) {
+        stage_slot_t *sl = &s->slots[k];
+        float *ptrs[A_N];
+        float *a = s->acts + (size_t)k * per_slot;
+        for (int i = 0; i < A_N; i++) {
+            ptrs[i] = asz[i] ? a : NULL;
+            a += asz[i];
+        }
+        sl->mb = -1;
+        sl->tokens = s->acts_i + (size_t)k * 2 * BT;
+        sl->targets = sl->tokens + BT;
+        sl->in = ptrs[A_IN];
+        sl->ln1 = ptrs[A_LN1];
+        sl->ln1_mean = ptrs[A_LN1_MEAN];
+        sl->ln1_rstd = ptrs[A_LN1_RSTD];
+        sl->qkv = ptrs[A_QKV];
+        sl->atty = ptrs[A_ATTY];
+        sl->att = ptrs[A_ATT];
+        sl->res2 = ptrs[A_RES2];
+        sl->ln2 = ptrs[A_LN2];
+        sl->ln2_mean = ptrs[A_LN2_MEAN];
+        sl->ln2_rstd = ptrs[A_LN2_RSTD];
+        sl->fch = ptrs[A_FCH];
+        sl->fchg = ptrs[A_FCHG];
+        sl->res3 = ptrs[A_RES3];
+        sl->lnf = ptrs[A_LNF];
+        sl->lnf_mean = ptrs[A_LNF_MEAN];
+        sl->lnf_rstd = ptrs[A_LNF_RSTD];
+        sl->logits = ptrs[A_LOGITS];
+        sl->losses = ptrs[A_LOSSES];
+    }
+
+    /* backward scratch: dres, dbuf (B,T,C); dqkv (B,T,3C); dbig (B,T,4C);
+     * proj (B,T,C); attention rows */
+    size_t C = (size_t)o->cfg.C;
+    size_t natt = attention_scratch_floats(o->T);
+    s->scratch = malloc((BT * C * 3 + BT * 3 * C + BT * 4 * C + natt) * sizeof(float));
+    if (!s->scratch)
+        goto nomem;
+    s->dres = s->scratch;
+    s->dbuf = s->dres + BT * C;
+    s->proj = s->dbuf + BT * C;
+    s->dqkv = s->proj + BT * C;
+    s->dbig = s->dqkv + BT * 3 * C;
+    s->attscr = s->dbig + BT * 4 * C;
+
+    size_t maxslice = 0;
+    for (int i = 0; i < STAGE_NTENSORS; i++) {
+        size_t n = gpt2_tensor_per_layer(i) ? gpt2_tensor_layer_size(&o->cfg, i) : s->sizes[i];
+        if (n > maxslice)
+            maxslice = n;
+    }
+    s->npartials = maxslice / S_NORM_CHUNK + 1;
+    s->partials = malloc(s->npartials * sizeof(double));
+    if (!s->partials)
+        goto nomem;
+    return s;
+nomem:
+    if (err)
+        snprintf(err, errlen, "out of memory allocating stage (layers %d..%d, B=%d, T=%d, %d slots)",
+                 o->layer0, o->layer1, o->B, o->T, o->nslots);
+    stage_destroy(&s);
+    return NULL;
+}
+
+void stage_destroy(stage_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    stage_t *s = *self_p;
+    free(s->params);
+    free(s->grads);
+    free(s->moments);
+    free(s->acts);
+    free(s->acts_i);
+    free(s->slots);
+    free(s->scratch);
+    free(s->partials);
+    free(s);
+    *self_p = NULL;
+}
+
+static int s_same_config(const gpt2_config_t *a, const gpt2_config_t *b)
+{
+    return a->maxT == b->maxT && a->V == b->V && a->Vp == b->Vp && a->L == b->L &&
+           a->NH == b->NH && a->C == b->C;
+}
+
+int stage_load_params(stage_t *s, const gpt2_model_t *model)
+{
+    if (!s_same_config(&s->o.cfg, &model->cfg))
+        return TAH_EINVAL;
+    for (int i = 0; i < GPT2_NTENSORS; i++) {
+        if (!s->sizes[i])
+            continue;
+        size_t off = gpt2_tensor_per_layer(i) ? gpt2_tensor_layer_size(&model->cfg, i) * (size_t)s->o.layer0 : 0;
+        memcpy(s->p[i], model->t[i] + off, s->sizes[i] * sizeof(float));
+    }
+    if (s->sizes[STAGE_HEAD])
+        memcpy(s->p[STAGE_HEAD], model->t[GPT2_WTE], s->sizes[STAGE_HEAD] * sizeof(float));
+    return 0;
+}
+
+int stage_store_params(const stage_t *s, gpt2_model_t *model)
+{
+    if (!s_same_config(&s->o.cfg, &model->cfg))
+        return TAH_EINVAL;
+    for (int i = 0; i < GPT2_NTENSORS; i++) {
+        if (!s->sizes[i])
+            continue;
+        size_t off = gpt2_tensor_per_layer(i) ? gpt2_tensor_layer_size(&model->cfg, i) * (size_t)s->o.layer0 : 0;
+        memcpy(model->t[i] + off, s->p[i], s->sizes[i] * sizeof(float));
+    }
+    return 0;
+}
+
+/* ---- forward / backward ---- */
+
+static stage_slot_t *s_find(stage_t *s, int mb)
+{
+    for (int k = 0; k < s->o.nslots; k++)
+        if (s->slots[k].mb == mb)
+            return &s->slots[k];
+    return NULL;
+}
+
+int stage_inflight(const stage_t *s)
+{
+    int n = 0;
+    for (int k = 0; k < s->o.nslots; k++)
+        n += s->slots[k].mb >= 0;
+    return n;
+}
+
+int stage_forward(stage_t *s, int mb, const int *tokens, const float *in, const int *targets,
+                  float *out, float *loss)
+{
+    if (mb < 0 || s_find(s, mb))
+        return TAH_EINVAL;
+    stage_slot_t *sl = s_find(s, -1);
+    if (!sl)
+        return TAH_EINVAL;
+    const int B = s->o.B, T = s->o.T, C = s->o.cfg.C, NH = s->o.cfg.NH;
+    const int BT = B * T;
+    const size_t BTC = (size_t)BT * C;
+
+    if (s->o.first) {
+        memcpy(sl->tokens, tokens, (size_t)BT * sizeof(int));
+        encoder_forward(sl->in, sl->tokens, s->p[GPT2_WTE], s->p[GPT2_WPE], B, T, C);
+    } else {
+        memcpy(sl->in, in, BTC * sizeof(float));
+    }
+    if (s->o.last)
+        memcpy(sl->targets, targets, (size_t)BT * sizeof(int));
+
+    const float *x = sl->in;
+    for (int l = 0; l < s->nl; l++) {
+        size_t C1 = (size_t)C;
+        const float *ln1w = s->p[GPT2_LN1W] + l * C1, *ln1b = s->p[GPT2_LN1B] + l * C1;
+        const float *qkvw = s->p[GPT2_QKVW] + l * 3 * C1 * C1, *qkvb = s->p[GPT2_QKVB] + l * 3 * C1;
+        const float *apw = s->p[GPT2_ATTPROJW] + l * C1 * C1, *apb = s->p[GPT2_ATTPROJB] + l * C1;
+        const float *ln2w = s->p[GPT2_LN2W] + l * C1, *ln2b = s->p[GPT2_LN2B] + l * C1;
+        const float *fcw = s->p[GPT2_FCW] + l * 4 * C1 * C1, *fcb = s->p[GPT2_FCB] + l * 4 * C1;
+        const float *fpw = s->p[GPT2_FCPROJW] + l * 4 * C1 * C1, *fpb = s->p[GPT2_FCPROJB] + l * C1;
+        float *ln1 = sl->ln1 + l * BTC, *ln1_mean = sl->ln1_mean + (size_t)l * BT;
+        float *ln1_rstd = sl->ln1_rstd + (size_t)l * BT, *qkv = sl->qkv + l * 3 * BTC;
+        float *atty = sl->atty + l * BTC, *att = sl->att + (size_t)l * B * NH * T * T;
+        float *res2 = sl->res2 + l * BTC, *ln2 = sl->ln2 + l * BTC;
+        float *ln2_mean = sl->ln2_mean + (size_t)l * BT, *ln2_rstd = sl->ln2_rstd + (size_t)l * BT;
+        float *fch = sl->fch + l * 4 * BTC, *fchg = sl->fchg + l * 4 * BTC;
+        float *res3 = sl->res3 + l * BTC;
+
+        layernorm_forward(ln1, ln1_mean, ln1_rstd, x, ln1w, ln1b, BT, C);
+        matmul_forward(qkv, ln1, qkvw, qkvb, BT, C, 3 * C);
+        attention_forward(atty, att, qkv, B, T, C, NH);
+        matmul_forward(s->proj, atty, apw, apb, BT, C, C);
+        residual_forward(res2, x, s->proj, BTC);
+        layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, ln2w, ln2b, BT, C);
+        matmul_forward(fch, ln2, fcw, fcb, BT, C, 4 * C);
+        gelu_forward(fchg, fch, 4 * BTC);
+        matmul_forward(s->proj, fchg, fpw, fpb, BT, 4 * C, C);
+        residual_forward(res3, res2, s->proj, BTC);
+        x = res3;
+    }
+
+    if (s->o.last) {
+        const int V = s->o.cfg.V, Vp = s->o.cfg.Vp;
+        layernorm_forward(sl->lnf, sl->lnf_mean, sl->lnf_rstd, x, s->p[GPT2_LNFW], s->p[GPT2_LNFB],
+                          BT, C);
+        matmul_forward(sl->logits, sl->lnf, s->p[STAGE_HEAD], NULL, BT, C, Vp);
+        softmax_crossentropy_forward(sl->logits, sl->losses, sl->targets, BT, V, Vp);
+        double sum = 0.0;
+        for (int i = 0; i < BT; i++)
+            sum += sl->losses[i];
+        if (loss)
+            *loss = (float)(sum / BT);
+    } else if (out) {
+        memcpy(out, x, BTC * sizeof(float));
+    }
+    sl->mb = mb;
+    return 0;
+}
+
+int stage_backward(stage_t *s, int mb, const float *dout, float dloss, float *dinp)
+{
+    stage_slot_t *sl = mb >= 0 ? s_find(s, mb) : NULL;
+    if (!sl)
+        return TAH_EINVAL;
+    const int B = s->o.B, T = s->o.T, C = s->o.cfg.C, NH = s->o.cfg.NH;
+    const int BT = B * T;
+    const size_t BTC = (size_t)BT * C;
+    const size_t C1 = (size_t)C;
+
+    if (s->o.last) {
+        const int V = s->o.cfg.V, Vp = s->o.cfg.Vp;
+        const float *xlast = sl->res3 + (size_t)(s->nl - 1) * BTC;
+        softmax_crossentropy_backward(sl->logits, sl->targets, dloss, BT, V, Vp);
+        memset(s->dbuf, 0, BTC * sizeof(float));
+        matmul_backward(s->dbuf, s->g[STAGE_HEAD], NULL, sl->logits, sl->lnf, s->p[STAGE_HEAD], BT,
+                        C, Vp);
+        memset(s->dres, 0, BTC * sizeof(float));
+        layernorm_backward(s->dres, s->g[GPT2_LNFW], s->g[GPT2_LNFB], s->dbuf, xlast,
+                           s->p[GPT2_LNFW], sl->lnf_mean, sl->lnf_rstd, BT, C);
+    } else {
+        memcpy(s->dres, dout, BTC * sizeof(float));
+    }
+
+    for (int l = s->nl - 1; l >= 0; l--) {
+        const float *x = l == 0 ? sl->in : sl->res3 + (size_t)(l - 1) * BTC;
+        const float *ln1w = s->p[GPT2_LN1W] + l * C1;
+        const float *qkvw = s->p[GPT2_QKVW] + l * 3 * C1 * C1;
+        const float *apw = s->p[GPT2_ATTPROJW] + l * C1 * C1;
+        const float *ln2w = s->p[GPT2_LN2W] + l * C1;
+        const float *fcw = s->p[GPT2_FCW] + l * 4 * C1 * C1;
+        const float *fpw = s->p[GPT2_FCPROJW] + l * 4 * C1 * C1;
+        float *d_ln1w = s->g[GPT2_LN1W] + l * C1, *d_ln1b = s->g[GPT2_LN1B] + l * C1;
+        float *d_qkvw = s->g[GPT2_QKVW] + l * 3 * C1 * C1, *d_qkvb = s->g[GPT2_QKVB] + l * 3 * C1;
+        float *d_apw = s->g[GPT2_ATTPROJW] + l * C1 * C1, *d_apb = s->g[GPT2_ATTPROJB] + l * C1;
+        float *d_ln2w = s->g[GPT2_LN2W] + l * C1, *d_ln2b = s->g[GPT2_LN2B] + l * C1;
+        float *d_fcw = s->g[GPT2_FCW] + l * 4 * C1 * C1, *d_fcb = s->g[GPT2_FCB] + l * 4 * C1;
+        float *d_fpw = s->g[GPT2_FCPROJW] + l * 4 * C1 * C1, *d_fpb = s->g[GPT2_FCPROJB] + l * C1;
+        const float *ln1 = sl->ln1 + l * BTC, *ln1_mean = sl->ln1_mean + (size_t)l * BT;
+        const float *ln1_rstd = sl->ln1_rstd + (size_t)l * BT, *qkv = sl->qkv + l * 3 * BTC;
+        const float *atty = sl->atty + l * BTC, *att = sl->att + (size_t)l * B * NH * T * T;
+        const float *res2 = sl->res2 + l * BTC, *ln2 = sl->ln2 + l * BTC;
+        const float *ln2_mean = sl->ln2_mean + (size_t)l * BT, *ln2_rstd = sl->ln2_rstd + (size_t)l * BT;
+        const float *fch = sl->fch + l * 4 * BTC, *fchg = sl->fchg + l * 4 * BTC;
+
+        /* MLP: dres holds d(res3) */
+        memset(s->dbig, 0, 4 * BTC * sizeof(float));
+        matmul_backward(s->dbig, d_fpw, d_fpb, s->dres, fchg, fpw, BT, 4 * C, C);
+        gelu_backward(s->dbig, fch, s->dbig, 4 * BTC);
+        memset(s->dbuf, 0, BTC * sizeof(float));
+        matmul_backward(s->dbuf, d_fcw, d_fcb, s->dbig, ln2, fcw, BT, C, 4 * C);
+        layernorm_backward(s->dres, d_ln2w, d_ln2b, s->dbuf, res2, ln2w, ln2_mean, ln2_rstd, BT, C);
+        /* attention: dres holds d(res2) */
+        memset(s->dbuf, 0, BTC * sizeof(float));
+        matmul_backward(s->dbuf, d_apw, d_apb, s->dres, atty, apw, BT, C, C);
+        memset(s->dqkv, 0, 3 * BTC * sizeof(float));
+        attention_backward(s->dqkv, s->attscr, s->dbuf, att, qkv, B, T, C, NH);
+        memset(s->dbuf, 0, BTC * sizeof(float));
+        matmul_backward(s->dbuf, d_qkvw, d_qkvb, s->dqkv, ln1, qkvw, BT, C, 3 * C);
+        layernorm_backward(s->dres, d_ln1w, d_ln1b, s->dbuf, x, ln1w, ln1_mean, ln1_rstd, BT, C);
+        /* dres holds d(x) */
+    }
+
+    if (s->o.first)
+        encoder_backward(s->g[GPT2_WTE], s->g[GPT2_WPE], s->dres, sl->tokens, B, T, C);
+    else if (dinp)
+        memcpy(dinp, s->dres, BTC * sizeof(float));
+    sl->mb = -1;
+    return 0;
+}
+
+void stage_discard(stage_t *s, int mb)
+{
+    stage_slot_t *sl = mb >= 0 ? s_find(s, mb) : NULL;
+    if (sl)
+        sl->mb = -1;
+}
+
+void stage_zero_grad(stage_t *s)
+{
+    memset(s->grads, 0, s->nparams * sizeof(float));
+}
+
+void stage_tied_reduce(float *mine, const float *peer, size_t n, int mine_is_first)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        mine[i] = mine_is_first ? mine[i] + peer[i] : peer[i] + mine[i];
+}
+
+void stage_tied_sync(stage_t *first, stage_t *last)
+{
+    if (!first->o.tied || !last->o.tied)
+        return;
+    float *a = first->g[GPT2_WTE], *b = last->g[STAGE_HEAD];
+    size_t n = first->sizes[GPT2_WTE];
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float sum = a[i] + b[i];
+        a[i] = sum;
+        b[i] = sum;
+    }
+}
+
+/* ---- norm and update ---- */
+
+size_t stage_norm_nslots(const gpt2_config_t *cfg)
+{
+    return 5 + 12 * (size_t)cfg->L;
+}
+
+static size_t s_norm_slot(const gpt2_config_t *cfg, int i, int layer)
+{
+    if (i == GPT2_WTE || i == GPT2_WPE)
+        return (size_t)i;
+    if (gpt2_tensor_per_layer(i))
+        return 2 + (size_t)(i - GPT2_LN1W) * cfg->L + (size_t)layer;
+    if (i == GPT2_LNFW || i == GPT2_LNFB)
+        return 2 + 12 * (size_t)cfg->L + (size_t)(i - GPT2_LNFW);
+    return 4 + 12 * (size_t)cfg->L; /* head */
+}
+
+static double s_sumsq(const float *x, size_t n, double *partials)
+{
+    size_t nch = (n + S_NORM_CHUNK - 1) / S_NORM_CHUNK;
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < nch; c++) {
+        size_t lo = c * S_NORM_CHUNK, hi = lo + S_NORM_CHUNK < n ? lo + S_NORM_CHUNK : n;
+        double acc = 0.0;
+        for (size_t i = lo; i < hi; i++)
+            acc += (double)x[i] * (double)x[i];
+        partials[c] = acc;
+    }
+    double total = 0.0;
+    for (size_t c = 0; c < nch; c++)
+        total += partials[c];
+    return total;
+}
+
+void stage_grad_sumsq(stage_t *s, double *slots)
+{
+    for (int i = 0; i < STAGE_NTENSORS; i++) {
+        if (!s->sizes[i] || (i == STAGE_HEAD && s->o.tied))
+            continue;
+        if (gpt2_tensor_per_layer(i)) {
+            size_t per = gpt2_tensor_layer_size(&s->o.cfg, i);
+            for (int l = 0; l < s->nl; l++)
+                slots[s_norm_slot(&s->o.cfg, i, s->o.layer0 + l)] +=
+                    s_sumsq(s->g[i] + (size_t)l * per, per, s->partials);
+        } else {
+            slots[s_norm_slot(&s->o.cfg, i, 0)] += s_sumsq(s->g[i], s->sizes[i], s->partials);
+        }
+    }
+}
+
+double stage_norm_total(const double *slots, size_t n)
+{
+    double total = 0.0;
+    for (size_t k = 0; k < n; k++)
+        total += slots[k];
+    return sqrt(total);
+}
+
+void stage_step(stage_t *s, const optim_opts_t *o, float lr, float grad_scale)
+{
+    s->t++;
+    for (int i = 0; i < STAGE_NTENSORS; i++) {
+        if (!s->sizes[i])
+            continue;
+        int matrix = i == STAGE_HEAD || gpt2_tensor_is_matrix(i);
+        float wd = matrix ? o->weight_decay : 0.0f;
+        optim_adamw(s->p[i], s->m[i], s->v[i], s->g[i], s->sizes[i], o, lr, wd, grad_scale, s->t);
+    }
+}
+
+void stage_describe(const stage_t *s, char *buf, size_t buflen)
+{
+    snprintf(buf, buflen, "layers %d..%d%s%s, %zu params, cpu backend (OpenBLAS sgemm + OpenMP, %d threads)",
+             s->o.layer0, s->o.layer1 - 1, s->o.first ? ", embeddings" : "",
+             s->o.last ? (s->o.tied ? ", lnf + tied head + loss" : ", lnf + untied head + loss") : "",
+             s->nparams, layers_max_threads());
+}

@@ -1,0 +1,137 @@
+/* stage.h — one pipeline stage of a GPT-2 model on the CPU backend.
+ *
+ * A stage owns the contiguous layer range [layer0, layer1) (at least one
+ * layer). The first stage also owns wte and wpe (it embeds tokens); the last
+ * stage owns lnf, the LM head and the loss. The LM head is its own tensor
+ * STAGE_HEAD on the last stage; with tied embeddings it is a copy of wte that
+ * stage_tied_sync keeps bit-identical (it sums the two gradient copies once
+ * per step, after all micro-batches, in the fixed order first + last; the
+ * single-stage model keeps both copies too, so every split computes the same
+ * bits). Untied, HEAD is an independent parameter initialised from wte.
+ *
+ * Interface (backend-neutral; the CUDA backend of a later issue implements
+ * the same calls):
+ *   stage_forward(mb, input)   -> boundary activation (B,T,C), or the loss on
+ *                                 the last stage. Activations needed by
+ *                                 backward are kept in one of nslots slots
+ *                                 until stage_backward(mb) or stage_discard(mb).
+ *   stage_backward(mb, dout)   -> gradient of the input activation (B,T,C);
+ *                                 parameter gradients accumulate (+=) until
+ *                                 stage_zero_grad.
+ *   stage_step(lr, scale)      -> AdamW on this stage's parameters.
+ *   save/load                  -> ckpt.h (per-stage) and stage_load_params/
+ *                                 stage_store_params (whole llm.c model).
+ *
+ * Memory: parameters, gradients, moments (m then v) and activations are
+ * each one allocation, carved from the size table stage_param_sizes(). */
+#ifndef TAH_STAGE_H
+#define TAH_STAGE_H
+
+#include <stddef.h>
+
+#include "gpt2.h"  /* gpt2_config_t, GPT2_* tensor ids */
+#include "optim.h" /* optim_opts_t */
+
+enum { STAGE_HEAD = GPT2_NTENSORS, STAGE_NTENSORS };
+
+typedef struct stage_opts {
+    gpt2_config_t cfg;
+    int layer0, layer1; /* layers [layer0, layer1) */
+    int first, last;    /* embeds / owns lnf + head + loss */
+    int B, T;           /* micro-batch shape, 1 <= T <= maxT */
+    int nslots;         /* micro-batches in flight at most (>= 1) */
+    int tied;           /* 1: HEAD is a tied copy of wte */
+} stage_opts_t;
+
+/* Activations of one in-flight micro-batch; per-layer buffers hold nl layers. */
+typedef struct stage_slot {
+    int mb;                                 /* micro-batch id, -1 when free */
+    int *tokens, *targets;                  /* (B,T) first / last stage */
+    float *in;                              /* (B,T,C) input of the first layer */
+    float *ln1, *ln1_mean, *ln1_rstd;       /* (nl,B,T,C) (nl,B,T) (nl,B,T) */
+    float *qkv;                             /* (nl,B,T,3C) */
+    float *atty;                            /* (nl,B,T,C) */
+    float *att;                             /* (nl,B,NH,T,T) */
+    float *res2;                            /* (nl,B,T,C) */
+    float *ln2, *ln2_mean, *ln2_rstd;       /* (nl,B,T,C) (nl,B,T) (nl,B,T) */
+    float *fch, *fchg;                      /* (nl,B,T,4C) each */
+    float *res3;                            /* (nl,B,T,C) */
+    float *lnf, *lnf_mean, *lnf_rstd;       /* (B,T,C) (B,T) (B,T) last stage */
+    float *logits;                          /* (B,T,Vp) last stage; probs, then dlogits */
+    float *losses;                          /* (B,T) last stage */
+} stage_slot_t;
+
+typedef struct stage {
+    stage_opts_t o;
+    int nl;                          /* layer1 - layer0 */
+    size_t sizes[STAGE_NTENSORS];    /* elements per tensor on this stage (0 = absent) */
+    size_t nparams;
+    float *params;                   /* one allocation */
+    float *grads;                    /* one allocation */
+    float *moments;                  /* one allocation: m (nparams) then v (nparams) */
+    float *p[STAGE_NTENSORS], *g[STAGE_NTENSORS], *m[STAGE_NTENSORS], *v[STAGE_NTENSORS];
+    float *acts;                     /* one allocation for all slots */
+    int *acts_i;                     /* tokens/targets of all slots */
+    stage_slot_t *slots;
+    float *scratch;                  /* one allocation: backward buffers below */
+    float *dres, *dbuf, *dqkv, *dbig, *proj, *attscr;
+    double *partials;                /* norm chunk partial sums */
+    size_t npartials;
+    long long t;                     /* AdamW steps taken */
+} stage_t;
+
+/* Elements per tensor of a stage with these options; returns the total. */
+size_t stage_param_sizes(const stage_opts_t *o, size_t sizes[STAGE_NTENSORS]);
+/* Name of a stage tensor ("head" for STAGE_HEAD). */
+const char *stage_tensor_name(int i);
+
+/* NULL on invalid options (err says which) or out of memory. Parameters,
+ * gradients and moments start at zero. */
+stage_t *stage_new(const stage_opts_t *o, char *err, size_t errlen);
+void stage_destroy(stage_t **self_p);
+
+/* Copy this stage's slices of a full model in (HEAD gets wte) / out (wte
+ * comes from the first stage only). Configs must match. */
+int stage_load_params(stage_t *s, const gpt2_model_t *model);
+int stage_store_params(const stage_t *s, gpt2_model_t *model);
+
+/* tokens (first stage) or in (B,T,C) (other stages); targets (last stage).
+ * out (B,T,C) gets the boundary activation (non-last stages); *loss the
+ * mean cross-entropy of the micro-batch (last stage). 0, or TAH_EINVAL when
+ * no slot is free / mb is already in flight. */
+int stage_forward(stage_t *s, int mb, const int *tokens, const float *in, const int *targets,
+                  float *out, float *loss);
+/* dout (B,T,C) (non-last stages) or dloss = d(objective)/d(mean loss of this
+ * micro-batch) / (B*T) (last stage); dinp (B,T,C) gets the input gradient
+ * (non-first stages). 0 or TAH_EINVAL when mb is not in flight. */
+int stage_backward(stage_t *s, int mb, const float *dout, float dloss, float *dinp);
+/* Drop micro-batch mb's activations without backward (evaluation). */
+void stage_discard(stage_t *s, int mb);
+/* Micro-batches currently in flight. */
+int stage_inflight(const stage_t *s);
+
+void stage_zero_grad(stage_t *s);
+/* Tied-embedding gradient sync, once per step after all backward passes:
+ * both copies become first->g[wte] + last->g[head] (that order). first and
+ * last may be the same stage. No-op unless tied. */
+void stage_tied_sync(stage_t *first, stage_t *last);
+/* The same for a runtime that exchanges the gradient over a link:
+ * mine = (mine_is_first ? mine + peer : peer + mine), n elements. */
+void stage_tied_reduce(float *mine, const float *peer, size_t n, int mine_is_first);
+
+/* Global-norm bookkeeping that gives the same bits for every split: one
+ * double sum of squares per (tensor, layer) in a canonical slot, summed in
+ * slot order by stage_norm_total. */
+size_t stage_norm_nslots(const gpt2_config_t *cfg);
+/* Add this stage's sums of squares into slots[stage_norm_nslots()]. The
+ * tied HEAD copy is not counted (its gradient is wte's). */
+void stage_grad_sumsq(stage_t *s, double *slots);
+double stage_norm_total(const double *slots, size_t n);
+
+/* AdamW on every parameter of this stage (t increments). */
+void stage_step(stage_t *s, const optim_opts_t *o, float lr, float grad_scale);
+
+/* One line: "layers 0..3 (first, last), 1234 params, cpu backend (OpenBLAS, 2 threads)". */
+void stage_describe(const stage_t *s, char *buf, size_t buflen);
+
+#endif

@@ -1,0 +1,404 @@
+/* train_main.c — tah-train: single-process pipeline trainer (all stages in
+ * one process), the reference the distributed runtime must match.
+ *
+ * Exit status: 0 ok, 1 runtime error (bad file, bad config, I/O), 2 usage. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h> /* execv */
+
+#include "codec.h"   /* codec_spec_parse */
+#include "data.h"    /* data_load, data_loader_* */
+#include "errors.h"
+#include "gpt2.h"    /* gpt2_model_* */
+#include "layers.h"  /* layers_set_threads, layers_max_threads */
+#include "trainer.h" /* trainer_* */
+
+static const char *s_usage =
+    "usage: tah-train (--init-from MODEL.bin | --model L,NH,C,maxT,V[,Vp]) --train-data F\n"
+    "                 [--val-data F] --batch B --seq T --steps N --lr X\n"
+    "                 [--lr-schedule constant|cosine] [--warmup N] [--weight-decay X]\n"
+    "                 [--beta1 X] [--beta2 X] [--eps X] [--grad-clip X (0 = off)]\n"
+    "                 [--stages S] [--micro-batches M] [--schedule 1f1b|gpipe]\n"
+    "                 [--fwd-codec SPEC] [--bwd-codec SPEC] [--threads N] [--seed N]\n"
+    "                 [--metrics FILE] [--save MODEL.bin]\n"
+    "                 [--val-every N] [--val-batches N] [--lr-min-frac X] [--untied]\n"
+    "                 [--save-ckpt PREFIX] [--resume PREFIX] [--quiet]\n"
+    "\n"
+    "  --init-from F     start from an llm.c GPT-2 model file (version 3)\n"
+    "  --model ...       random GPT-2 init (--seed); Vp defaults to V rounded up to 128 (V >= 1024)\n"
+    "  --train-data F    llm.c token file (.bin, magic 20240520) or raw UTF-8 text (byte tokens, V >= 256)\n"
+    "  --val-data F      validation data, same formats (default: none)\n"
+    "  --batch B         sequences per micro-batch; a step takes M*B sequences of T tokens\n"
+    "  --seq T           sequence length, <= maxT\n"
+    "  --steps N         total optimizer steps (with --resume: up to N)\n"
+    "  --lr X            peak learning rate; --warmup N linear warm-up steps (0);\n"
+    "                    --lr-schedule cosine decays to lr*lr-min-frac (0) at the last step\n"
+    "  --weight-decay X  AdamW decay of weight matrices (0); --beta1 0.9 --beta2 0.95 --eps 1e-8\n"
+    "  --grad-clip X     global gradient-norm clip (1.0; 0 = off)\n"
+    "  --stages S        pipeline stages, 1..L (1); --micro-batches M (1); --schedule 1f1b (default) or gpipe\n"
+    "  --fwd-codec SPEC  codec of every stage-boundary activation (fp32); e.g. tah:hi_frac=0.8\n"
+    "  --bwd-codec SPEC  codec of every stage-boundary gradient (fp32); e.g. fixpt:bits=8\n"
+    "  --threads N       OpenMP/OpenBLAS threads (default: all cores)\n"
+    "  --metrics FILE    one JSON object per step (metrics.jsonl)\n"
+    "  --save F          write the trained model as an llm.c model file (atomically)\n"
+    "  --val-every N     evaluate every N steps (50), on --val-batches batches (8)\n"
+    "  --untied          LM head independent of wte (no tied-embedding sync)\n"
+    "  --save-ckpt P     write per-stage checkpoints P.stage<k>.ckpt at the end\n"
+    "  --resume P        continue from per-stage checkpoints P.stage<k>.ckpt\n";
+
+static int s_usage_error(const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "tah-train: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\n%s", s_usage);
+    return 2;
+}
+
+static int s_parse_int(const char *s, long lo, long hi, int *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int s_parse_float(const char *s, float *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        return -1;
+    *out = (float)v;
+    return 0;
+}
+
+static double s_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void s_fmt_eta(char *buf, size_t n, double sec)
+{
+    long s = (long)(sec + 0.5);
+    if (s >= 3600)
+        snprintf(buf, n, "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
+    else
+        snprintf(buf, n, "%ld:%02ld", s / 60, s % 60);
+}
+
+/* OpenBLAS (pthread build) starts its own thread pool when the library
+ * loads; next to our OpenMP threads it makes 2-core runs up to 10x slower.
+ * layers.c runs sgemm single-threaded inside OpenMP threads, so we want no
+ * pool at all: OPENBLAS_NUM_THREADS must be set before the library loads,
+ * hence one re-exec of ourselves with it set. */
+static void s_single_thread_blas(char **argv)
+{
+    if (getenv("OPENBLAS_NUM_THREADS"))
+        return;
+    if (setenv("OPENBLAS_NUM_THREADS", "1", 1) != 0)
+        return;
+    execv("/proc/self/exe", argv);
+    /* exec failed: carry on with the pool (slower, same results) */
+}
+
+int main(int argc, char **argv)
+{
+    s_single_thread_blas(argv);
+    const char *init_from = NULL, *model_str = NULL, *train_path = NULL, *val_path = NULL;
+    const char *fwd_codec = "fp32", *bwd_codec = "fp32", *metrics_path = "metrics.jsonl";
+    const char *save_path = NULL, *save_ckpt = NULL, *resume = NULL;
+    int B = 0, T = 0, steps = 0, S = 1, M = 1, threads = 0, val_every = 50, val_batches = 8;
+    int untied = 0, quiet = 0, have_lr = 0;
+    int seed = 1337;
+    sched_kind_t sched = SCHED_1F1B;
+    optim_opts_t opt;
+    optim_defaults(&opt);
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(s_usage, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--untied")) {
+            untied = 1;
+            continue;
+        }
+        if (!strcmp(a, "--quiet")) {
+            quiet = 1;
+            continue;
+        }
+        if (strncmp(a, "--", 2) != 0)
+            return s_usage_error("unexpected argument '%s'%s", a, "");
+        if (i + 1 >= argc)
+            return s_usage_error("option %s needs a value%s", a, "");
+        const char *v = argv[++i];
+        int bad = 0;
+        if (!strcmp(a, "--init-from")) init_from = v;
+        else if (!strcmp(a, "--model")) model_str = v;
+        else if (!strcmp(a, "--train-data")) train_path = v;
+        else if (!strcmp(a, "--val-data")) val_path = v;
+        else if (!strcmp(a, "--batch")) bad = s_parse_int(v, 1, 1 << 20, &B);
+        else if (!strcmp(a, "--seq")) bad = s_parse_int(v, 1, 1 << 20, &T);
+        else if (!strcmp(a, "--steps")) bad = s_parse_int(v, 1, 1 << 30, &steps);
+        else if (!strcmp(a, "--lr")) { bad = s_parse_float(v, &opt.lr) || opt.lr < 0; have_lr = 1; }
+        else if (!strcmp(a, "--lr-schedule")) {
+            if (!strcmp(v, "constant")) opt.schedule = OPTIM_CONSTANT;
+            else if (!strcmp(v, "cosine")) opt.schedule = OPTIM_COSINE;
+            else bad = 1;
+        }
+        else if (!strcmp(a, "--warmup")) bad = s_parse_int(v, 0, 1 << 30, &opt.warmup);
+        else if (!strcmp(a, "--weight-decay")) bad = s_parse_float(v, &opt.weight_decay) || opt.weight_decay < 0;
+        else if (!strcmp(a, "--beta1")) bad = s_parse_float(v, &opt.beta1) || opt.beta1 < 0 || opt.beta1 >= 1;
+        else if (!strcmp(a, "--beta2")) bad = s_parse_float(v, &opt.beta2) || opt.beta2 < 0 || opt.beta2 >= 1;
+        else if (!strcmp(a, "--eps")) bad = s_parse_float(v, &opt.eps) || opt.eps <= 0;
+        else if (!strcmp(a, "--grad-clip")) bad = s_parse_float(v, &opt.grad_clip) || opt.grad_clip < 0;
+        else if (!strcmp(a, "--lr-min-frac")) bad = s_parse_float(v, &opt.lr_min_frac) || opt.lr_min_frac < 0 || opt.lr_min_frac > 1;
+        else if (!strcmp(a, "--stages")) bad = s_parse_int(v, 1, 4096, &S);
+        else if (!strcmp(a, "--micro-batches")) bad = s_parse_int(v, 1, 65536, &M);
+        else if (!strcmp(a, "--schedule")) bad = sched_parse(v, &sched) != 0;
+        else if (!strcmp(a, "--fwd-codec")) fwd_codec = v;
+        else if (!strcmp(a, "--bwd-codec")) bwd_codec = v;
+        else if (!strcmp(a, "--threads")) bad = s_parse_int(v, 1, 1024, &threads);
+        else if (!strcmp(a, "--seed")) bad = s_parse_int(v, 0, 2147483647L, &seed);
+        else if (!strcmp(a, "--metrics")) metrics_path = v;
+        else if (!strcmp(a, "--save")) save_path = v;
+        else if (!strcmp(a, "--val-every")) bad = s_parse_int(v, 1, 1 << 30, &val_every);
+        else if (!strcmp(a, "--val-batches")) bad = s_parse_int(v, 1, 1 << 20, &val_batches);
+        else if (!strcmp(a, "--save-ckpt")) save_ckpt = v;
+        else if (!strcmp(a, "--resume")) resume = v;
+        else return s_usage_error("unknown option %s%s", a, "");
+        if (bad)
+            return s_usage_error("bad value for %s: '%s'", a, v);
+    }
+    if (!!init_from == !!model_str)
+        return s_usage_error("give exactly one of --init-from or --model%s%s", "", "");
+    if (!train_path)
+        return s_usage_error("--train-data is required%s%s", "", "");
+    if (!B || !T || !steps || !have_lr)
+        return s_usage_error("--batch, --seq, --steps and --lr are required%s%s", "", "");
+    gpt2_config_t mcfg = { 0 };
+    if (model_str) {
+        int f[6] = { 0, 0, 0, 0, 0, 0 }, nf = 0;
+        const char *p = model_str;
+        while (*p && nf < 6) {
+            char *end = NULL;
+            errno = 0;
+            long x = strtol(p, &end, 10);
+            if (errno || end == p || x < 1 || x > (1L << 24))
+                break;
+            f[nf++] = (int)x;
+            p = end;
+            if (*p == ',')
+                p++;
+            else
+                break;
+        }
+        if (*p || (nf != 5 && nf != 6))
+            return s_usage_error("--model wants L,NH,C,maxT,V[,Vp] (positive integers), got '%s'%s", model_str, "");
+        mcfg = (gpt2_config_t){ .L = f[0], .NH = f[1], .C = f[2], .maxT = f[3], .V = f[4],
+                                .Vp = nf == 6 ? f[5] : gpt2_padded_vocab(f[4]) };
+    }
+    char err[512] = "";
+    codec_spec_t cs;
+    if (codec_spec_parse(fwd_codec, &cs, err, sizeof err) != 0)
+        return s_usage_error("--fwd-codec '%s': %s", fwd_codec, err);
+    if (codec_spec_parse(bwd_codec, &cs, err, sizeof err) != 0)
+        return s_usage_error("--bwd-codec '%s': %s", bwd_codec, err);
+
+    int rc = 1;
+    gpt2_model_t *model = NULL;
+    data_t *train = NULL, *val = NULL;
+    trainer_t *tr = NULL;
+    FILE *mf = NULL;
+
+    if (threads > 0)
+        layers_set_threads(threads);
+    else
+        layers_set_threads(layers_max_threads());
+
+    if (init_from) {
+        if (gpt2_model_read(init_from, &model, err, sizeof err) != 0) {
+            fprintf(stderr, "tah-train: %s\n", err);
+            goto out;
+        }
+    } else {
+        model = gpt2_model_new(&mcfg, err, sizeof err);
+        if (!model) {
+            fprintf(stderr, "tah-train: --model %s: %s\n", model_str, err);
+            goto out;
+        }
+        gpt2_model_init_random(model, (uint64_t)seed);
+    }
+    const gpt2_config_t *cfg = &model->cfg;
+    if (T > cfg->maxT) {
+        fprintf(stderr, "tah-train: --seq %d exceeds the model's maxT = %d\n", T, cfg->maxT);
+        goto out;
+    }
+    if (S > cfg->L) {
+        fprintf(stderr, "tah-train: --stages %d exceeds the model's %d layers (each stage needs >= 1)\n", S, cfg->L);
+        goto out;
+    }
+    if (data_load(train_path, cfg->V, &train, err, sizeof err) != 0) {
+        fprintf(stderr, "tah-train: %s\n", err);
+        goto out;
+    }
+    if (val_path && data_load(val_path, cfg->V, &val, err, sizeof err) != 0) {
+        fprintf(stderr, "tah-train: %s\n", err);
+        goto out;
+    }
+    data_loader_t dl, vl;
+    if (data_loader_init(&dl, train, B, T, err, sizeof err) != 0) {
+        fprintf(stderr, "tah-train: %s: %s\n", train_path, err);
+        goto out;
+    }
+    if (val && data_loader_init(&vl, val, B, T, err, sizeof err) != 0) {
+        fprintf(stderr, "tah-train: %s: %s\n", val_path, err);
+        goto out;
+    }
+    opt.total_steps = steps;
+    trainer_opts_t to = { .cfg = *cfg, .S = S, .M = M, .B = B, .T = T, .sched = sched,
+                          .tied = !untied, .fwd_codec = fwd_codec, .bwd_codec = bwd_codec,
+                          .optim = opt };
+    tr = trainer_new(&to, model, err, sizeof err);
+    if (!tr) {
+        fprintf(stderr, "tah-train: %s\n", err);
+        goto out;
+    }
+    int start = 0;
+    if (resume) {
+        ckpt_meta_t meta;
+        if (trainer_load_ckpt(tr, resume, &meta, err, sizeof err) != 0) {
+            fprintf(stderr, "tah-train: --resume: %s\n", err);
+            goto out;
+        }
+        if (meta.data_pos + (size_t)B * T + 1 > train->n) {
+            fprintf(stderr, "tah-train: --resume: data position %llu is beyond %s (%zu tokens); HINT: same --train-data?\n",
+                    (unsigned long long)meta.data_pos, train_path, train->n);
+            goto out;
+        }
+        dl.pos = meta.data_pos;
+        start = (int)meta.step;
+    }
+    if (metrics_path && *metrics_path) {
+        mf = fopen(metrics_path, "w");
+        if (!mf) {
+            fprintf(stderr, "tah-train: %s: cannot open for writing: %s\n", metrics_path, strerror(errno));
+            goto out;
+        }
+    }
+
+    if (!quiet) {
+        printf("tah-train: model L=%d NH=%d C=%d maxT=%d V=%d Vp=%d (%zu params), %s embeddings\n",
+               cfg->L, cfg->NH, cfg->C, cfg->maxT, cfg->V, cfg->Vp, model->nparams,
+               untied ? "untied" : "tied");
+        printf("tah-train: %d stage(s), %d micro-batch(es) of B=%d T=%d, schedule %s, codecs fwd=%s bwd=%s, %d threads\n",
+               S, M, B, T, sched_name(sched), fwd_codec, bwd_codec, layers_max_threads());
+        for (int k = 0; k < S; k++) {
+            char d[256];
+            stage_describe(tr->stages[k], d, sizeof d);
+            printf("tah-train: stage %d: %s\n", k, d);
+        }
+        printf("tah-train: train %s (%zu tokens%s)%s%s\n", train_path, train->n,
+               train->is_text ? ", byte-level text" : "", val ? ", val " : "", val ? val_path : "");
+        fflush(stdout);
+    }
+
+    const double tokens_per_step = (double)M * B * T;
+    double t_train = 0.0;
+    int timed = 0;
+    for (int step = start; step < steps; step++) {
+        int s1 = step + 1;
+        double val_loss = NAN;
+        if (val && (s1 == 1 || s1 % val_every == 0 || s1 == steps)) {
+            vl.pos = 0;
+            if (trainer_eval(tr, &vl, val_batches, &val_loss, err, sizeof err) != 0) {
+                fprintf(stderr, "tah-train: validation: %s\n", err);
+                goto out;
+            }
+            if (!quiet)
+                printf("step %5d/%d | val loss %.4f\n", s1, steps, val_loss);
+        }
+        trainer_stats_t st;
+        double t0 = s_now();
+        if (trainer_step(tr, &dl, &st, err, sizeof err) != 0) {
+            fprintf(stderr, "tah-train: %s\n", err);
+            goto out;
+        }
+        double dt = s_now() - t0;
+        if (!isfinite(st.loss)) {
+            fprintf(stderr, "tah-train: step %d: loss is %f; HINT: lower --lr or enable --grad-clip\n", s1, st.loss);
+            goto out;
+        }
+        if (step > start || steps - start == 1) {
+            t_train += dt;
+            timed++;
+        }
+        double avg = timed ? t_train / timed : dt;
+        char eta[32];
+        s_fmt_eta(eta, sizeof eta, avg * (steps - s1));
+        if (!quiet) {
+            printf("step %5d/%d | loss %.4f | lr %.2e | norm %.4f | %.0f tok/s | %.1f ms | ETA %s\n", s1,
+                   steps, st.loss, (double)st.lr, st.grad_norm, tokens_per_step / dt, dt * 1e3, eta);
+            fflush(stdout);
+        }
+        if (mf) {
+            fprintf(mf, "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"ms\":%.3f",
+                    s1, st.loss, (double)st.lr, st.grad_norm, tokens_per_step / dt, dt * 1e3);
+            if (!isnan(val_loss))
+                fprintf(mf, ",\"val_loss\":%.6f", val_loss);
+            fprintf(mf, "}\n");
+            fflush(mf);
+        }
+    }
+    if (val) {
+        double vloss = 0.0;
+        vl.pos = 0;
+        if (trainer_eval(tr, &vl, val_batches, &vloss, err, sizeof err) != 0) {
+            fprintf(stderr, "tah-train: validation: %s\n", err);
+            goto out;
+        }
+        if (!quiet)
+            printf("final | val loss %.4f after %d steps\n", vloss, steps);
+    }
+    if (!quiet && timed)
+        printf("tah-train: %.0f tokens/s average over %d timed steps\n", tokens_per_step * timed / t_train, timed);
+    if (save_path) {
+        if (trainer_export(tr, model) != 0 || gpt2_model_write(save_path, model, err, sizeof err) != 0) {
+            fprintf(stderr, "tah-train: --save: %s\n", err);
+            goto out;
+        }
+        if (!quiet)
+            printf("tah-train: wrote %s%s\n", save_path, untied ? " (llm.c format: the untied head is not stored)" : "");
+    }
+    if (save_ckpt) {
+        ckpt_meta_t meta = { .step = tr->step, .data_pos = dl.pos, .seed = (uint64_t)seed };
+        if (trainer_save_ckpt(tr, save_ckpt, &meta, err, sizeof err) != 0) {
+            fprintf(stderr, "tah-train: --save-ckpt: %s\n", err);
+            goto out;
+        }
+        if (!quiet)
+            printf("tah-train: wrote %s.stage0..%d.ckpt\n", save_ckpt, S - 1);
+    }
+    rc = 0;
+out:
+    if (mf && fclose(mf) != 0 && rc == 0) {
+        fprintf(stderr, "tah-train: %s: write failed\n", metrics_path);
+        rc = 1;
+    }
+    trainer_destroy(&tr);
+    data_destroy(&train);
+    data_destroy(&val);
+    gpt2_model_destroy(&model);
+    return rc;
+}
