@@ -31,12 +31,19 @@ int codec_synth_activations(float *x, codec_shape_t shape, uint64_t seed)
     }
     const uint64_t chan_seed = seed ^ 0xC4A77E1ull;
     for (uint32_t c = 0; c < C; c++) {
-        double s = exp(codec_synth_normal(chan_seed, 3ull * c));
-        uint64_t r = codec_synth_u64(chan_seed, 3ull * c + 1) % 1000;
-        if (r < 10) /* ~1 % outlier channels, 20..60x */
-            s *= 20.0 + 40.0 * (double)(codec_synth_u64(chan_seed, 3ull * c + 2) % 1000) / 1000.0;
+        double s = exp(0.6 * codec_synth_normal(chan_seed, 2ull * c));
         sigma[c] = (float)s;
         mu[c] = (float)(0.3 * s * codec_synth_normal(chan_seed ^ 1, c));
+    }
+    /* a few outlier channels, 20..60x larger: one at a random place in each
+     * block of 256 channels (at least one), so they are spread out as in
+     * GPT-2 (dims 138, 378, 447 of 768) */
+    uint32_t n_out = C / 256 > 0 ? C / 256 : 1, span = C / n_out;
+    for (uint32_t k = 0; k < n_out; k++) {
+        uint32_t c = k * span + (uint32_t)(codec_synth_u64(chan_seed, 2ull * C + 2 * k) % span);
+        double boost = 20.0 + 40.0 * (double)(codec_synth_u64(chan_seed, 2ull * C + 2 * k + 1) % 1000) / 1000.0;
+        sigma[c] *= (float)boost;
+        mu[c] *= (float)boost;
     }
     uint64_t n = (uint64_t)shape.b * shape.s * C;
     for (uint64_t i = 0; i < n; i++)

@@ -6,6 +6,7 @@
  *   tah-codec info   --in x.tahf
  *   tah-codec bench  [--codec SPEC]... [--shape B,S,C] [--seconds X] [--seed N] [--csv FILE]
  *   tah-codec synth  --shape B,S,C [--seed N] --out x.f32
+ *   tah-codec compare --in y.f32 --ref x.f32   # relative L2 and max abs error
  *
  * Raw tensors are little-endian float32. Exit codes: 0 ok, 1 runtime error
  * (bad file, bad frame), 2 usage. */
@@ -29,6 +30,7 @@ static const char *s_usage =
     "       tah-codec info   --in x.tahf\n"
     "       tah-codec bench  [--codec SPEC]... [--shape B,S,C] [--seconds X] [--seed N] [--csv FILE]\n"
     "       tah-codec synth  --shape B,S,C [--seed N] --out x.f32\n"
+    "       tah-codec compare --in y.f32 --ref x.f32\n"
     "\n"
     "SPEC is NAME[:key=value,...], NAME one of fp32 fp16 bf16 tah fixpt ash-fp8 int, e.g.\n"
     "  tah:hi_frac=0.8,tile=64   fixpt:bits=8,scale=1024,stochastic=1   ash-fp8:block=256   int:bits=4,group=128\n"
@@ -56,7 +58,7 @@ typedef struct s_args {
     const char *opt_key[S_NCODEC_OPTS];
     const char *opt_val[S_NCODEC_OPTS];
     int nopts;
-    const char *shape, *in, *out, *csv;
+    const char *shape, *in, *out, *csv, *ref;
     double seconds;
     uint64_t seed;
     int have_seed;
@@ -130,6 +132,8 @@ static int s_parse_args(int argc, char **argv, s_args_t *a)
             a->out = v;
         else if (strcmp(o, "--csv") == 0)
             a->csv = v;
+        else if (strcmp(o, "--ref") == 0)
+            a->ref = v;
         else if (strcmp(o, "--seconds") == 0) {
             char *end = NULL;
             a->seconds = strtod(v, &end);
@@ -346,6 +350,42 @@ static int s_cmd_synth(const s_args_t *a)
     return rc;
 }
 
+static int s_cmd_compare(const s_args_t *a)
+{
+    uint8_t *y = NULL, *x = NULL;
+    size_t ny = 0, nx = 0;
+    char err[512];
+    int rc = 1;
+    if (!a->in || !a->ref || a->out || a->ncodecs || a->nopts || a->shape)
+        return s_usage_error("compare takes exactly --in and --ref%s", "");
+    if (tah_file_read(a->in, 4 * CODEC_MAX_ELEMS, &y, &ny, err, sizeof err) != 0 ||
+        tah_file_read(a->ref, 4 * CODEC_MAX_ELEMS, &x, &nx, err, sizeof err) != 0) {
+        fprintf(stderr, "tah-codec: %s\n", err);
+        goto out;
+    }
+    if (nx != ny || nx % 4 != 0) {
+        fprintf(stderr, "tah-codec: %s has %zu bytes, %s has %zu: not the same float32 tensor size\n", a->in, ny,
+                a->ref, nx);
+        goto out;
+    }
+    double e2 = 0.0, x2 = 0.0, emax = 0.0;
+    for (size_t i = 0; i < nx / 4; i++) {
+        float fx, fy;
+        memcpy(&fx, x + 4 * i, 4);
+        memcpy(&fy, y + 4 * i, 4);
+        double d = fabs((double)fx - fy);
+        e2 += d * d;
+        x2 += (double)fx * fx;
+        emax = d > emax ? d : emax;
+    }
+    printf("elements %zu  rel_error %.4e  max_abs_error %.4e\n", nx / 4, x2 > 0 ? sqrt(e2 / x2) : sqrt(e2), emax);
+    rc = 0;
+out:
+    free(x);
+    free(y);
+    return rc;
+}
+
 static int s_cmd_bench(const s_args_t *a)
 {
     codec_shape_t shape = { 8, 512, 768 };
@@ -456,5 +496,7 @@ int main(int argc, char **argv)
         return s_cmd_bench(&a);
     if (strcmp(cmd, "synth") == 0)
         return s_cmd_synth(&a);
+    if (strcmp(cmd, "compare") == 0)
+        return s_cmd_compare(&a);
     return s_usage_error("unknown command '%s'", cmd);
 }
