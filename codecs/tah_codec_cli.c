@@ -201,18 +201,21 @@ static int s_cmd_encode(const s_args_t *a)
     if (s_parse_shape(a->shape, &shape) != 0)
         return s_usage_error("--shape wants B,S,C with positive dimensions, got '%s'", a->shape);
     uint64_t n = (uint64_t)shape.b * shape.s * shape.c;
-    if (tah_file_read(a->in, 4 * n, &raw, &rawlen, err, sizeof err) != 0) {
+    int rd = tah_file_read(a->in, 4 * n, &raw, &rawlen, err, sizeof err);
+    if (rd == TAH_ESIZE || (rd == 0 && rawlen != 4 * n)) {
+        fprintf(stderr, "tah-codec: %s: %s bytes, shape %s needs %" PRIu64 " (float32)\n", a->in,
+                rd == 0 ? "fewer" : "more", a->shape, 4 * n);
+        goto out;
+    }
+    if (rd != 0) {
         fprintf(stderr, "tah-codec: %s\n", err);
         goto out;
     }
-    if (rawlen != 4 * n) {
-        fprintf(stderr, "tah-codec: %s: %zu bytes, shape %s needs %" PRIu64 " (float32)\n", a->in, rawlen, a->shape,
-                4 * n);
+    float *x = malloc(4 * n);
+    if (!x) {
+        fprintf(stderr, "tah-codec: cannot allocate %" PRIu64 " floats\n", n);
         goto out;
     }
-    float *x = malloc(4 * n);
-    if (!x)
-        goto out;
     for (uint64_t i = 0; i < n; i++) { /* raw files are little-endian; decode portably */
         uint32_t u = (uint32_t)raw[4 * i] | (uint32_t)raw[4 * i + 1] << 8 | (uint32_t)raw[4 * i + 2] << 16 |
                      (uint32_t)raw[4 * i + 3] << 24;
