@@ -36,6 +36,13 @@ int data_load(const char *path, int V, data_t **out, char *err, size_t errlen)
     int is_tokens = (len >= 4 && s_le32(buf) == DATA_MAGIC) || s_ends_with(path, ".bin");
     if (is_tokens) {
         const size_t hsz = DATA_HEADER_INTS * 4;
+        if (len >= 4 && s_le32(buf) != DATA_MAGIC) {
+            if (err)
+                snprintf(err, errlen, "%s: bad magic 0x%08x (expected %d, an llm.c token file)", path,
+                         s_le32(buf), DATA_MAGIC);
+            rc = TAH_EMAGIC;
+            goto out;
+        }
         if (len < hsz) {
             if (err)
                 snprintf(err, errlen, "%s: truncated: %zu bytes, shorter than the %zu-byte llm.c token header",

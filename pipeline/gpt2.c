@@ -202,7 +202,15 @@ int gpt2_model_read(const char *path, gpt2_model_t **out, char *err, size_t errl
         fsz = ftell(f);
     rewind(f);
     unsigned char hb[GPT2_HEADER_INTS * 4];
-    if (fsz < (long)sizeof hb || fread(hb, 1, sizeof hb, f) != sizeof hb) {
+    size_t got = fread(hb, 1, sizeof hb, f);
+    if (got >= 4 && s_le32(hb) != GPT2_MODEL_MAGIC) {
+        if (err)
+            snprintf(err, errlen, "%s: bad magic 0x%08x (expected %d, an llm.c GPT-2 model file)",
+                     path, s_le32(hb), GPT2_MODEL_MAGIC);
+        rc = TAH_EMAGIC;
+        goto out;
+    }
+    if (fsz < (long)sizeof hb || got != sizeof hb) {
         if (err)
             snprintf(err, errlen, "%s: truncated: %ld bytes, shorter than the %zu-byte llm.c header",
                      path, fsz, sizeof hb);
