@@ -228,30 +228,33 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
 
 size_t attention_scratch_floats(int T)
 {
-    return (size_t)layers_max_threads() * (size_t)T;
+    return (size_t)layers_max_threads() * (size_t)T * (size_t)T;
 }
 
+/* One (b,h) pair per OpenMP thread; the T x T score matrix and the
+ * products with V run as single-threaded sgemm calls (q, k, v are strided
+ * views into qkv, ld 3C). The upper triangle is computed and then masked.
+ *
+ *   thread (b,h):  S = scale * Q K^T  (T,T)  -> causal softmax in place (att)
+ *                  out[:, h*hs..] = att V      (T,hs) */
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
     const int C3 = 3 * C, hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for collapse(3) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            for (int h = 0; h < NH; h++) {
-                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
-                float *row = att + (((size_t)b * NH + h) * T + t) * T;
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * C3 + h * hs;
+            const float *k = q + C, *v = q + 2 * C;
+            float *A = att + ((size_t)b * NH + h) * T * T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3,
+                        0.0f, A, T);
+            for (int t = 0; t < T; t++) {
+                float *row = A + (size_t)t * T;
                 float maxv = -INFINITY;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *k = qkv + ((size_t)b * T + t2) * C3 + C + h * hs;
-                    float dot = 0.0f;
-                    for (int i = 0; i < hs; i++)
-                        dot += q[i] * k[i];
-                    dot *= scale;
-                    row[t2] = dot;
-                    if (dot > maxv)
-                        maxv = dot;
-                }
+                for (int t2 = 0; t2 <= t; t2++)
+                    if (row[t2] > maxv)
+                        maxv = row[t2];
                 float sum = 0.0f;
                 for (int t2 = 0; t2 <= t; t2++) {
                     float e = expf(row[t2] - maxv);
@@ -263,64 +266,66 @@ void attention_forward(float *out, float *att, const float *qkv, int B, int T, i
                     row[t2] *= inv;
                 for (int t2 = t + 1; t2 < T; t2++)
                     row[t2] = 0.0f;
-                float *o = out + ((size_t)b * T + t) * C + h * hs;
-                for (int i = 0; i < hs; i++)
-                    o[i] = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
-                    float a = row[t2];
-                    for (int i = 0; i < hs; i++)
-                        o[i] += a * v[i];
-                }
             }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, A, T, v, C3,
+                        0.0f, out + (size_t)b * T * C + h * hs, C);
         }
     }
 }
 
+/*   thread (b,h):  D  = dout V^T                (T,T)   scratch
+ *                  dV += att^T dout             (T,hs)
+ *                  D  = att * (D - rowsum(att*D)) * scale   (softmax backward)
+ *                  dQ += D K,  dK += D^T Q      (T,hs)
+ * Each (b,h) owns its q, k, v columns of dqkv, so nothing races. */
 void attention_backward(float *dqkv, float *scratch, const float *dout, const float *att,
                         const float *qkv, int B, int T, int C, int NH)
 {
     const int C3 = 3 * C, hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
-    /* one (b,h) per thread: it owns the q, k and v columns of head h in
-     * batch row b, so the += below never race and run in a fixed order */
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            float *datt = scratch + (size_t)s_thread_id() * T;
+            float *D = scratch + (size_t)s_thread_id() * T * T;
+            const float *q = qkv + (size_t)b * T * C3 + h * hs;
+            const float *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + (size_t)b * T * C3 + h * hs;
+            float *dk = dq + C, *dv = dq + 2 * C;
+            const float *A = att + ((size_t)b * NH + h) * T * T;
+            const float *d = dout + (size_t)b * T * C + h * hs;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, C, v, C3, 0.0f,
+                        D, T);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, A, T, d, C, 1.0f,
+                        dv, C3);
             for (int t = 0; t < T; t++) {
-                const float *row = att + (((size_t)b * NH + h) * T + t) * T;
-                const float *d = dout + ((size_t)b * T + t) * C + h * hs;
-                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
-                float *dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
-                    float *dv = dqkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hs;
-                    float dot = 0.0f, a = row[t2];
-                    for (int i = 0; i < hs; i++) {
-                        dot += v[i] * d[i];
-                        dv[i] += a * d[i];
-                    }
-                    datt[t2] = dot;
-                }
-                float s = 0.0f;
+                const float *a = A + (size_t)t * T;
+                float *row = D + (size_t)t * T;
+                float sum = 0.0f;
                 for (int t2 = 0; t2 <= t; t2++)
-                    s += row[t2] * datt[t2];
-                for (int t2 = 0; t2 <= t; t2++) {
-                    float dpre = row[t2] * (datt[t2] - s) * scale;
-                    const float *k = qkv + ((size_t)b * T + t2) * C3 + C + h * hs;
-                    float *dk = dqkv + ((size_t)b * T + t2) * C3 + C + h * hs;
-                    for (int i = 0; i < hs; i++) {
-                        dq[i] += dpre * k[i];
-                        dk[i] += dpre * q[i];
-                    }
-                }
+                    sum += a[t2] * row[t2];
+                for (int t2 = 0; t2 <= t; t2++)
+                    row[t2] = a[t2] * (row[t2] - sum) * scale;
+                for (int t2 = t + 1; t2 < T; t2++)
+                    row[t2] = 0.0f;
             }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, D, T, k, C3, 1.0f,
+                        dq, C3);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, D, T, q, C3, 1.0f,
+                        dk, C3);
         }
     }
 }
 
 #define S_GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+
+/* tanh through one expf (much cheaper than tanhf): tanh|u| = (1-e)/(1+e),
+ * e = exp(-2|u|), which never overflows. */
+static inline float s_tanh(float u)
+{
+    float e = expf(-2.0f * fabsf(u));
+    float t = (1.0f - e) / (1.0f + e);
+    return u < 0.0f ? -t : t;
+}
 
 void gelu_forward(float *out, const float *inp, size_t N)
 {
@@ -328,7 +333,7 @@ void gelu_forward(float *out, const float *inp, size_t N)
     for (size_t i = 0; i < N; i++) {
         float x = inp[i];
         float cube = 0.044715f * x * x * x;
-        out[i] = 0.5f * x * (1.0f + tanhf(S_GELU_SCALE * (x + cube)));
+        out[i] = 0.5f * x * (1.0f + s_tanh(S_GELU_SCALE * (x + cube)));
     }
 }
 
@@ -338,8 +343,7 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t N)
     for (size_t i = 0; i < N; i++) {
         float x = inp[i];
         float cube = 0.044715f * x * x * x;
-        float u = S_GELU_SCALE * (x + cube);
-        float th = tanhf(u);
+        float th = s_tanh(S_GELU_SCALE * (x + cube));
         float sech2 = 1.0f - th * th;
         float local = 0.5f * (1.0f + th) + x * 0.5f * sech2 * S_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] = local * dout[i];

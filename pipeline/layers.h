@@ -48,7 +48,7 @@ void matmul_backward(float *dinp /* (N,C) */, float *dweight /* (OC,C) */,
  * probabilities (zero above the diagonal) for backward. */
 void attention_forward(float *out /* (B,T,C) */, float *att /* (B,NH,T,T) */,
                        const float *qkv /* (B,T,3C) */, int B, int T, int C, int NH);
-/* dqkv += ...; scratch holds at least 2*T floats per OpenMP thread
+/* dqkv += ...; scratch holds T*T floats per OpenMP thread
  * (attention_scratch_floats). */
 void attention_backward(float *dqkv /* (B,T,3C) */, float *scratch,
                         const float *dout /* (B,T,C) */, const float *att /* (B,NH,T,T) */,
