@@ -26,7 +26,7 @@ static const char *s_usage =
     "                 [--fwd-codec SPEC] [--bwd-codec SPEC] [--threads N] [--seed N]\n"
     "                 [--metrics FILE] [--save MODEL.bin]\n"
     "                 [--val-every N] [--val-batches N] [--lr-min-frac X] [--untied]\n"
-    "                 [--save-ckpt PREFIX] [--resume PREFIX] [--quiet]\n"
+    "                 [--save-ckpt PREFIX] [--ckpt-every N] [--resume PREFIX] [--quiet]\n"
     "\n"
     "  --init-from F     start from an llm.c GPT-2 model file (version 3)\n"
     "  --model ...       random GPT-2 init (--seed); Vp defaults to V rounded up to 128 (V >= 1024)\n"
@@ -47,7 +47,8 @@ static const char *s_usage =
     "  --save F          write the trained model as an llm.c model file (atomically)\n"
     "  --val-every N     evaluate every N steps (50), on --val-batches batches (8)\n"
     "  --untied          LM head independent of wte (no tied-embedding sync)\n"
-    "  --save-ckpt P     write per-stage checkpoints P.stage<k>.ckpt at the end\n"
+    "  --save-ckpt P     write per-stage checkpoints P.stage<k>.ckpt (atomically) at the end,\n"
+    "                    and every N steps with --ckpt-every N\n"
     "  --resume P        continue from per-stage checkpoints P.stage<k>.ckpt\n";
 
 static int s_usage_error(const char *fmt, const char *a, const char *b)
@@ -118,7 +119,7 @@ int main(int argc, char **argv)
     const char *fwd_codec = "fp32", *bwd_codec = "fp32", *metrics_path = "metrics.jsonl";
     const char *save_path = NULL, *save_ckpt = NULL, *resume = NULL;
     int B = 0, T = 0, steps = 0, S = 1, M = 1, threads = 0, val_every = 50, val_batches = 8;
-    int untied = 0, quiet = 0, have_lr = 0;
+    int untied = 0, quiet = 0, have_lr = 0, ckpt_every = 0;
     int seed = 1337;
     sched_kind_t sched = SCHED_1F1B;
     optim_opts_t opt;
@@ -176,6 +177,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--val-every")) bad = s_parse_int(v, 1, 1 << 30, &val_every);
         else if (!strcmp(a, "--val-batches")) bad = s_parse_int(v, 1, 1 << 20, &val_batches);
         else if (!strcmp(a, "--save-ckpt")) save_ckpt = v;
+        else if (!strcmp(a, "--ckpt-every")) bad = s_parse_int(v, 1, 1 << 30, &ckpt_every);
         else if (!strcmp(a, "--resume")) resume = v;
         else return s_usage_error("unknown option %s%s", a, "");
         if (bad)
@@ -185,6 +187,8 @@ int main(int argc, char **argv)
         return s_usage_error("give exactly one of --init-from or --model%s%s", "", "");
     if (!train_path)
         return s_usage_error("--train-data is required%s%s", "", "");
+    if (ckpt_every && !save_ckpt)
+        return s_usage_error("--ckpt-every needs --save-ckpt PREFIX%s%s", "", "");
     if (!B || !T || !steps || !have_lr)
         return s_usage_error("--batch, --seq, --steps and --lr are required%s%s", "", "");
     gpt2_config_t mcfg = { 0 };
@@ -359,6 +363,13 @@ int main(int argc, char **argv)
                 fprintf(mf, ",\"val_loss\":%.6f", val_loss);
             fprintf(mf, "}\n");
             fflush(mf);
+        }
+        if (ckpt_every && s1 % ckpt_every == 0 && s1 < steps) {
+            ckpt_meta_t meta = { .step = tr->step, .data_pos = dl.pos, .seed = (uint64_t)seed };
+            if (trainer_save_ckpt(tr, save_ckpt, &meta, err, sizeof err) != 0) {
+                fprintf(stderr, "tah-train: --save-ckpt at step %d: %s\n", s1, err);
+                goto out;
+            }
         }
     }
     if (val) {

@@ -118,6 +118,7 @@ static void test_usage_errors(void **state)
     s_expect(TINY "--steps 1 --train-data train.txt --schedule zb", 2, "bad value for --schedule");
     s_expect(TINY "--steps 1 --train-data train.txt --fwd-codec nosuch", 2, "--fwd-codec 'nosuch'");
     s_expect(TINY "--steps 1 --train-data train.txt --steps", 2, "needs a value");
+    s_expect(TINY "--steps 1 --train-data train.txt --ckpt-every 2", 2, "--ckpt-every needs --save-ckpt");
     s_expect("--help", 0, "--micro-batches");
 }
 
