@@ -7,7 +7,7 @@
 
 #include "crc32c.h" /* crc32c_update */
 #include "errors.h"
-#include "pio.h" /* pio_atomic_*, pio_read_all */
+#include "fileio.h" /* tah_file_read, tah_file_write_atomic */
 
 static void s_put32(unsigned char *p, uint32_t v)
 {
@@ -54,19 +54,10 @@ int ckpt_save(const stage_t *s, const char *path, const ckpt_meta_t *meta, char 
     crc = crc32c_update(crc, s->params, nb);
     crc = crc32c_update(crc, s->moments, 2 * nb);
     s_put32(h + 124, crc);
-    pio_atomic_t a;
-    int rc = pio_atomic_begin(&a, path, err, errlen);
-    if (rc)
-        return rc;
-    rc = pio_atomic_write(&a, h, sizeof h, err, errlen);
-    if (!rc)
-        rc = pio_atomic_write(&a, s->params, nb, err, errlen);
-    if (!rc)
-        rc = pio_atomic_write(&a, s->moments, 2 * nb, err, errlen);
-    if (!rc)
-        rc = pio_atomic_commit(&a, err, errlen);
-    else
-        pio_atomic_abort(&a);
+    char lerr[256];
+    const void *parts[3] = { h, s->params, s->moments };
+    size_t sizes[3] = { sizeof h, nb, 2 * nb };
+    int rc = tah_file_write_atomic(path, parts, sizes, 3, err ? err : lerr, err ? errlen : sizeof lerr);
     return rc;
 }
 
@@ -74,7 +65,8 @@ int ckpt_load(stage_t *s, const char *path, ckpt_meta_t *meta, char *err, size_t
 {
     unsigned char *buf = NULL;
     size_t len = 0;
-    int rc = pio_read_all(path, &buf, &len, err, errlen);
+    char lerr[256];
+    int rc = tah_file_read(path, (uint64_t)1 << 40, &buf, &len, err ? err : lerr, err ? errlen : sizeof lerr);
     if (rc)
         return rc;
     size_t nb = s->nparams * sizeof(float);

@@ -6,7 +6,9 @@
 #include <string.h>
 
 #include "errors.h"
-#include "pio.h" /* pio_read_all, pio_atomic_* */
+#include "fileio.h" /* tah_file_read, tah_file_write_atomic */
+
+#define DATA_MAX_BYTES ((uint64_t)1 << 40)
 
 static uint32_t s_le32(const unsigned char *p)
 {
@@ -25,7 +27,8 @@ int data_load(const char *path, int V, data_t **out, char *err, size_t errlen)
     unsigned char *buf = NULL;
     size_t len = 0;
     data_t *d = NULL;
-    int rc = pio_read_all(path, &buf, &len, err, errlen);
+    char lerr[256];
+    int rc = tah_file_read(path, DATA_MAX_BYTES, &buf, &len, err ? err : lerr, err ? errlen : sizeof lerr);
     if (rc)
         return rc;
     d = calloc(1, sizeof *d);
@@ -143,17 +146,10 @@ int data_write_tokens(const char *path, const int *tok, size_t n, char *err, siz
         body[2 * i] = (unsigned char)tok[i];
         body[2 * i + 1] = (unsigned char)(tok[i] >> 8);
     }
-    pio_atomic_t a;
-    int rc = pio_atomic_begin(&a, path, err, errlen);
-    if (!rc) {
-        rc = pio_atomic_write(&a, header, sizeof header, err, errlen);
-        if (!rc)
-            rc = pio_atomic_write(&a, body, 2 * n, err, errlen);
-        if (!rc)
-            rc = pio_atomic_commit(&a, err, errlen);
-        else
-            pio_atomic_abort(&a);
-    }
+    char lerr[256];
+    const void *parts[2] = { header, body };
+    size_t sizes[2] = { sizeof header, 2 * n };
+    int rc = tah_file_write_atomic(path, parts, sizes, 2, err ? err : lerr, err ? errlen : sizeof lerr);
     free(body);
     return rc;
 }

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "errors.h"
-#include "pio.h" /* pio_atomic_* */
+#include "fileio.h" /* tah_file_write_atomic */
 
 static const char *const s_names[GPT2_NTENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
@@ -293,16 +293,9 @@ int gpt2_model_write(const char *path, const gpt2_model_t *m, char *err, size_t 
     header[5] = m->cfg.NH;
     header[6] = m->cfg.C;
     header[7] = m->cfg.Vp;
-    pio_atomic_t a;
-    int rc = pio_atomic_begin(&a, path, err, errlen);
-    if (rc)
-        return rc;
-    rc = pio_atomic_write(&a, header, sizeof header, err, errlen);
-    if (!rc)
-        rc = pio_atomic_write(&a, m->params, m->nparams * sizeof(float), err, errlen);
-    if (!rc)
-        rc = pio_atomic_commit(&a, err, errlen);
-    else
-        pio_atomic_abort(&a);
+    char lerr[256];
+    const void *parts[2] = { header, m->params };
+    size_t sizes[2] = { sizeof header, m->nparams * sizeof(float) };
+    int rc = tah_file_write_atomic(path, parts, sizes, 2, err ? err : lerr, err ? errlen : sizeof lerr);
     return rc;
 }
