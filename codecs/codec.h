@@ -144,6 +144,13 @@ int64_t codec_frame_size(const codec_spec_t *spec, codec_shape_t shape);
 int codec_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
                  uint8_t *frame, size_t cap, size_t *written, char *err, size_t errlen);
 
+/* Write the header and checksum of a frame whose payload, frame[64..len),
+ * was produced elsewhere (the GPU encoder, cuda/cu_codec.h) with this spec
+ * and shape. len must be exactly codec_frame_size(); the payload is not
+ * inspected (the encoder that wrote it checked its input). */
+int codec_frame_seal(const codec_spec_t *spec, codec_shape_t shape, uint8_t *frame, size_t len, char *err,
+                     size_t errlen);
+
 /* Validate a frame's header, length and checksum without decoding. */
 int codec_frame_info(const uint8_t *frame, size_t len, codec_frame_info_t *info,
                      char *err, size_t errlen);

@@ -20,6 +20,7 @@ const char *tah_strerror(int code)
     case TAH_ECORRUPT: return "corrupt content";
     case TAH_ERANGE: return "value out of range";
     case TAH_ESPACE: return "output buffer too small";
+    case TAH_EDEVICE: return "device (CUDA) error";
     default: return "unknown error";
     }
 }

@@ -23,6 +23,7 @@ enum {
     TAH_ECORRUPT = -13,  /* internally inconsistent content (bad metadata) */
     TAH_ERANGE = -14,    /* value out of representable range */
     TAH_ESPACE = -15,    /* output buffer too small */
+    TAH_EDEVICE = -16,   /* GPU runtime error (CUDA call or kernel launch failed) */
 };
 
 /* Short, static description of a TAH_E* code ("checksum mismatch"). */

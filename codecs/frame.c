@@ -166,6 +166,24 @@ static uint64_t s_first_nonfinite(const float *x, uint64_t n)
     return n;
 }
 
+/* The one writer of the header: fields, parameter block, then the CRC-32C
+ * of bytes [0,60) followed by the payload already in frame[64..). */
+static void s_write_header(const codec_spec_t *spec, codec_shape_t shape, uint64_t payload, uint8_t *frame)
+{
+    memset(frame, 0, CODEC_HEADER_SIZE);
+    codec_put_u32(frame + S_OFF_MAGIC, CODEC_FRAME_MAGIC);
+    codec_put_u16(frame + S_OFF_VERSION, CODEC_FRAME_VERSION);
+    frame[S_OFF_CODEC] = (uint8_t)spec->id;
+    codec_put_u32(frame + S_OFF_B, shape.b);
+    codec_put_u32(frame + S_OFF_S, shape.s);
+    codec_put_u32(frame + S_OFF_C, shape.c);
+    codec_put_u64(frame + S_OFF_PAYLOAD_LEN, payload);
+    s_params_pack(spec, frame + S_OFF_PARAMS);
+    uint32_t crc = crc32c_update(0, frame, S_OFF_CRC);
+    crc = crc32c_update(crc, frame + CODEC_HEADER_SIZE, payload);
+    codec_put_u32(frame + S_OFF_CRC, crc);
+}
+
 int codec_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *frame, size_t cap,
                  size_t *written, char *err, size_t errlen)
 {
@@ -188,21 +206,28 @@ int codec_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, 
     rc = ops->encode(spec, shape, x, frame + CODEC_HEADER_SIZE);
     if (rc != 0)
         S_FAIL(rc, "encode %s: %s", ops->name, tah_strerror(rc));
-
-    memset(frame, 0, CODEC_HEADER_SIZE);
-    codec_put_u32(frame + S_OFF_MAGIC, CODEC_FRAME_MAGIC);
-    codec_put_u16(frame + S_OFF_VERSION, CODEC_FRAME_VERSION);
-    frame[S_OFF_CODEC] = (uint8_t)spec->id;
-    codec_put_u32(frame + S_OFF_B, shape.b);
-    codec_put_u32(frame + S_OFF_S, shape.s);
-    codec_put_u32(frame + S_OFF_C, shape.c);
-    codec_put_u64(frame + S_OFF_PAYLOAD_LEN, payload);
-    s_params_pack(spec, frame + S_OFF_PARAMS);
-    uint32_t crc = crc32c_update(0, frame, S_OFF_CRC);
-    crc = crc32c_update(crc, frame + CODEC_HEADER_SIZE, payload);
-    codec_put_u32(frame + S_OFF_CRC, crc);
+    s_write_header(spec, shape, payload, frame);
     if (written)
         *written = (size_t)total;
+    return 0;
+}
+
+int codec_frame_seal(const codec_spec_t *spec, codec_shape_t shape, uint8_t *frame, size_t len, char *err,
+                     size_t errlen)
+{
+    int rc = codec_spec_validate(spec, err, errlen);
+    if (rc != 0)
+        return rc;
+    rc = s_check_shape(shape, err, errlen);
+    if (rc != 0)
+        return rc;
+    const codec_ops_t *ops = s_ops(spec->id);
+    uint64_t payload = ops->payload_size(spec, shape);
+    uint64_t total = CODEC_HEADER_SIZE + payload;
+    if (!frame || (uint64_t)len != total)
+        S_FAIL(TAH_ESIZE, "seal: frame has %zu bytes, %s with shape (%u,%u,%u) is %" PRIu64, frame ? len : 0,
+               ops->name, shape.b, shape.s, shape.c, total);
+    s_write_header(spec, shape, payload, frame);
     return 0;
 }
 
