@@ -8,10 +8,11 @@
  * kernels: llmc_matmul.c re-creates them (the plain OpenMP loop and the
  * 8-row tiled loop, compiled -Ofast like llm.c) and we time the faster of
  * the two on each of the model's matmul shapes (qkv, attproj, fc, fcproj,
- * LM head). A training step's matmul time is taken as 3x the forward's
- * (backward = 2 products of the same size, assumed as fast as forward,
- * which flatters llm.c). "llm.c bound" counts only that matmul time, never
- * llm.c's attention, layernorm or optimizer: an upper bound on its speed. The
+ * LM head), plus llm.c's backward loops (llmc_matmul_backward: axpy over
+ * weight rows per token, then per output channel), timed on up to 256 rows
+ * (their cost is linear in the rows). "llm.c bound" counts only that matmul
+ * time, never llm.c's attention, layernorm or optimizer: an upper bound on
+ * its speed. The
  * second estimate ("llm.c est") adds tah's own non-matmul time per step
  * (tah's step time minus its matmul FLOPs at the measured sgemm rate),
  * i.e. it credits llm.c with tah's attention, GELU, LayerNorm and AdamW
@@ -42,6 +43,36 @@ static int s_cmp(const void *a, const void *b)
 }
 
 typedef void (*mm_fn)(float *, const float *, const float *, const float *, int, int, int);
+
+/* best-of-reps seconds per row of llm.c's matmul backward on (N,C) -> (N,OC) */
+static double s_llmc_bwd_per_row(int N, int C, int OC, int reps)
+{
+    float *x = malloc((size_t)N * C * sizeof(float)), *w = malloc((size_t)OC * C * sizeof(float));
+    float *d = malloc((size_t)N * OC * sizeof(float)), *dx = calloc((size_t)N * C, sizeof(float));
+    float *dw = calloc((size_t)OC * C, sizeof(float)), *db = calloc((size_t)OC, sizeof(float));
+    uint64_t rs = 2;
+    for (size_t i = 0; i < (size_t)N * C; i++)
+        x[i] = (float)gpt2_rand_normal(&rs);
+    for (size_t i = 0; i < (size_t)OC * C; i++)
+        w[i] = (float)gpt2_rand_normal(&rs);
+    for (size_t i = 0; i < (size_t)N * OC; i++)
+        d[i] = (float)gpt2_rand_normal(&rs);
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = s_now();
+        llmc_matmul_backward(dx, dw, db, d, x, w, N, C, OC);
+        double dt = s_now() - t0;
+        if (dt < best)
+            best = dt;
+    }
+    free(x);
+    free(w);
+    free(d);
+    free(dx);
+    free(dw);
+    free(db);
+    return best / N;
+}
 
 /* best-of-reps GFLOP/s of out(N,OC) = inp(N,C) W^T + b */
 static double s_gflops(mm_fn fn, int N, int C, int OC, int reps)
@@ -162,7 +193,8 @@ int main(int argc, char **argv)
             { C, 3 * C, L }, { C, C, L }, { C, 4 * C, L }, { 4 * C, C, L }, { C, bc->cfg.Vp, 1 },
         };
         int reps = C >= 512 ? 2 : 5;
-        double sec_blas = 0, sec_llmc = 0, g_blas = 0, g_naive = 0, g_tiled = 0;
+        double sec_blas = 0, sec_llmc = 0, sec_llmc_bwd = 0, g_blas = 0, g_naive = 0, g_tiled = 0;
+        int Nb = N < 256 ? N : 256;
         for (int k = 0; k < 5; k++) {
             double fl = 2.0 * N * shp[k].K * (double)shp[k].OC;
             double gb = s_gflops(matmul_forward, N, shp[k].K, shp[k].OC, reps);
@@ -175,13 +207,16 @@ int main(int argc, char **argv)
             }
             sec_blas += shp[k].times * fl / (gb * 1e9) / N;
             sec_llmc += shp[k].times * fl / ((gn > gt ? gn : gt) * 1e9) / N;
+            sec_llmc_bwd += shp[k].times * s_llmc_bwd_per_row(Nb, shp[k].K, shp[k].OC, reps);
         }
-        double bound = 1.0 / (3.0 * sec_llmc);
+        /* per token: llm.c forward matmuls + its backward loops; tah: 3x forward at sgemm speed */
+        double llmc_tok = sec_llmc + sec_llmc_bwd;
+        double bound = 1.0 / llmc_tok;
         double tokens = (double)bc->B * bc->T;
         double other_s = med / 1e3 - 3.0 * sec_blas * tokens;
         if (other_s < 0)
             other_s = 0;
-        double est = tokens / (3.0 * sec_llmc * tokens + other_s);
+        double est = tokens / (llmc_tok * tokens + other_s);
         printf("%-24s %3d %4d %5d %10zu %9.1f %8.0f | %8.1f %8.1f %8.1f | %11.0f %9.0f %6.1fx\n", bc->name,
                threads, bc->B, bc->T, m->nparams, med, tps, g_blas, g_naive, g_tiled, bound, est, tps / est);
         fprintf(f, "%s,%d,%d,%d,%zu,%.2f,%.1f,%.2f,%.2f,%.2f,%.1f,%.1f,%.2f\n", bc->name, threads, bc->B,

@@ -36,3 +36,31 @@ void llmc_matmul_tiled(float *out, const float *inp, const float *weight, const 
         }
     }
 }
+
+void llmc_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int N, int C, int OC)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *d = dout + (long)n * OC;
+        float *dx = dinp + (long)n * C;
+        for (int o = 0; o < OC; o++) {
+            const float *w = weight + (long)o * C;
+            float g = d[o];
+            for (int i = 0; i < C; i++)
+                dx[i] += w[i] * g;
+        }
+    }
+#pragma omp parallel for schedule(static)
+    for (int o = 0; o < OC; o++) {
+        float *dw = dweight + (long)o * C;
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (long)n * C;
+            float g = dout[(long)n * OC + o];
+            if (dbias)
+                dbias[o] += g;
+            for (int i = 0; i < C; i++)
+                dw[i] += x[i] * g;
+        }
+    }
+}

@@ -12,4 +12,10 @@ void llmc_matmul_naive(float *out, const float *inp, const float *weight, const 
 void llmc_matmul_tiled(float *out, const float *inp, const float *weight, const float *bias, int N,
                        int C, int OC);
 
+/* llm.c's backward: dinp += dout W, one (b,t) row per thread, axpy over the
+ * weight rows; then dweight += dout^T inp, dbias += sum dout, one output
+ * channel per thread. */
+void llmc_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int N, int C, int OC);
+
 #endif
