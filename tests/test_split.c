@@ -19,6 +19,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "errors.h"
 #include "gpt2.h"
 #include "trainer.h"
 
@@ -151,12 +152,67 @@ static void test_fp32_codec_is_exact(void **state)
     s_free(&b);
 }
 
+/* The link version of the sync (each side adds the peer's copy in the
+ * order first + last) gives the same bits as the in-process sync. */
+static void test_tied_reduce_matches_sync(void **state)
+{
+    (void)state;
+    enum { N = 1000 };
+    float a[N], b[N], a2[N], b2[N];
+    uint64_t rs = 8;
+    for (int i = 0; i < N; i++) {
+        a[i] = (float)gpt2_rand_normal(&rs);
+        b[i] = (float)(1e-3 * gpt2_rand_normal(&rs));
+    }
+    memcpy(a2, a, sizeof a);
+    memcpy(b2, b, sizeof b);
+    stage_tied_reduce(a2, b, N, 1); /* on the first stage, peer = last's copy */
+    stage_tied_reduce(b2, a, N, 0); /* on the last stage, peer = first's copy */
+    assert_memory_equal(a2, b2, sizeof a2);
+    for (int i = 0; i < N; i++)
+        assert_true(a2[i] == a[i] + b[i]);
+}
+
+/* A stage holds at most nslots micro-batches; unknown ones are refused. */
+static void test_stage_slots(void **state)
+{
+    (void)state;
+    char err[256];
+    stage_opts_t o = { .cfg = s_cfg, .layer0 = 1, .layer1 = 3, .first = 0, .last = 0, .B = 1, .T = 4,
+                       .nslots = 2, .tied = 1 };
+    stage_t *st = stage_new(&o, err, sizeof err);
+    assert_non_null(st);
+    float in[4 * 16] = { 0 }, out[4 * 16];
+    assert_int_equal(stage_forward(st, 0, NULL, in, NULL, out, NULL), 0);
+    assert_int_equal(stage_forward(st, 0, NULL, in, NULL, out, NULL), TAH_EINVAL); /* already in flight */
+    assert_int_equal(stage_forward(st, 1, NULL, in, NULL, out, NULL), 0);
+    assert_int_equal(stage_forward(st, 2, NULL, in, NULL, out, NULL), TAH_EINVAL); /* no free slot */
+    assert_int_equal(stage_inflight(st), 2);
+    assert_int_equal(stage_backward(st, 5, out, 0.0f, in), TAH_EINVAL);
+    assert_int_equal(stage_backward(st, 0, out, 0.0f, in), 0);
+    assert_int_equal(stage_inflight(st), 1);
+    stage_discard(st, 1);
+    assert_int_equal(stage_inflight(st), 0);
+    stage_destroy(&st);
+    assert_null(st);
+    /* bad options */
+    o.layer1 = 9;
+    assert_null(stage_new(&o, err, sizeof err));
+    assert_non_null(strstr(err, "layer range"));
+    o.layer1 = 3;
+    o.T = 9; /* > maxT */
+    assert_null(stage_new(&o, err, sizeof err));
+    assert_non_null(strstr(err, "sequence length"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_tied),
         cmocka_unit_test(test_split_untied),
         cmocka_unit_test(test_fp32_codec_is_exact),
+        cmocka_unit_test(test_tied_reduce_matches_sync),
+        cmocka_unit_test(test_stage_slots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
