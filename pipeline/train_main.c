@@ -43,7 +43,7 @@ static const char *s_usage =
     "  --fwd-codec SPEC  codec of every stage-boundary activation (fp32); e.g. tah:hi_frac=0.8\n"
     "  --bwd-codec SPEC  codec of every stage-boundary gradient (fp32); e.g. fixpt:bits=8\n"
     "  --threads N       OpenMP/OpenBLAS threads (default: all cores)\n"
-    "  --metrics FILE    one JSON object per step (metrics.jsonl)\n"
+    "  --metrics FILE    one JSON object per step (default metrics.jsonl; '' = none)\n"
     "  --save F          write the trained model as an llm.c model file (atomically)\n"
     "  --val-every N     evaluate every N steps (50), on --val-batches batches (8)\n"
     "  --untied          LM head independent of wte (no tied-embedding sync)\n"
