@@ -1,0 +1,40 @@
+/* jobfile.h — the distributed job file (INI), parsed with libinih.
+ *
+ * Format: one [job] section; keys are tah-train's long options with dashes
+ * turned into underscores (trainopts.h holds the table, so the two cannot
+ * drift), plus runtime keys:
+ *   name              free text shown by `tah-coord status` (default: file name)
+ *   checkpoint_every  N > 0: every stage writes PREFIX.stage<k>.ckpt every N
+ *                     steps (PREFIX = save_ckpt, or DIR/job<ID> under the
+ *                     job file's directory); 0 = off (default). Same as
+ *                     tah-train's ckpt_every, except that save_ckpt may be
+ *                     left out.
+ * Relative paths are relative to the job file's directory (base_dir).
+ * `save` (a whole llm.c model file) is refused: stages live on different
+ * machines; use save_ckpt, then tah-train --resume PREFIX --save F.
+ *
+ * Errors name the file and line: "job.ini:7: batch = 'x' is not an integer
+ * in range 1..1048576". jobfile_parse checks syntax and ranges only (it runs
+ * in the coordinator, which may not see the files); jobfile_check_files
+ * (run by `tah-coord submit`) checks that the data/model files exist. */
+#ifndef TAH_JOBFILE_H
+#define TAH_JOBFILE_H
+
+#include <stddef.h>
+
+#include "trainopts.h" /* trainopts_t */
+
+typedef struct job_spec {
+    trainopts_t t;
+    char name[128];
+    int checkpoint_every;
+} job_spec_t;
+
+/* 0, or TAH_EINVAL with "FNAME:LINE: message" in err. */
+int jobfile_parse(const char *text, const char *fname, job_spec_t *j, char *err, size_t errlen);
+/* Resolve path against base_dir (absolute paths unchanged). */
+void jobfile_resolve(const char *base_dir, const char *path, char *out, size_t outlen);
+/* Every input file named by the job exists and is readable. */
+int jobfile_check_files(const job_spec_t *j, const char *base_dir, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,1043 @@
+/* server.c — the coordinator daemon (see server.h). */
+#include "server.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "errors.h"
+#include "fileio.h"    /* tah_file_write_atomic */
+#include "jobfile.h"   /* jobfile_parse, jobfile_resolve */
+#include "log.h"
+#include "placement.h" /* placement_split */
+#include "store.h"
+#include "wire.h"
+
+#define S_AGG 32          /* steps aggregated at once per job */
+#define S_HEARTBEAT_S 1.0 /* coordinator -> node heartbeat period */
+
+enum { N_IDLE, N_BUSY, N_LOST };
+static const char *s_node_state[] = { "idle", "busy", "lost" };
+
+typedef struct cnode {
+    char name[64], endpoint[256], backend[16];
+    int threads;
+    double gflops;
+    uint8_t rid[256];
+    size_t rid_len;        /* 0: not connected (loaded from the database) */
+    int state;
+    int64_t job;
+    int stage;
+    int step;
+    double last_seen;
+    uint64_t rejected;
+    long order;            /* announce order: placement prefers older nodes */
+} cnode_t;
+
+typedef struct cagg {      /* one step's reports, until every stage sent its own */
+    int step, count;
+    uint64_t wire, fwd, bwd, fp32;
+    int has_loss, has_val;
+    double loss, val_loss, lr, grad_norm, ms, time_s;
+} cagg_t;
+
+typedef struct cjob {
+    store_job_t j;         /* persisted (j.ini owned) */
+    job_spec_t *spec;      /* parsed ini; NULL for finished jobs loaded at startup */
+    char (*nodes)[64];     /* node of each stage while running */
+    int ndone;
+    FILE *mf;              /* metrics.jsonl while running */
+    cagg_t agg[S_AGG];
+} cjob_t;
+
+typedef struct coord {
+    void *ctx, *router;
+    store_t *store;
+    char state_dir[1024];
+    double node_timeout;
+    cnode_t *nodes;
+    int nnodes, capnodes;
+    cjob_t **jobs;
+    int njobs, capjobs;
+    uint64_t rejected;
+    long order;
+    double last_beat;
+} coord_t;
+
+static volatile sig_atomic_t s_stop = 0;
+
+static void s_on_signal(int sig)
+{
+    (void)sig;
+    s_stop = 1;
+}
+
+static double s_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int s_mkdirs(const char *path)
+{
+    char buf[2048];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    }
+    return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* ---- lookup ---- */
+
+static cnode_t *s_node_by_rid(coord_t *c, const uint8_t *rid, size_t len)
+{
+    for (int i = 0; i < c->nnodes; i++)
+        if (c->nodes[i].rid_len == len && !memcmp(c->nodes[i].rid, rid, len))
+            return &c->nodes[i];
+    return NULL;
+}
+
+static cnode_t *s_node_by_name(coord_t *c, const char *name)
+{
+    for (int i = 0; i < c->nnodes; i++)
+        if (!strcmp(c->nodes[i].name, name))
+            return &c->nodes[i];
+    return NULL;
+}
+
+static cjob_t *s_job(coord_t *c, int64_t id)
+{
+    for (int i = 0; i < c->njobs; i++)
+        if (c->jobs[i]->j.id == id)
+            return c->jobs[i];
+    return NULL;
+}
+
+static void s_node_save(coord_t *c, const cnode_t *n)
+{
+    store_node_upsert(c->store, n->name, n->endpoint, n->backend, n->threads, n->gflops, s_node_state[n->state],
+                      n->job, n->stage, n->last_seen);
+}
+
+static void s_job_save(coord_t *c, cjob_t *j)
+{
+    char err[256];
+    if (store_job_update(c->store, &j->j, err, sizeof err) != 0)
+        log_error("job %lld: %s", (long long)j->j.id, err);
+}
+
+/* ---- sending ---- */
+
+static void s_send_node(coord_t *c, cnode_t *n, Tah__Envelope *env)
+{
+    if (!n->rid_len)
+        return;
+    if (wire_send_envelope(c->router, n->rid, n->rid_len, env, ZMQ_DONTWAIT) != 0)
+        log_warn("node %s: send %s failed: %s", n->name, wire_body_name(env), zmq_strerror(errno));
+}
+
+static void s_send_abort(coord_t *c, cnode_t *n, int64_t job, const char *reason)
+{
+    Tah__Abort ab = TAH__ABORT__INIT;
+    ab.job = (uint64_t)job;
+    ab.reason = (char *)reason;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_ABORT;
+    env.abort = &ab;
+    s_send_node(c, n, &env);
+}
+
+/* ---- job life cycle ---- */
+
+static void s_job_finish(coord_t *c, cjob_t *j, const char *state, const char *reason, cnode_t *except)
+{
+    int was_running = !strcmp(j->j.state, "running");
+    snprintf(j->j.state, sizeof j->j.state, "%s", state);
+    snprintf(j->j.reason, sizeof j->j.reason, "%s", reason ? reason : "");
+    j->j.finished = s_now();
+    s_job_save(c, j);
+    if (j->mf) {
+        fclose(j->mf);
+        j->mf = NULL;
+    }
+    if (reason && *reason)
+        log_info("job %lld: %s: %s", (long long)j->j.id, state, reason);
+    else
+        log_info("job %lld: %s at step %d", (long long)j->j.id, state, j->j.step);
+    if (!was_running)
+        return;
+    /* stop the stages still working on it; they report ABORTED and go idle */
+    for (int i = 0; i < c->nnodes; i++) {
+        cnode_t *n = &c->nodes[i];
+        if (n != except && n->state == N_BUSY && n->job == j->j.id)
+            s_send_abort(c, n, j->j.id, reason ? reason : state);
+    }
+}
+
+static int s_cmp_order(const void *a, const void *b)
+{
+    const cnode_t *x = *(cnode_t *const *)a, *y = *(cnode_t *const *)b;
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+/* Start the oldest queued job when enough nodes are idle. */
+static void s_try_place(coord_t *c)
+{
+    for (int q = 0; q < c->njobs; q++) {
+        cjob_t *j = c->jobs[q];
+        if (strcmp(j->j.state, "queued") != 0 || !j->spec)
+            continue;
+        const int S = j->j.stages;
+        cnode_t *idle[c->nnodes > 0 ? c->nnodes : 1];
+        int nidle = 0;
+        for (int i = 0; i < c->nnodes; i++)
+            if (c->nodes[i].state == N_IDLE && c->nodes[i].rid_len)
+                idle[nidle++] = &c->nodes[i];
+        if (nidle < S)
+            return; /* jobs start in submission order */
+        qsort(idle, (size_t)nidle, sizeof idle[0], s_cmp_order);
+        double speed[S];
+        int l0[S], l1[S];
+        for (int k = 0; k < S; k++)
+            speed[k] = idle[k]->gflops;
+        int L = j->spec->t.model[0] ? j->spec->t.mcfg.L : -1;
+        if (L < 0) {
+            /* init_from: the layer count is in the model file, which the
+             * nodes read; split by tah-train's rule on the file's L, sent
+             * as -1 so the node computes it (speed balancing needs L). */
+            for (int k = 0; k < S; k++)
+                l0[k] = l1[k] = -1;
+        } else if (placement_split(L, S, speed, l0, l1) != 0) {
+            s_job_finish(c, j, "failed", "cannot place: stages exceed layers", NULL);
+            continue;
+        }
+        j->nodes = calloc((size_t)S, sizeof *j->nodes);
+        char **eps = calloc((size_t)S, sizeof *eps), **names = calloc((size_t)S, sizeof *names);
+        if (!j->nodes || !eps || !names) {
+            free(eps);
+            free(names);
+            log_error("job %lld: out of memory placing", (long long)j->j.id);
+            return;
+        }
+        char prefix[2200];
+        if (j->spec->t.save_ckpt[0])
+            jobfile_resolve(j->j.base_dir, j->spec->t.save_ckpt, prefix, sizeof prefix);
+        else
+            snprintf(prefix, sizeof prefix, "%s/job%lld", j->j.base_dir, (long long)j->j.id);
+        uint64_t token = 0;
+        FILE *ur = fopen("/dev/urandom", "rb");
+        if (!ur || fread(&token, sizeof token, 1, ur) != 1)
+            token = (uint64_t)(s_now() * 1e6) ^ ((uint64_t)j->j.id << 32);
+        if (ur)
+            fclose(ur);
+        char metrics_dir[1200];
+        snprintf(metrics_dir, sizeof metrics_dir, "%s", j->j.metrics_path);
+        char *slash = strrchr(metrics_dir, '/');
+        if (slash)
+            *slash = 0;
+        if (s_mkdirs(metrics_dir) != 0 || !(j->mf = fopen(j->j.metrics_path, "w"))) {
+            char reason[1400];
+            snprintf(reason, sizeof reason, "cannot write metrics %s: %s", j->j.metrics_path, strerror(errno));
+            free(eps);
+            free(names);
+            s_job_finish(c, j, "failed", reason, NULL);
+            continue;
+        }
+        store_begin(c->store);
+        for (int k = 0; k < S; k++) {
+            snprintf(j->nodes[k], sizeof j->nodes[k], "%s", idle[k]->name);
+            eps[k] = idle[k]->endpoint;
+            names[k] = idle[k]->name;
+            store_assignment_insert(c->store, j->j.id, k, idle[k]->name, l0[k], l1[k], idle[k]->endpoint);
+        }
+        for (int k = 0; k < S; k++) {
+            Tah__Assign as = TAH__ASSIGN__INIT;
+            as.job = (uint64_t)j->j.id;
+            as.stage = (uint32_t)k;
+            as.stages = (uint32_t)S;
+            as.layer0 = l0[k];
+            as.layer1 = l1[k];
+            as.n_endpoints = (size_t)S;
+            as.endpoints = eps;
+            as.n_nodes = (size_t)S;
+            as.nodes = names;
+            as.ini = j->j.ini;
+            as.base_dir = j->j.base_dir;
+            as.token = token;
+            as.peer_timeout_ms = (uint32_t)(c->node_timeout * 1000.0 + 5000.0);
+            as.ckpt_prefix = prefix;
+            Tah__Envelope env = TAH__ENVELOPE__INIT;
+            env.body_case = TAH__ENVELOPE__BODY_ASSIGN;
+            env.assign = &as;
+            s_send_node(c, idle[k], &env);
+            idle[k]->state = N_BUSY;
+            idle[k]->job = j->j.id;
+            idle[k]->stage = k;
+            idle[k]->step = 0;
+            s_node_save(c, idle[k]);
+            if (l0[k] >= 0)
+                log_info("job %lld: stage %d (layers %d..%d) -> node %s at %s", (long long)j->j.id, k, l0[k],
+                         l1[k] - 1, idle[k]->name, idle[k]->endpoint);
+            else
+                log_info("job %lld: stage %d -> node %s at %s", (long long)j->j.id, k, idle[k]->name,
+                         idle[k]->endpoint);
+        }
+        free(eps);
+        free(names);
+        snprintf(j->j.state, sizeof j->j.state, "running");
+        j->j.started = s_now();
+        j->ndone = 0;
+        for (int a = 0; a < S_AGG; a++)
+            j->agg[a].step = -1;
+        s_job_save(c, j);
+        store_commit(c->store);
+    }
+}
+
+static void s_node_lost(coord_t *c, cnode_t *n, const char *why)
+{
+    log_warn("node %s: lost (%s)", n->name, why);
+    int was_busy = n->state == N_BUSY;
+    n->state = N_LOST;
+    n->rid_len = 0;
+    s_node_save(c, n);
+    if (was_busy) {
+        cjob_t *j = s_job(c, n->job);
+        if (j && !strcmp(j->j.state, "running")) {
+            char reason[512];
+            snprintf(reason, sizeof reason, "node %s lost at step %d", n->name, j->j.step + 1);
+            s_job_finish(c, j, "failed", reason, n);
+        }
+    }
+}
+
+/* ---- metrics ---- */
+
+static void s_step_report(coord_t *c, cnode_t *n, const Tah__StepReport *r)
+{
+    cjob_t *j = s_job(c, (int64_t)r->job);
+    if (!j || n->state != N_BUSY || n->job != (int64_t)r->job || (int)r->stage != n->stage ||
+        strcmp(j->j.state, "running") != 0 || r->step < 1 || r->step > j->j.steps + 1) {
+        c->rejected++;
+        log_warn("node %s: step report for job %llu stage %u step %d does not match its assignment; ignored",
+                 n->name, (unsigned long long)r->job, r->stage, r->step);
+        return;
+    }
+    const int S = j->j.stages, k = n->stage;
+    n->step = r->step;
+    n->rejected = r->rejected;
+    cagg_t *a = &j->agg[r->step % S_AGG];
+    if (a->step != r->step) {
+        memset(a, 0, sizeof *a);
+        a->step = r->step;
+    }
+    a->count++;
+    a->fwd += r->fwd_bytes;
+    a->bwd += r->bwd_bytes;
+    a->wire += r->fwd_bytes + r->bwd_bytes + r->tied_bytes;
+    a->fp32 += r->fwd_fp32_bytes + r->bwd_fp32_bytes;
+    double sec = r->ms / 1e3;
+    store_begin(c->store);
+    if (k < S - 1 && r->fwd_bytes)
+        store_link_add(c->store, j->j.id, k, k + 1, r->fwd_bytes, r->fwd_fp32_bytes, sec);
+    if (k > 0 && r->bwd_bytes)
+        store_link_add(c->store, j->j.id, k, k - 1, r->bwd_bytes, r->bwd_fp32_bytes, sec);
+    if (r->tied_bytes)
+        store_link_add(c->store, j->j.id, k, k == 0 ? S - 1 : 0, r->tied_bytes, r->tied_bytes, sec);
+    if (k == S - 1) {
+        a->has_loss = r->has_loss;
+        a->loss = r->loss;
+        a->has_val = r->has_val_loss;
+        a->val_loss = r->val_loss;
+        a->lr = r->lr;
+        a->grad_norm = r->grad_norm;
+        a->ms = r->ms;
+        a->time_s = r->time_s;
+    }
+    if (a->count == S) {
+        const trainopts_t *t = &j->spec->t;
+        double tokens = (double)t->micro_batches * t->batch * t->seq;
+        double tps = a->ms > 0 ? tokens / (a->ms / 1e3) : 0.0;
+        double comp = (a->fwd + a->bwd) ? (double)a->fp32 / (double)(a->fwd + a->bwd) : 1.0;
+        if (j->mf) {
+            fprintf(j->mf,
+                    "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"ms\":%.3f",
+                    a->step, a->loss, a->lr, a->grad_norm, tps, a->ms);
+            if (a->has_val)
+                fprintf(j->mf, ",\"val_loss\":%.6f", a->val_loss);
+            fprintf(j->mf,
+                    ",\"time_s\":%.3f,\"wire_bytes\":%llu,\"fwd_bytes\":%llu,\"bwd_bytes\":%llu,"
+                    "\"fp32_bytes\":%llu,\"compression\":%.3f}\n",
+                    a->time_s, (unsigned long long)a->wire, (unsigned long long)a->fwd,
+                    (unsigned long long)a->bwd, (unsigned long long)a->fp32, comp);
+            fflush(j->mf);
+        }
+        store_metric_t m = { .job = j->j.id, .step = a->step, .loss = a->loss, .lr = a->lr,
+                             .grad_norm = a->grad_norm, .tokens_per_s = tps, .ms = a->ms, .time_s = a->time_s,
+                             .has_val = a->has_val, .val_loss = a->val_loss, .wire_bytes = a->wire,
+                             .fp32_bytes = a->fp32 };
+        store_metric_insert(c->store, &m);
+        if (a->step > j->j.step) {
+            j->j.step = a->step;
+            j->j.has_loss = a->has_loss;
+            j->j.loss = a->loss;
+            j->j.tokens_per_s = tps;
+            s_job_save(c, j);
+        }
+        log_debug("job %lld step %d: loss %.4f, %.0f tok/s, %llu bytes on the wire", (long long)j->j.id, a->step,
+                  a->loss, tps, (unsigned long long)a->wire);
+        a->step = -1;
+    }
+    store_commit(c->store);
+}
+
+/* ---- handlers ---- */
+
+static int s_valid_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 63)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ||
+              ch == '_' || ch == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hello *h)
+{
+    if (!s_valid_name(h->name) || strncmp(h->endpoint, "tcp://", 6) != 0 || strlen(h->endpoint) >= 256 ||
+        strlen(h->backend) >= 16 || !isfinite(h->gflops) || h->gflops < 0 || h->threads < 1 || h->threads > 4096) {
+        c->rejected++;
+        wire_send_error(c->router, rid, rl, TAH_EINVAL,
+                        "bad hello: name must be 1..63 of [A-Za-z0-9._-], endpoint tcp://HOST:PORT, threads >= 1");
+        log_warn("rejected hello (name '%.64s', endpoint '%.64s')", h->name, h->endpoint);
+        return;
+    }
+    double now = s_now();
+    cnode_t *n = s_node_by_name(c, h->name);
+    if (n && n->rid_len && (n->rid_len != rl || memcmp(n->rid, rid, rl)) && n->state != N_LOST &&
+        now - n->last_seen < c->node_timeout) {
+        c->rejected++;
+        wire_send_error(c->router, rid, rl, TAH_EINVAL, "node name '%s' is in use by a live node; HINT: --name",
+                        h->name);
+        log_warn("node %s: second hello from another connection rejected (name in use)", h->name);
+        return;
+    }
+    cnode_t *other = s_node_by_rid(c, rid, rl);
+    if (other && other != n)
+        other->rid_len = 0;
+    if (!n) {
+        if (c->nnodes == c->capnodes) {
+            int cap = c->capnodes ? 2 * c->capnodes : 16;
+            cnode_t *nn = realloc(c->nodes, (size_t)cap * sizeof *nn);
+            if (!nn)
+                return;
+            c->nodes = nn;
+            c->capnodes = cap;
+        }
+        n = &c->nodes[c->nnodes++];
+        memset(n, 0, sizeof *n);
+        snprintf(n->name, sizeof n->name, "%s", h->name);
+    }
+    if (n->state == N_BUSY) {
+        /* it restarted while we thought it was working */
+        cjob_t *j = s_job(c, n->job);
+        if (j && !strcmp(j->j.state, "running")) {
+            char reason[512];
+            snprintf(reason, sizeof reason, "node %s lost at step %d (it re-announced itself)", n->name,
+                     j->j.step + 1);
+            s_job_finish(c, j, "failed", reason, n);
+        }
+    }
+    memcpy(n->rid, rid, rl);
+    n->rid_len = rl;
+    snprintf(n->endpoint, sizeof n->endpoint, "%s", h->endpoint);
+    snprintf(n->backend, sizeof n->backend, "%s", h->backend[0] ? h->backend : "cpu");
+    n->threads = (int)h->threads;
+    n->gflops = h->gflops;
+    n->state = N_IDLE;
+    n->job = 0;
+    n->stage = -1;
+    n->last_seen = now;
+    n->order = ++c->order;
+    s_node_save(c, n);
+    log_info("node %s: joined from %s (%s, %d threads, %.1f GFLOP/s)", n->name, n->endpoint, n->backend,
+             n->threads, n->gflops);
+    Tah__Welcome w = TAH__WELCOME__INIT;
+    w.name = n->name;
+    w.heartbeat_ms = 1000;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_WELCOME;
+    env.welcome = &w;
+    s_send_node(c, n, &env);
+    s_try_place(c);
+}
+
+static void s_on_job_event(coord_t *c, cnode_t *n, const Tah__JobEvent *e)
+{
+    cjob_t *j = s_job(c, (int64_t)e->job);
+    if (n->state != N_BUSY || n->job != (int64_t)e->job || !j) {
+        log_info("node %s: event %u for job %llu it is not running; ignored", n->name, e->kind,
+                 (unsigned long long)e->job);
+        if (n->state == N_BUSY && !j)
+            n->state = N_IDLE;
+        return;
+    }
+    int running = !strcmp(j->j.state, "running");
+    n->state = N_IDLE;
+    n->job = 0;
+    n->stage = -1;
+    s_node_save(c, n);
+    char reason[1024];
+    switch (e->kind) {
+    case TAH__JOB_EVENT_KIND__EVENT_DONE:
+        log_info("job %lld: node %s finished its stage", (long long)j->j.id, n->name);
+        if (running && ++j->ndone == j->j.stages)
+            s_job_finish(c, j, "succeeded", "", NULL);
+        break;
+    case TAH__JOB_EVENT_KIND__EVENT_FAILED:
+        if (running) {
+            if (e->lost_stage >= 0 && e->lost_stage < j->j.stages && j->nodes)
+                snprintf(reason, sizeof reason, "node %s lost at step %d (reported by node %s: %.300s)",
+                         j->nodes[e->lost_stage], e->step, n->name, e->reason);
+            else
+                snprintf(reason, sizeof reason, "node %s at step %d: %.400s", n->name, e->step, e->reason);
+            s_job_finish(c, j, "failed", reason, n);
+        }
+        break;
+    default: /* aborted */
+        log_info("job %lld: node %s stopped (%.200s)", (long long)j->j.id, n->name, e->reason);
+        if (running) {
+            snprintf(reason, sizeof reason, "node %s left at step %d (%.300s)", n->name, e->step, e->reason);
+            s_job_finish(c, j, "failed", reason, n);
+        }
+        break;
+    }
+    s_try_place(c);
+}
+
+static void s_on_submit(coord_t *c, const uint8_t *rid, size_t rl, const Tah__SubmitReq *r)
+{
+    char err[1024];
+    job_spec_t *spec = malloc(sizeof *spec);
+    cjob_t *j = calloc(1, sizeof *j);
+    if (!spec || !j) {
+        free(spec);
+        free(j);
+        wire_send_error(c->router, rid, rl, TAH_ENOMEM, "out of memory");
+        return;
+    }
+    const char *fname = r->file_name[0] ? r->file_name : "job.ini";
+    if (jobfile_parse(r->ini, fname, spec, err, sizeof err) != 0 || r->base_dir[0] != '/' ||
+        strlen(r->base_dir) >= sizeof j->j.base_dir) {
+        if (r->base_dir[0] != '/')
+            snprintf(err, sizeof err, "base_dir '%.200s' must be an absolute path", r->base_dir);
+        log_info("submit of %.200s rejected: %s", fname, err);
+        wire_send_error(c->router, rid, rl, TAH_EINVAL, "%s", err);
+        free(spec);
+        free(j);
+        return;
+    }
+    if (c->njobs == c->capjobs) {
+        int cap = c->capjobs ? 2 * c->capjobs : 16;
+        cjob_t **nj = realloc(c->jobs, (size_t)cap * sizeof *nj);
+        if (!nj) {
+            free(spec);
+            free(j);
+            wire_send_error(c->router, rid, rl, TAH_ENOMEM, "out of memory");
+            return;
+        }
+        c->jobs = nj;
+        c->capjobs = cap;
+    }
+    j->spec = spec;
+    j->j.ini = strdup(r->ini);
+    snprintf(j->j.name, sizeof j->j.name, "%s", spec->name);
+    snprintf(j->j.base_dir, sizeof j->j.base_dir, "%s", r->base_dir);
+    j->j.stages = spec->t.stages;
+    j->j.steps = spec->t.steps;
+    snprintf(j->j.state, sizeof j->j.state, "queued");
+    j->j.submitted = s_now();
+    if (!j->j.ini || store_job_insert(c->store, &j->j, err, sizeof err) != 0) {
+        wire_send_error(c->router, rid, rl, TAH_EIO, "cannot store the job: %s", err);
+        free(j->j.ini);
+        free(spec);
+        free(j);
+        return;
+    }
+    if (spec->t.metrics[0])
+        jobfile_resolve(r->base_dir, spec->t.metrics, j->j.metrics_path, sizeof j->j.metrics_path);
+    else
+        snprintf(j->j.metrics_path, sizeof j->j.metrics_path, "%s/jobs/%lld/metrics.jsonl", c->state_dir,
+                 (long long)j->j.id);
+    s_job_save(c, j);
+    c->jobs[c->njobs++] = j;
+    log_info("job %lld: submitted '%s' (%d stages, %d steps, codecs %s / %s)", (long long)j->j.id, j->j.name,
+             j->j.stages, j->j.steps, spec->t.fwd_codec, spec->t.bwd_codec);
+    Tah__SubmitRep rep = TAH__SUBMIT_REP__INIT;
+    rep.job = (uint64_t)j->j.id;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_SUBMIT_REP;
+    env.submit_rep = &rep;
+    wire_send_envelope(c->router, rid, rl, &env, ZMQ_DONTWAIT);
+    s_try_place(c);
+}
+
+static void s_on_cancel(coord_t *c, const uint8_t *rid, size_t rl, const Tah__CancelReq *r)
+{
+    cjob_t *j = s_job(c, (int64_t)r->job);
+    if (!j) {
+        wire_send_error(c->router, rid, rl, TAH_EINVAL, "no job %llu", (unsigned long long)r->job);
+        return;
+    }
+    if (strcmp(j->j.state, "queued") != 0 && strcmp(j->j.state, "running") != 0) {
+        wire_send_error(c->router, rid, rl, TAH_EINVAL, "job %lld already ended (%s)", (long long)j->j.id,
+                        j->j.state);
+        return;
+    }
+    s_job_finish(c, j, "cancelled", "cancelled by user", NULL);
+    Tah__Ok ok = TAH__OK__INIT;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_OK;
+    env.ok = &ok;
+    wire_send_envelope(c->router, rid, rl, &env, ZMQ_DONTWAIT);
+}
+
+/* status reply: collectors for the store callbacks */
+typedef struct s_links {
+    Tah__LinkInfo **v;
+    size_t n, cap;
+} s_links_t;
+
+static void s_collect_link(void *arg, int src, int dst, uint64_t bytes, uint64_t fp32, double seconds)
+{
+    s_links_t *l = arg;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 8;
+        Tah__LinkInfo **nv = realloc(l->v, cap * sizeof *nv);
+        if (!nv)
+            return;
+        l->v = nv;
+        l->cap = cap;
+    }
+    Tah__LinkInfo *li = malloc(sizeof *li);
+    if (!li)
+        return;
+    tah__link_info__init(li);
+    li->src_stage = (uint32_t)src;
+    li->dst_stage = (uint32_t)dst;
+    li->bytes = bytes;
+    li->fp32_bytes = fp32;
+    li->seconds = seconds;
+    l->v[l->n++] = li;
+}
+
+typedef struct s_names {
+    char **v;
+    size_t n;
+} s_names_t;
+
+static void s_collect_name(void *arg, int stage, const char *node)
+{
+    s_names_t *l = arg;
+    (void)stage;
+    char **nv = realloc(l->v, (l->n + 1) * sizeof *nv);
+    if (!nv)
+        return;
+    l->v = nv;
+    l->v[l->n] = strdup(node);
+    if (l->v[l->n])
+        l->n++;
+}
+
+static void s_on_status(coord_t *c, const uint8_t *rid, size_t rl, const Tah__StatusReq *r)
+{
+    if (r->job && !s_job(c, (int64_t)r->job)) {
+        wire_send_error(c->router, rid, rl, TAH_EINVAL, "no job %llu", (unsigned long long)r->job);
+        return;
+    }
+    Tah__StatusRep rep = TAH__STATUS_REP__INIT;
+    Tah__JobInfo *ji = calloc((size_t)c->njobs + 1, sizeof *ji);
+    Tah__JobInfo **jp = calloc((size_t)c->njobs + 1, sizeof *jp);
+    Tah__NodeInfo *ni = calloc((size_t)c->nnodes + 1, sizeof *ni);
+    Tah__NodeInfo **np = calloc((size_t)c->nnodes + 1, sizeof *np);
+    s_links_t *links = calloc((size_t)c->njobs + 1, sizeof *links);
+    s_names_t *names = calloc((size_t)c->njobs + 1, sizeof *names);
+    if (!ji || !jp || !ni || !np || !links || !names) {
+        wire_send_error(c->router, rid, rl, TAH_ENOMEM, "out of memory");
+        goto out;
+    }
+    double now = s_now();
+    for (int i = 0; i < c->njobs; i++) {
+        const cjob_t *j = c->jobs[i];
+        if (r->job && j->j.id != (int64_t)r->job)
+            continue;
+        Tah__JobInfo *x = &ji[rep.n_jobs];
+        tah__job_info__init(x);
+        x->id = (uint64_t)j->j.id;
+        x->name = (char *)j->j.name;
+        x->state = (char *)j->j.state;
+        x->reason = (char *)j->j.reason;
+        x->step = j->j.step;
+        x->steps = j->j.steps;
+        x->stages = (uint32_t)j->j.stages;
+        x->has_loss = j->j.has_loss;
+        x->loss = j->j.loss;
+        x->tokens_per_s = j->j.tokens_per_s;
+        x->metrics_path = (char *)j->j.metrics_path;
+        x->submitted = j->j.submitted;
+        x->finished = j->j.finished;
+        store_links_each(c->store, j->j.id, s_collect_link, &links[rep.n_jobs]);
+        x->n_links = links[rep.n_jobs].n;
+        x->links = links[rep.n_jobs].v;
+        store_assignment_nodes(c->store, j->j.id, s_collect_name, &names[rep.n_jobs]);
+        x->n_nodes = names[rep.n_jobs].n;
+        x->nodes = names[rep.n_jobs].v;
+        jp[rep.n_jobs++] = x;
+    }
+    for (int i = 0; i < c->nnodes; i++) {
+        const cnode_t *n = &c->nodes[i];
+        Tah__NodeInfo *x = &ni[rep.n_nodes];
+        tah__node_info__init(x);
+        x->name = (char *)n->name;
+        x->state = (char *)s_node_state[n->state];
+        x->job = n->state == N_BUSY ? (uint64_t)n->job : 0;
+        x->stage = n->state == N_BUSY ? n->stage : -1;
+        x->backend = (char *)n->backend;
+        x->threads = (uint32_t)n->threads;
+        x->gflops = n->gflops;
+        x->last_heartbeat = n->last_seen > 0 ? now - n->last_seen : -1.0;
+        x->endpoint = (char *)n->endpoint;
+        x->rejected = n->rejected;
+        np[rep.n_nodes++] = x;
+    }
+    rep.jobs = jp;
+    rep.nodes = np;
+    rep.rejected = c->rejected;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_STATUS_REP;
+    env.status_rep = &rep;
+    wire_send_envelope(c->router, rid, rl, &env, ZMQ_DONTWAIT);
+out:
+    for (int i = 0; links && names && i <= c->njobs; i++) {
+        for (size_t k = 0; k < links[i].n; k++)
+            free(links[i].v[k]);
+        free(links[i].v);
+        for (size_t k = 0; k < names[i].n; k++)
+            free(names[i].v[k]);
+        free(names[i].v);
+    }
+    free(links);
+    free(names);
+    free(ji);
+    free(jp);
+    free(ni);
+    free(np);
+}
+
+/* One message from the ROUTER: [routing id][envelope]. */
+static void s_on_message(coord_t *c)
+{
+    zmq_msg_t part[3];
+    int nparts = 0, more = 1;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, c->router, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            break;
+        }
+        more = zmq_msg_more(&m);
+        if (nparts < 3)
+            part[nparts++] = m;
+        else
+            zmq_msg_close(&m);
+    }
+    if (nparts == 0)
+        return;
+    const uint8_t *rid = zmq_msg_data(&part[0]);
+    size_t rl = zmq_msg_size(&part[0]);
+    char err[256];
+    Tah__Envelope *e = NULL;
+    if (rl > sizeof(((cnode_t *)0)->rid)) {
+        c->rejected++;
+        goto done;
+    }
+    if (nparts != 2) {
+        c->rejected++;
+        log_warn("rejected a %d-part control message (expected 1 part)", nparts - 1);
+        wire_send_error(c->router, rid, rl, TAH_EINVAL, "control messages are one frame");
+        goto done;
+    }
+    e = wire_envelope_unpack(zmq_msg_data(&part[1]), zmq_msg_size(&part[1]), err, sizeof err);
+    if (!e) {
+        c->rejected++;
+        log_warn("rejected a control message: %s", err);
+        wire_send_error(c->router, rid, rl, TAH_EINVAL, "%s", err);
+        goto done;
+    }
+    cnode_t *n = s_node_by_rid(c, rid, rl);
+    switch (e->body_case) {
+    case TAH__ENVELOPE__BODY_HELLO:
+        s_on_hello(c, rid, rl, e->hello);
+        break;
+    case TAH__ENVELOPE__BODY_SUBMIT:
+        s_on_submit(c, rid, rl, e->submit);
+        break;
+    case TAH__ENVELOPE__BODY_STATUS:
+        s_on_status(c, rid, rl, e->status);
+        break;
+    case TAH__ENVELOPE__BODY_CANCEL:
+        s_on_cancel(c, rid, rl, e->cancel);
+        break;
+    case TAH__ENVELOPE__BODY_HEARTBEAT:
+    case TAH__ENVELOPE__BODY_JOB_EVENT:
+    case TAH__ENVELOPE__BODY_STEP_REPORT:
+        if (!n || n->state == N_LOST) {
+            Tah__Error er = TAH__ERROR__INIT;
+            er.code = TAH_EINVAL;
+            er.message = "unknown node; announce yourself again";
+            er.reannounce = 1;
+            Tah__Envelope env = TAH__ENVELOPE__INIT;
+            env.body_case = TAH__ENVELOPE__BODY_ERROR;
+            env.error = &er;
+            wire_send_envelope(c->router, rid, rl, &env, ZMQ_DONTWAIT);
+            break;
+        }
+        n->last_seen = s_now();
+        if (e->body_case == TAH__ENVELOPE__BODY_HEARTBEAT) {
+            n->rejected = e->heartbeat->rejected;
+            if (e->heartbeat->last_reject[0])
+                log_debug("node %s: %llu data messages rejected, latest: %.200s", n->name,
+                          (unsigned long long)n->rejected, e->heartbeat->last_reject);
+        } else if (e->body_case == TAH__ENVELOPE__BODY_JOB_EVENT) {
+            s_on_job_event(c, n, e->job_event);
+        } else {
+            s_step_report(c, n, e->step_report);
+        }
+        break;
+    default:
+        c->rejected++;
+        log_warn("rejected unexpected '%s' message from %s", wire_body_name(e), n ? n->name : "a client");
+        wire_send_error(c->router, rid, rl, TAH_EINVAL, "unexpected message '%s'", wire_body_name(e));
+        break;
+    }
+done:
+    wire_envelope_free(&e);
+    for (int i = 0; i < nparts; i++)
+        zmq_msg_close(&part[i]);
+}
+
+static void s_tick(coord_t *c)
+{
+    double now = s_now();
+    for (int i = 0; i < c->nnodes; i++) {
+        cnode_t *n = &c->nodes[i];
+        if (n->rid_len && n->state != N_LOST && now - n->last_seen > c->node_timeout) {
+            char why[64];
+            snprintf(why, sizeof why, "no heartbeat for %.1f s", now - n->last_seen);
+            s_node_lost(c, n, why);
+        }
+    }
+    if (now - c->last_beat >= S_HEARTBEAT_S) {
+        c->last_beat = now;
+        for (int i = 0; i < c->nnodes; i++) {
+            cnode_t *n = &c->nodes[i];
+            if (!n->rid_len || n->state == N_LOST)
+                continue;
+            Tah__Heartbeat hb = TAH__HEARTBEAT__INIT;
+            Tah__Envelope env = TAH__ENVELOPE__INIT;
+            env.body_case = TAH__ENVELOPE__BODY_HEARTBEAT;
+            env.heartbeat = &hb;
+            s_send_node(c, n, &env);
+        }
+    }
+}
+
+/* ---- startup ---- */
+
+static void s_load_job(void *arg, store_job_t *sj)
+{
+    coord_t *c = arg;
+    if (c->njobs == c->capjobs) {
+        int cap = c->capjobs ? 2 * c->capjobs : 16;
+        cjob_t **nj = realloc(c->jobs, (size_t)cap * sizeof *nj);
+        if (!nj)
+            return;
+        c->jobs = nj;
+        c->capjobs = cap;
+    }
+    cjob_t *j = calloc(1, sizeof *j);
+    if (!j)
+        return;
+    j->j = *sj;
+    j->j.ini = strdup(sj->ini);
+    if (!strcmp(j->j.state, "running")) {
+        snprintf(j->j.state, sizeof j->j.state, "failed");
+        snprintf(j->j.reason, sizeof j->j.reason, "coordinator restarted while the job ran (step %d)",
+                 j->j.step + 1);
+        j->j.finished = s_now();
+        s_job_save(c, j);
+        log_warn("job %lld: marked failed: %s", (long long)j->j.id, j->j.reason);
+    }
+    if (!strcmp(j->j.state, "queued")) {
+        char err[512];
+        j->spec = malloc(sizeof *j->spec);
+        if (!j->spec || jobfile_parse(j->j.ini, j->j.name, j->spec, err, sizeof err) != 0) {
+            free(j->spec);
+            j->spec = NULL;
+            snprintf(j->j.state, sizeof j->j.state, "failed");
+            snprintf(j->j.reason, sizeof j->j.reason, "stored job file no longer parses");
+            s_job_save(c, j);
+        }
+    }
+    c->jobs[c->njobs++] = j;
+}
+
+static void s_load_node(void *arg, const char *name, const char *endpoint, const char *backend, int threads,
+                        double gflops, double last_seen)
+{
+    coord_t *c = arg;
+    if (c->nnodes == c->capnodes) {
+        int cap = c->capnodes ? 2 * c->capnodes : 16;
+        cnode_t *nn = realloc(c->nodes, (size_t)cap * sizeof *nn);
+        if (!nn)
+            return;
+        c->nodes = nn;
+        c->capnodes = cap;
+    }
+    cnode_t *n = &c->nodes[c->nnodes++];
+    memset(n, 0, sizeof *n);
+    snprintf(n->name, sizeof n->name, "%s", name);
+    snprintf(n->endpoint, sizeof n->endpoint, "%s", endpoint);
+    snprintf(n->backend, sizeof n->backend, "%s", backend);
+    n->threads = threads;
+    n->gflops = gflops;
+    n->state = N_LOST;
+    n->stage = -1;
+    n->last_seen = last_seen;
+}
+
+int coord_serve(const coord_serve_opts_t *o)
+{
+    int rc = 1;
+    char err[1024], ep[300], dbpath[1200];
+    coord_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return 1;
+    snprintf(c->state_dir, sizeof c->state_dir, "%s", o->state_dir);
+    c->node_timeout = o->node_timeout;
+    if (s_mkdirs(o->state_dir) != 0) {
+        log_error("--state %s: cannot create directory: %s", o->state_dir, strerror(errno));
+        goto out;
+    }
+    snprintf(dbpath, sizeof dbpath, "%s/coord.db", o->state_dir);
+    c->store = store_open(dbpath, err, sizeof err);
+    if (!c->store) {
+        log_error("%s", err);
+        goto out;
+    }
+    if (store_jobs_each(c->store, s_load_job, c, err, sizeof err) != 0) {
+        log_error("%s", err);
+        goto out;
+    }
+    store_nodes_each(c->store, s_load_node, c);
+    if (wire_endpoint(o->listen, ep, sizeof ep, err, sizeof err) != 0) {
+        log_error("--listen %s", err);
+        goto out;
+    }
+    c->ctx = zmq_ctx_new();
+    c->router = zmq_socket(c->ctx, ZMQ_ROUTER);
+    int zero = 0, hwm = 10000;
+    zmq_setsockopt(c->router, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(c->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(c->router, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    int64_t maxmsg = WIRE_MAX_CONTROL;
+    zmq_setsockopt(c->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (zmq_bind(c->router, ep) != 0) {
+        log_error("--listen %s: cannot bind %s: %s", o->listen, ep, zmq_strerror(errno));
+        goto out;
+    }
+    char bound[300] = "";
+    size_t bl = sizeof bound;
+    zmq_getsockopt(c->router, ZMQ_LAST_ENDPOINT, bound, &bl);
+    {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/endpoint", o->state_dir);
+        char line[320];
+        int ll = snprintf(line, sizeof line, "%s\n", bound);
+        const void *parts[1] = { line };
+        size_t sizes[1] = { (size_t)ll };
+        if (tah_file_write_atomic(path, parts, sizes, 1, err, sizeof err) != 0)
+            log_warn("%s", err);
+    }
+    int nq = 0;
+    for (int i = 0; i < c->njobs; i++)
+        nq += !strcmp(c->jobs[i]->j.state, "queued");
+    log_info("listening on %s, state %s (%d jobs, %d queued), node timeout %.1f s", bound, dbpath, c->njobs, nq,
+             c->node_timeout);
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = s_on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    while (!s_stop) {
+        zmq_pollitem_t it = { c->router, 0, ZMQ_POLLIN, 0 };
+        int n = zmq_poll(&it, 1, 200);
+        if (n < 0 && errno != EINTR) {
+            log_error("poll: %s", zmq_strerror(errno));
+            break;
+        }
+        if (n > 0 && (it.revents & ZMQ_POLLIN)) {
+            for (int k = 0; k < 64; k++) { /* drain a burst, then tick */
+                int ev = 0;
+                size_t evl = sizeof ev;
+                zmq_getsockopt(c->router, ZMQ_EVENTS, &ev, &evl);
+                if (!(ev & ZMQ_POLLIN))
+                    break;
+                s_on_message(c);
+            }
+        }
+        s_tick(c);
+    }
+    log_info("shutting down (%d jobs kept in %s)", c->njobs, dbpath);
+    rc = 0;
+out:
+    for (int i = 0; i < c->njobs; i++) {
+        if (c->jobs[i]->mf)
+            fclose(c->jobs[i]->mf);
+        free(c->jobs[i]->j.ini);
+        free(c->jobs[i]->spec);
+        free(c->jobs[i]->nodes);
+        free(c->jobs[i]);
+    }
+    free(c->jobs);
+    free(c->nodes);
+    if (c->router)
+        zmq_close(c->router);
+    if (c->ctx)
+        zmq_ctx_term(c->ctx);
+    store_destroy(&c->store);
+    free(c);
+    return rc;
+}

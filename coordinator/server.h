@@ -1,0 +1,34 @@
+/* server.h — `tah-coord serve`: the coordinator daemon.
+ *
+ * One ROUTER socket on --listen; nodes (DEALER) and CLI clients (DEALER)
+ * talk to it with tah.Envelope messages (proto/tah.proto). State lives in
+ * STATE_DIR/coord.db (store.h); the bound endpoint is written to
+ * STATE_DIR/endpoint (useful with port 0); per-job metrics go to
+ * STATE_DIR/jobs/<id>/metrics.jsonl unless the job sets `metrics`.
+ *
+ * Node state machine (event -> action):
+ *   (unknown) --hello-------> IDLE        welcome; try placement
+ *   IDLE      --placement---> BUSY        assign sent
+ *   BUSY      --job_event---> IDLE        done: count; failed: job failed, abort the others
+ *   IDLE/BUSY --silence-----> LOST        BUSY: job "failed: node X lost at step N", abort the others
+ *   LOST      --hello-------> IDLE
+ *   any       --heartbeat---> (same)      last_seen = now
+ * Job state machine:
+ *   queued --S idle nodes--> running --all stages done--> succeeded
+ *   running --node lost / node failed--> failed
+ *   queued|running --cancel--> cancelled
+ * A coordinator restart keeps every job; jobs that were running are marked
+ * failed ("coordinator restarted"), queued jobs stay queued. */
+#ifndef TAH_COORD_SERVER_H
+#define TAH_COORD_SERVER_H
+
+typedef struct coord_serve_opts {
+    const char *listen;   /* HOST:PORT */
+    const char *state_dir;
+    double node_timeout;  /* seconds of silence before a node is lost */
+} coord_serve_opts_t;
+
+/* Runs until SIGINT/SIGTERM. 0 on a clean shutdown, 1 on a startup error. */
+int coord_serve(const coord_serve_opts_t *o);
+
+#endif

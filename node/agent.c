@@ -1,0 +1,815 @@
+/* agent.c — tah-node's I/O thread: one zmq_poll loop over the coordinator
+ * link, the data-plane sockets and the pipe to the runner (see node.h).
+ *
+ * Node state machine (state, event -> action, next state):
+ *   ANNOUNCING  welcome                -> log                          IDLE
+ *               (every 2 s)            -> send hello again             ANNOUNCING
+ *   IDLE        assign                 -> start runner                 LOADING
+ *               error(reannounce)      -> send hello                   ANNOUNCING
+ *   LOADING     pipe 'Y'               -> connect neighbours, hello    RUNNING
+ *               pipe 'X'               -> job event failed             IDLE
+ *   RUNNING     data message           -> validate; 'D' to runner or reject + count
+ *               pipe 'S' / 'R'         -> send to neighbour / coordinator
+ *               pipe 'X'               -> job event done/failed        IDLE
+ *               abort / peer silent /
+ *               coordinator silent /
+ *               SIGINT, SIGTERM        -> 'A' to runner                STOPPING
+ *   STOPPING    pipe 'X'               -> job event aborted/failed     IDLE (or exit)
+ * The data ROUTER is read only while RUNNING: a neighbour's hello that
+ * arrives before this node has its assignment waits in ZeroMQ's queue
+ * instead of being rejected. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "errors.h"
+#include "log.h"
+#include "node.h"
+#include "wire.h"
+
+enum { A_ANNOUNCING, A_IDLE, A_LOADING, A_RUNNING, A_STOPPING };
+static const char *s_state_name[] = { "announcing", "idle", "loading", "running", "stopping" };
+
+#define S_MAX_PEERS 4
+/* A send that cannot enter a neighbour's queue this long fails the job
+ * (the neighbour stopped reading); shorter than the coordinator's node
+ * timeout so our own heartbeats keep flowing. */
+#define S_SEND_TIMEOUT_MS 3000
+
+typedef struct s_peer {     /* a neighbour that connected to our ROUTER */
+    int stage;
+    uint8_t rid[256];
+    size_t rid_len;
+} s_peer_t;
+
+typedef struct agent {
+    const node_opts_t *o;
+    void *ctx, *coord, *router, *pipe;
+    void *down, *tied;      /* DEALERs to stage k+1 and (first stage) to the last */
+    char endpoint[300];
+    char name[64];
+    int state;
+    double gflops;
+    double last_coord, last_hello, last_beat, last_ping;
+    node_job_t *job;
+    pthread_t thread;
+    int thread_started;
+    s_peer_t peers[S_MAX_PEERS];
+    int npeers;
+    double heard[3];              /* last message from: [0] upstream [1] downstream [2] tied partner */
+    int stop_kind;          /* NODE_ABORTED or NODE_FAILED while STOPPING */
+    int lost_stage;
+    char stop_reason[512];
+    atomic_ullong rejected;
+    char last_reject[512];
+    int exiting;
+} agent_t;
+
+static volatile sig_atomic_t s_signal = 0;
+
+static void s_on_signal(int sig)
+{
+    s_signal = sig;
+}
+
+static double s_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- coordinator link ---- */
+
+static void s_send_coord(agent_t *a, Tah__Envelope *env)
+{
+    if (wire_send_envelope(a->coord, NULL, 0, env, ZMQ_DONTWAIT) != 0)
+        log_debug("send %s to the coordinator failed: %s", wire_body_name(env), zmq_strerror(errno));
+}
+
+static void s_send_hello(agent_t *a)
+{
+    Tah__Hello h = TAH__HELLO__INIT;
+    h.name = a->name;
+    h.endpoint = a->endpoint;
+    h.backend = "cpu";
+    h.threads = (uint32_t)(a->o->threads > 0 ? a->o->threads : 1);
+    h.gflops = a->gflops;
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    h.memory_mb = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / (1u << 20) : 0;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_HELLO;
+    env.hello = &h;
+    s_send_coord(a, &env);
+    a->last_hello = s_now();
+}
+
+static void s_send_heartbeat(agent_t *a)
+{
+    Tah__Heartbeat hb = TAH__HEARTBEAT__INIT;
+    hb.state = a->job ? TAH__NODE_STATE__NODE_BUSY : TAH__NODE_STATE__NODE_IDLE;
+    hb.job = a->job ? a->job->id : 0;
+    hb.step = a->job ? atomic_load(&a->job->cur_step) : 0;
+    hb.rejected = atomic_load(&a->rejected);
+    hb.last_reject = a->last_reject;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    s_send_coord(a, &env);
+    a->last_beat = s_now();
+}
+
+static void s_send_event(agent_t *a, uint32_t kind, int step, const char *reason, int lost_stage)
+{
+    Tah__JobEvent ev = TAH__JOB_EVENT__INIT;
+    ev.job = a->job->id;
+    ev.kind = kind;
+    ev.step = step;
+    ev.reason = (char *)reason;
+    ev.lost_stage = lost_stage;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_JOB_EVENT;
+    env.job_event = &ev;
+    s_send_coord(a, &env);
+}
+
+/* ---- rejections ---- */
+
+static void s_reject(agent_t *a, const char *peer, const char *why)
+{
+    unsigned long long n = atomic_fetch_add(&a->rejected, 1) + 1;
+    snprintf(a->last_reject, sizeof a->last_reject, "%.100s: %.400s", peer, why);
+    log_warn("job %llu: rejected data message #%llu from %s: %s", a->job ? (unsigned long long)a->job->id : 0ULL,
+             n, peer, why);
+}
+
+/* ---- job life cycle ---- */
+
+static void s_close_links(agent_t *a)
+{
+    if (a->down)
+        zmq_close(a->down);
+    if (a->tied)
+        zmq_close(a->tied);
+    a->down = a->tied = NULL;
+    a->npeers = 0;
+}
+
+static void s_free_job(agent_t *a)
+{
+    if (!a->job)
+        return;
+    free(a->job->ini);
+    free(a->job->endpoints);
+    free(a->job->names);
+    free(a->job);
+    a->job = NULL;
+}
+
+static void s_abort(agent_t *a, int kind, int lost_stage, const char *reason)
+{
+    if (a->state != A_LOADING && a->state != A_RUNNING)
+        return;
+    a->stop_kind = kind;
+    a->lost_stage = lost_stage;
+    snprintf(a->stop_reason, sizeof a->stop_reason, "%s", reason);
+    atomic_store(&a->job->abort, 1);
+    char cmd = 'A';
+    zmq_send(a->pipe, &cmd, 1, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(a->pipe, reason, strlen(reason), ZMQ_DONTWAIT);
+    log_info("job %llu: stopping stage %d: %s", (unsigned long long)a->job->id, a->job->stage, reason);
+    a->state = A_STOPPING;
+}
+
+static void s_on_assign(agent_t *a, const Tah__Assign *as)
+{
+    if (a->state != A_IDLE) {
+        log_warn("assignment of job %llu while %s; refused", (unsigned long long)as->job, s_state_name[a->state]);
+        return;
+    }
+    if (as->stages < 1 || as->stages > 4096 || as->stage >= as->stages || as->n_endpoints != as->stages ||
+        as->n_nodes != as->stages || strlen(as->base_dir) >= sizeof a->job->base_dir ||
+        strlen(as->ckpt_prefix) >= sizeof a->job->ckpt_prefix) {
+        log_warn("malformed assignment of job %llu refused", (unsigned long long)as->job);
+        return;
+    }
+    node_job_t *j = calloc(1, sizeof *j);
+    if (!j)
+        return;
+    a->job = j;
+    j->id = as->job;
+    j->token = as->token;
+    j->stage = (int)as->stage;
+    j->S = (int)as->stages;
+    j->layer0 = as->layer0;
+    j->layer1 = as->layer1;
+    j->ini = strdup(as->ini);
+    snprintf(j->base_dir, sizeof j->base_dir, "%s", as->base_dir);
+    snprintf(j->ckpt_prefix, sizeof j->ckpt_prefix, "%s", as->ckpt_prefix);
+    j->endpoints = calloc(as->stages, sizeof *j->endpoints);
+    j->names = calloc(as->stages, sizeof *j->names);
+    j->threads = a->o->threads;
+    j->peer_timeout_ms = as->peer_timeout_ms ? as->peer_timeout_ms : 15000;
+    j->ctx = a->ctx;
+    j->rejected = &a->rejected;
+    snprintf(j->pipe_ep, sizeof j->pipe_ep, "inproc://runner");
+    if (!j->ini || !j->endpoints || !j->names) {
+        s_free_job(a);
+        return;
+    }
+    for (size_t k = 0; k < as->stages; k++) {
+        snprintf(j->endpoints[k], sizeof j->endpoints[k], "%s", as->endpoints[k]);
+        snprintf(j->names[k], sizeof j->names[k], "%s", as->nodes[k]);
+    }
+    log_info("job %llu: assigned stage %d of %d (layers %d..%d)", (unsigned long long)j->id, j->stage, j->S,
+             j->layer0, j->layer1 - 1);
+    if (pthread_create(&a->thread, NULL, node_runner_main, j) != 0) {
+        s_send_event(a, TAH__JOB_EVENT_KIND__EVENT_FAILED, 0, "cannot start the compute thread", -1);
+        s_free_job(a);
+        return;
+    }
+    a->thread_started = 1;
+    a->state = A_LOADING;
+}
+
+static void *s_dealer(agent_t *a, const char *ep)
+{
+    void *s = zmq_socket(a->ctx, ZMQ_DEALER);
+    int zero = 0, hwm = 2 * a->job->x.M + 2 * a->job->x.val_batches + 16, sndto = S_SEND_TIMEOUT_MS;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_SNDTIMEO, &sndto, sizeof sndto);
+    zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    if (zmq_connect(s, ep) != 0) {
+        log_error("job %llu: cannot connect to %s: %s", (unsigned long long)a->job->id, ep, zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
+    Tah__DataHeader h;
+    link_header(&h, &a->job->x, TAH__DATA_KIND__DATA_HELLO, 0, 0);
+    h.token = a->job->token;
+    uint8_t hb[WIRE_MAX_HEADER];
+    size_t hl = tah__data_header__pack(&h, hb);
+    zmq_send(s, hb, hl, ZMQ_SNDMORE);
+    zmq_send(s, NULL, 0, 0);
+    return s;
+}
+
+/* Runner is ready: open the links. */
+static void s_on_ready(agent_t *a)
+{
+    node_job_t *j = a->job;
+    const int k = j->stage, S = j->S;
+    if (k < S - 1) {
+        a->down = s_dealer(a, j->endpoints[k + 1]);
+        if (!a->down) {
+            s_abort(a, NODE_FAILED, -1, "cannot connect to the next stage");
+            return;
+        }
+    }
+    if (k == 0 && j->x.tied && S > 2) {
+        a->tied = s_dealer(a, j->endpoints[S - 1]);
+        if (!a->tied) {
+            s_abort(a, NODE_FAILED, -1, "cannot connect to the last stage");
+            return;
+        }
+    }
+    double now = s_now();
+    a->heard[0] = a->heard[1] = a->heard[2] = now;
+    a->state = A_RUNNING;
+    log_info("job %llu: stage %d running; links: %s%s%s", (unsigned long long)j->id, k,
+             k > 0 ? "from upstream " : "", k < S - 1 ? "to downstream " : "",
+             j->x.tied && S > 2 && (k == 0 || k == S - 1) ? "tied" : "");
+}
+
+static void s_on_exit(agent_t *a)
+{
+    pthread_join(a->thread, NULL);
+    a->thread_started = 0;
+    node_job_t *j = a->job;
+    if (a->state == A_STOPPING) {
+        if (a->stop_kind == NODE_FAILED)
+            s_send_event(a, TAH__JOB_EVENT_KIND__EVENT_FAILED, j->fail_step, a->stop_reason, a->lost_stage);
+        else
+            s_send_event(a, TAH__JOB_EVENT_KIND__EVENT_ABORTED, j->fail_step, a->stop_reason, -1);
+    } else if (j->result == NODE_DONE) {
+        s_send_event(a, TAH__JOB_EVENT_KIND__EVENT_DONE, atomic_load(&j->cur_step), "", -1);
+        log_info("job %llu: stage %d finished", (unsigned long long)j->id, j->stage);
+    } else {
+        log_error("job %llu step %d: stage %d failed: %s", (unsigned long long)j->id, j->fail_step, j->stage,
+                  j->reason);
+        s_send_event(a, TAH__JOB_EVENT_KIND__EVENT_FAILED, j->fail_step, j->reason, -1);
+    }
+    s_close_links(a);
+    s_free_job(a);
+    a->state = A_IDLE;
+    s_send_heartbeat(a);
+}
+
+/* ---- messages ---- */
+
+static void s_on_coord(agent_t *a)
+{
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, a->coord, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return;
+    }
+    int more = zmq_msg_more(&m);
+    char err[256];
+    Tah__Envelope *e = more ? NULL : wire_envelope_unpack(zmq_msg_data(&m), zmq_msg_size(&m), err, sizeof err);
+    zmq_msg_close(&m);
+    while (more) { /* a multipart message is not ours: drain it */
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, a->coord, 0) < 0)
+            break;
+        more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        snprintf(err, sizeof err, "multipart control message");
+    }
+    if (!e) {
+        atomic_fetch_add(&a->rejected, 1);
+        log_warn("rejected a message on the coordinator link: %s", err);
+        return;
+    }
+    a->last_coord = s_now();
+    switch (e->body_case) {
+    case TAH__ENVELOPE__BODY_WELCOME:
+        if (a->state == A_ANNOUNCING) {
+            a->state = A_IDLE;
+            log_info("joined the coordinator as %s", a->name);
+        }
+        break;
+    case TAH__ENVELOPE__BODY_HEARTBEAT:
+        break;
+    case TAH__ENVELOPE__BODY_ASSIGN:
+        s_on_assign(a, e->assign);
+        break;
+    case TAH__ENVELOPE__BODY_ABORT:
+        if (a->job && e->abort->job == a->job->id)
+            s_abort(a, NODE_ABORTED, -1, e->abort->reason[0] ? e->abort->reason : "aborted by the coordinator");
+        break;
+    case TAH__ENVELOPE__BODY_ERROR:
+        log_warn("coordinator: %s", e->error->message);
+        if (e->error->reannounce) {
+            if (a->job)
+                s_abort(a, NODE_ABORTED, -1, "the coordinator no longer knows this node");
+            if (a->state == A_IDLE)
+                a->state = A_ANNOUNCING;
+            s_send_hello(a);
+        } else if (a->state == A_ANNOUNCING) {
+            log_error("the coordinator refused this node: %s", e->error->message);
+            a->exiting = 2;
+        }
+        break;
+    default:
+        atomic_fetch_add(&a->rejected, 1);
+        log_warn("unexpected '%s' from the coordinator; ignored", wire_body_name(e));
+        break;
+    }
+    wire_envelope_free(&e);
+}
+
+/* Receive a whole multipart message (up to nmax parts kept). */
+static int s_recv_parts(void *sock, zmq_msg_t *parts, int nmax, int *nparts)
+{
+    int n = 0, more = 1, total = 0;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            break;
+        }
+        more = zmq_msg_more(&m);
+        total++;
+        if (n < nmax)
+            parts[n++] = m;
+        else
+            zmq_msg_close(&m);
+    }
+    *nparts = n;
+    return total;
+}
+
+static int s_peer_index(const node_job_t *j, int from)
+{
+    if (from == j->stage - 1)
+        return 0;
+    if (from == j->stage + 1)
+        return 1;
+    return 2;
+}
+
+/* A data message [hdr][payload] from stage `from` (authenticated). */
+static void s_deliver(agent_t *a, int from, const char *peer, zmq_msg_t *hdr, zmq_msg_t *payload)
+{
+    node_job_t *j = a->job;
+    char err[512];
+    Tah__DataHeader *h = wire_header_unpack(zmq_msg_data(hdr), zmq_msg_size(hdr), err, sizeof err);
+    if (!h) {
+        s_reject(a, peer, err);
+        return;
+    }
+    if (h->kind == TAH__DATA_KIND__DATA_HELLO) {
+        s_reject(a, peer, "second hello on an established link");
+        wire_header_free(&h);
+        return;
+    }
+    size_t nelem = link_payload_elems(&j->x, h->kind);
+    size_t nbytes = nelem * (h->kind == TAH__DATA_KIND__DATA_NORM_PARTIAL ? sizeof(double) : sizeof(float));
+    zmq_msg_t out;
+    zmq_msg_init_size(&out, nbytes);
+    int rc = link_check(&j->x, from, atomic_load(&j->cur_step), h, zmq_msg_data(payload), zmq_msg_size(payload),
+                        zmq_msg_data(&out), nbytes, err, sizeof err);
+    if (rc) {
+        s_reject(a, peer, err);
+        zmq_msg_close(&out);
+        wire_header_free(&h);
+        return;
+    }
+    a->heard[s_peer_index(j, from)] = s_now();
+    if (from == 0 && j->stage == j->S - 1)
+        a->heard[2] = a->heard[s_peer_index(j, from)];
+    if (h->kind == TAH__DATA_KIND__DATA_PING) {
+        zmq_msg_close(&out);
+        wire_header_free(&h);
+        return;
+    }
+    node_meta_t meta = { .kind = h->kind, .step = h->step, .mb = h->mb, .data_pos = h->data_pos, .value = h->value };
+    char cmd = 'D';
+    zmq_send(a->pipe, &cmd, 1, ZMQ_SNDMORE);
+    zmq_send(a->pipe, &meta, sizeof meta, ZMQ_SNDMORE);
+    zmq_msg_send(&out, a->pipe, 0);
+    zmq_msg_close(&out);
+    wire_header_free(&h);
+}
+
+static void s_on_router(agent_t *a)
+{
+    zmq_msg_t parts[4];
+    int n = 0;
+    int total = s_recv_parts(a->router, parts, 4, &n);
+    node_job_t *j = a->job;
+    if (n == 0)
+        return;
+    const uint8_t *rid = zmq_msg_data(&parts[0]);
+    size_t rl = zmq_msg_size(&parts[0]);
+    s_peer_t *p = NULL;
+    for (int i = 0; i < a->npeers; i++)
+        if (a->peers[i].rid_len == rl && !memcmp(a->peers[i].rid, rid, rl))
+            p = &a->peers[i];
+    char peer[96];
+    if (p)
+        snprintf(peer, sizeof peer, "stage %d (%s)", p->stage, j->names[p->stage]);
+    else
+        snprintf(peer, sizeof peer, "unauthenticated connection");
+    if (total != 3 || n != 3) {
+        s_reject(a, peer, total == 1 ? "empty message" : "data messages are exactly [header][payload]");
+        goto out;
+    }
+    if (!p) {
+        char err[256];
+        Tah__DataHeader *h = wire_header_unpack(zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]), err, sizeof err);
+        if (!h) {
+            s_reject(a, peer, err);
+            goto out;
+        }
+        int rc = link_check_hello(&j->x, h, err, sizeof err);
+        int from = (int)h->from_stage;
+        wire_header_free(&h);
+        if (rc) {
+            s_reject(a, peer, err);
+            goto out;
+        }
+        for (int i = 0; i < a->npeers; i++) {
+            if (a->peers[i].stage == from) {
+                s_reject(a, peer, "hello for a stage that is already connected");
+                goto out;
+            }
+        }
+        if (a->npeers == S_MAX_PEERS || rl > sizeof a->peers[0].rid) {
+            s_reject(a, peer, "too many connections");
+            goto out;
+        }
+        p = &a->peers[a->npeers++];
+        p->stage = from;
+        memcpy(p->rid, rid, rl);
+        p->rid_len = rl;
+        a->heard[s_peer_index(j, from)] = s_now();
+        log_info("job %llu: stage %d (%s) connected", (unsigned long long)j->id, from, j->names[from]);
+        goto out;
+    }
+    s_deliver(a, p->stage, peer, &parts[1], &parts[2]);
+out:
+    for (int i = 0; i < n; i++)
+        zmq_msg_close(&parts[i]);
+}
+
+static void s_on_dealer(agent_t *a, void *sock, int from)
+{
+    zmq_msg_t parts[2];
+    int n = 0;
+    int total = s_recv_parts(sock, parts, 2, &n);
+    char peer[96];
+    snprintf(peer, sizeof peer, "stage %d (%s)", from, a->job->names[from]);
+    if (total != 2 || n != 2)
+        s_reject(a, peer, "data messages are exactly [header][payload]");
+    else
+        s_deliver(a, from, peer, &parts[0], &parts[1]);
+    for (int i = 0; i < n; i++)
+        zmq_msg_close(&parts[i]);
+}
+
+static const s_peer_t *s_peer_of_stage(const agent_t *a, int stage)
+{
+    for (int i = 0; i < a->npeers; i++)
+        if (a->peers[i].stage == stage)
+            return &a->peers[i];
+    return NULL;
+}
+
+/* Forward a runner message [dest][hdr][payload] to its socket. Blocking
+ * send with a timeout: a full queue (high-water mark) waits here, which
+ * stops us reading the pipe and so blocks the runner (back-pressure). */
+static void s_forward(agent_t *a, zmq_msg_t *parts)
+{
+    node_job_t *j = a->job;
+    int dest = *(uint8_t *)zmq_msg_data(&parts[0]);
+    void *sock = NULL;
+    const s_peer_t *p = NULL;
+    if (dest == NODE_DEST_DOWN)
+        sock = a->down;
+    else if (dest == NODE_DEST_UP)
+        p = s_peer_of_stage(a, j->stage - 1);
+    else if (j->stage == 0)
+        sock = a->tied ? a->tied : a->down;
+    else
+        p = s_peer_of_stage(a, 0);
+    if (!sock && !p) {
+        log_error("job %llu: no link for a message to %s", (unsigned long long)j->id,
+                  dest == NODE_DEST_DOWN ? "downstream" : dest == NODE_DEST_UP ? "upstream" : "the tied partner");
+        return;
+    }
+    if (p) {
+        sock = a->router;
+        if (zmq_send(sock, p->rid, p->rid_len, ZMQ_SNDMORE) < 0)
+            return;
+    }
+    if (zmq_msg_send(&parts[1], sock, ZMQ_SNDMORE) < 0 || zmq_msg_send(&parts[2], sock, 0) < 0) {
+        int to = dest == NODE_DEST_DOWN ? j->stage + 1 : dest == NODE_DEST_UP ? j->stage - 1
+                 : j->stage == 0 ? j->S - 1 : 0;
+        char reason[256];
+        snprintf(reason, sizeof reason, "send to stage %d (node %s) failed: %s", to, j->names[to],
+                 zmq_strerror(errno));
+        s_abort(a, NODE_FAILED, to, reason);
+    }
+}
+
+static void s_on_pipe(agent_t *a)
+{
+    zmq_msg_t parts[4];
+    int n = 0;
+    s_recv_parts(a->pipe, parts, 4, &n);
+    if (n == 0)
+        return;
+    char cmd = zmq_msg_size(&parts[0]) == 1 ? *(char *)zmq_msg_data(&parts[0]) : 0;
+    switch (cmd) {
+    case 'Y':
+        if (a->state == A_LOADING)
+            s_on_ready(a);
+        break;
+    case 'S':
+        if (a->state == A_RUNNING && n == 4)
+            s_forward(a, parts + 1);
+        break;
+    case 'R':
+        if (n == 2 && a->state == A_RUNNING)
+            zmq_send(a->coord, zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]), ZMQ_DONTWAIT);
+        break;
+    case 'X':
+        s_on_exit(a);
+        break;
+    default:
+        break;
+    }
+    for (int i = 0; i < n; i++)
+        zmq_msg_close(&parts[i]);
+}
+
+static void s_send_ping(agent_t *a)
+{
+    node_job_t *j = a->job;
+    Tah__DataHeader h;
+    link_header(&h, &j->x, TAH__DATA_KIND__DATA_PING, 0, 0);
+    uint8_t hb[WIRE_MAX_HEADER];
+    size_t hl = tah__data_header__pack(&h, hb);
+    void *dealers[2] = { a->down, a->tied };
+    for (int i = 0; i < 2; i++) {
+        if (!dealers[i])
+            continue;
+        if (zmq_send(dealers[i], hb, hl, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
+            zmq_send(dealers[i], NULL, 0, ZMQ_DONTWAIT);
+    }
+    for (int i = 0; i < a->npeers; i++) {
+        if (zmq_send(a->router, a->peers[i].rid, a->peers[i].rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+            continue;
+        zmq_send(a->router, hb, hl, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+        zmq_send(a->router, NULL, 0, ZMQ_DONTWAIT);
+    }
+    a->last_ping = s_now();
+}
+
+static void s_tick(agent_t *a)
+{
+    double now = s_now();
+    if (a->state == A_ANNOUNCING && now - a->last_hello > 2.0)
+        s_send_hello(a);
+    if (a->state != A_ANNOUNCING && now - a->last_beat >= 1.0)
+        s_send_heartbeat(a);
+    if ((a->state == A_LOADING || a->state == A_RUNNING) && now - a->last_coord > a->o->coord_timeout)
+        s_abort(a, NODE_ABORTED, -1, "the coordinator went silent");
+    if (a->state != A_ANNOUNCING && !a->job && now - a->last_coord > a->o->coord_timeout) {
+        log_warn("the coordinator went silent for %.0f s; announcing again", now - a->last_coord);
+        a->state = A_ANNOUNCING;
+        a->last_coord = now;
+        s_send_hello(a);
+    }
+    if (a->state != A_RUNNING)
+        return;
+    node_job_t *j = a->job;
+    if (now - a->last_ping >= 1.0)
+        s_send_ping(a);
+    double limit = j->peer_timeout_ms / 1e3;
+    int expect[3] = { j->stage > 0 ? j->stage - 1 : -1, j->stage < j->S - 1 ? j->stage + 1 : -1, -1 };
+    if (j->x.tied && j->S > 2 && j->stage == 0)
+        expect[2] = j->S - 1;
+    if (j->x.tied && j->S > 2 && j->stage == j->S - 1)
+        expect[2] = 0;
+    for (int i = 0; i < 3; i++) {
+        if (expect[i] < 0 || now - a->heard[i] <= limit)
+            continue;
+        char reason[256];
+        snprintf(reason, sizeof reason, "stage %d (node %s) silent for %.1f s", expect[i], j->names[expect[i]],
+                 now - a->heard[i]);
+        s_abort(a, NODE_FAILED, expect[i], reason);
+        return;
+    }
+}
+
+int node_agent_run(const node_opts_t *o)
+{
+    int rc = 1;
+    agent_t *a = calloc(1, sizeof *a);
+    if (!a)
+        return 1;
+    a->o = o;
+    atomic_init(&a->rejected, 0);
+    char ep[300], err[256];
+    if (o->name)
+        snprintf(a->name, sizeof a->name, "%s", o->name);
+    else {
+        char host[64] = "node";
+        gethostname(host, sizeof host);
+        host[sizeof host - 1] = 0;
+        snprintf(a->name, sizeof a->name, "%.40s-%ld", host, (long)getpid());
+    }
+    tah_log_set_tag(a->name);
+    a->gflops = node_bench_gflops(o->threads > 0 ? o->threads : 1);
+
+    a->ctx = zmq_ctx_new();
+    a->router = zmq_socket(a->ctx, ZMQ_ROUTER);
+    int zero = 0, one = 1, hwm = 1000, sndto = S_SEND_TIMEOUT_MS;
+    int64_t maxmsg = 1LL << 31;
+    zmq_setsockopt(a->router, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(a->router, ZMQ_SNDTIMEO, &sndto, sizeof sndto);
+    zmq_setsockopt(a->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(a->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(a->router, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(a->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (wire_endpoint(o->listen, ep, sizeof ep, err, sizeof err) != 0) {
+        log_error("--listen %s", err);
+        goto out;
+    }
+    if (zmq_bind(a->router, ep) != 0) {
+        log_error("--listen %s: cannot bind %s: %s", o->listen, ep, zmq_strerror(errno));
+        goto out;
+    }
+    size_t el = sizeof a->endpoint;
+    zmq_getsockopt(a->router, ZMQ_LAST_ENDPOINT, a->endpoint, &el);
+    if (o->advertise) {
+        const char *port = strrchr(a->endpoint, ':');
+        char adv[300];
+        snprintf(adv, sizeof adv, "tcp://%s%s", o->advertise, port ? port : "");
+        snprintf(a->endpoint, sizeof a->endpoint, "%s", adv);
+    }
+    a->pipe = zmq_socket(a->ctx, ZMQ_PAIR);
+    zmq_setsockopt(a->pipe, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(a->pipe, ZMQ_SNDHWM, &zero, sizeof zero);
+    zmq_setsockopt(a->pipe, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    if (zmq_bind(a->pipe, "inproc://runner") != 0) {
+        log_error("internal: cannot bind the runner pipe: %s", zmq_strerror(errno));
+        goto out;
+    }
+    if (wire_endpoint(o->coordinator, ep, sizeof ep, err, sizeof err) != 0) {
+        log_error("--coordinator %s", err);
+        goto out;
+    }
+    a->coord = zmq_socket(a->ctx, ZMQ_DEALER);
+    int ivl = 200;
+    zmq_setsockopt(a->coord, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(a->coord, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
+    int64_t cmax = WIRE_MAX_CONTROL;
+    zmq_setsockopt(a->coord, ZMQ_MAXMSGSIZE, &cmax, sizeof cmax);
+    if (zmq_connect(a->coord, ep) != 0) {
+        log_error("--coordinator %s: cannot connect: %s", ep, zmq_strerror(errno));
+        goto out;
+    }
+    log_info("data endpoint %s, coordinator %s, %.1f GFLOP/s (%d threads)", a->endpoint, ep, a->gflops,
+             o->threads > 0 ? o->threads : 1);
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = s_on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    a->state = A_ANNOUNCING;
+    a->last_coord = s_now();
+    s_send_hello(a);
+    for (;;) {
+        if (s_signal && !a->exiting) {
+            log_info("signal %d: leaving", (int)s_signal);
+            a->exiting = 1;
+            if (a->job)
+                s_abort(a, NODE_ABORTED, -1, "node shutting down (signal)");
+        }
+        if (a->exiting && !a->job)
+            break;
+        zmq_pollitem_t it[5];
+        int ni = 0;
+        it[ni++] = (zmq_pollitem_t){ a->coord, 0, ZMQ_POLLIN, 0 };
+        it[ni++] = (zmq_pollitem_t){ a->pipe, 0, ZMQ_POLLIN, 0 };
+        int i_router = -1, i_down = -1, i_tied = -1;
+        if (a->state == A_RUNNING || a->state == A_STOPPING) {
+            i_router = ni;
+            it[ni++] = (zmq_pollitem_t){ a->router, 0, ZMQ_POLLIN, 0 };
+            if (a->down) {
+                i_down = ni;
+                it[ni++] = (zmq_pollitem_t){ a->down, 0, ZMQ_POLLIN, 0 };
+            }
+            if (a->tied) {
+                i_tied = ni;
+                it[ni++] = (zmq_pollitem_t){ a->tied, 0, ZMQ_POLLIN, 0 };
+            }
+        }
+        int n = zmq_poll(it, ni, 100);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            log_error("poll: %s", zmq_strerror(errno));
+            break;
+        }
+        if (it[0].revents & ZMQ_POLLIN)
+            s_on_coord(a);
+        if (it[1].revents & ZMQ_POLLIN)
+            s_on_pipe(a);
+        if (a->job && (a->state == A_RUNNING || a->state == A_STOPPING)) {
+            if (i_router >= 0 && (it[i_router].revents & ZMQ_POLLIN))
+                s_on_router(a);
+            if (a->job && i_down >= 0 && a->down && (it[i_down].revents & ZMQ_POLLIN))
+                s_on_dealer(a, a->down, a->job->stage + 1);
+            if (a->job && i_tied >= 0 && a->tied && (it[i_tied].revents & ZMQ_POLLIN))
+                s_on_dealer(a, a->tied, a->job->S - 1);
+        }
+        s_tick(a);
+        if (a->exiting == 2)
+            break;
+    }
+    rc = a->exiting == 2 ? 1 : 0;
+out:
+    if (a->thread_started) {
+        atomic_store(&a->job->abort, 1);
+        pthread_join(a->thread, NULL);
+    }
+    s_close_links(a);
+    s_free_job(a);
+    if (a->pipe)
+        zmq_close(a->pipe);
+    if (a->coord)
+        zmq_close(a->coord);
+    if (a->router)
+        zmq_close(a->router);
+    if (a->ctx)
+        zmq_ctx_term(a->ctx);
+    free(a);
+    return rc;
+}

@@ -1,0 +1,112 @@
+/* main.c — tah-node: a volunteer node.
+ *
+ *   tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]
+ *                 [--advertise HOST] [--threads N] [--device cpu] [-v]
+ *
+ * Announces itself, runs the stages it is assigned (node.h), and goes back
+ * to idle after each job, until SIGINT/SIGTERM. Exit status: 0 after a
+ * signal, 1 runtime error (cannot bind, refused by the coordinator), 2 usage. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h> /* execv */
+
+#include "log.h"
+#include "node.h"
+
+static const char *s_usage =
+    "usage: tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]\n"
+    "                     [--advertise HOST] [--threads N] [--device cpu|cuda:K] [-v]\n"
+    "\n"
+    "  --coordinator   where `tah-coord serve` listens\n"
+    "  --name N        unique node name (default: HOSTNAME-PID)\n"
+    "  --listen H:P    data-plane endpoint neighbours connect to (127.0.0.1:0 = a free port)\n"
+    "  --advertise H   host name others use to reach --listen (default: its host)\n"
+    "  --threads N     compute threads of the stage (default 1; the job's `threads` if 0)\n"
+    "  --device D      cpu (the CUDA backend is not built yet)\n"
+    "  --coord-timeout SEC  coordinator silence that stops the current job (30)\n"
+    "  -v              debug logging\n";
+
+static int s_usage_error(const char *what, const char *arg)
+{
+    fprintf(stderr, "tah-node: %s%s%s\n%s", what, arg ? " " : "", arg ? arg : "", s_usage);
+    return 2;
+}
+
+/* See pipeline/train_main.c: OpenBLAS must not start its own thread pool
+ * next to our OpenMP threads; the variable must be set before it loads. */
+static void s_single_thread_blas(char **argv)
+{
+    if (getenv("OPENBLAS_NUM_THREADS"))
+        return;
+    if (setenv("OPENBLAS_NUM_THREADS", "1", 1) != 0)
+        return;
+    execv("/proc/self/exe", argv);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+        fputs(s_usage, stdout);
+        return 0;
+    }
+    if (argc < 2 || strcmp(argv[1], "join") != 0)
+        return s_usage_error("the command is `join`", NULL);
+    s_single_thread_blas(argv);
+    node_opts_t o = { .listen = "127.0.0.1:0", .threads = 1, .coord_timeout = 30.0 };
+    const char *device = "cpu";
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(s_usage, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "-v")) {
+            tah_log_verbose();
+            continue;
+        }
+        if (strncmp(a, "--", 2) != 0)
+            return s_usage_error("unexpected argument", a);
+        if (i + 1 >= argc)
+            return s_usage_error("option needs a value:", a);
+        const char *v = argv[++i];
+        char *end = NULL;
+        if (!strcmp(a, "--coordinator"))
+            o.coordinator = v;
+        else if (!strcmp(a, "--name"))
+            o.name = v;
+        else if (!strcmp(a, "--listen"))
+            o.listen = v;
+        else if (!strcmp(a, "--advertise"))
+            o.advertise = v;
+        else if (!strcmp(a, "--device"))
+            device = v;
+        else if (!strcmp(a, "--threads")) {
+            long t = strtol(v, &end, 10);
+            if (*end || end == v || t < 0 || t > 1024)
+                return s_usage_error("--threads wants 0..1024, got", v);
+            o.threads = (int)t;
+        } else if (!strcmp(a, "--coord-timeout")) {
+            o.coord_timeout = strtod(v, &end);
+            if (*end || end == v || !isfinite(o.coord_timeout) || o.coord_timeout < 1)
+                return s_usage_error("--coord-timeout wants seconds >= 1, got", v);
+        } else
+            return s_usage_error("unknown option", a);
+    }
+    if (!o.coordinator)
+        return s_usage_error("--coordinator HOST:PORT is required", NULL);
+    if (o.name && (strlen(o.name) == 0 || strlen(o.name) > 63))
+        return s_usage_error("--name must be 1..63 characters, got", o.name);
+    tah_log_init("tah-node", o.name);
+    if (strcmp(device, "cpu") != 0) {
+        if (!strncmp(device, "cuda:", 5)) {
+            log_error("--device %s: this build has no CUDA backend (cuda/ is not built); HINT: --device cpu",
+                      device);
+            return 1;
+        }
+        return s_usage_error("--device wants cpu or cuda:K, got", device);
+    }
+    return node_agent_run(&o);
+}

@@ -1,0 +1,84 @@
+/* node.h — tah-node internals: the agent (I/O thread: coordinator link,
+ * data-plane sockets, validation) and the runner (compute thread: one
+ * pipeline stage running the job's schedule), and the in-process pipe
+ * between them.
+ *
+ * Threads and ownership: every ZeroMQ socket except the runner's end of
+ * the pipe belongs to the agent thread. The runner never touches the
+ * network: it encodes frames and hands them to the agent ('S'), and gets
+ * validated, decoded tensors back ('D'). Messages on the pipe (inproc PAIR,
+ * multipart, first frame one command byte):
+ *   runner -> agent  'Y'                       stage built; job->x is filled
+ *                    'S' [dest][header][frame] send to a neighbour (zero-copy frame)
+ *                    'R' [packed Envelope]     forward to the coordinator
+ *                    'X'                       runner is done; job->result says how
+ *   agent -> runner  'D' [node_meta_t][data]   a validated message's content
+ *                    'A' [reason]              abort the job
+ * The runner's sends block when the agent stops reading (a peer's queue is
+ * at its high-water mark): that is the back-pressure that bounds memory. */
+#ifndef TAH_NODE_H
+#define TAH_NODE_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "link.h" /* link_expect_t */
+
+enum { NODE_DEST_DOWN = 1, NODE_DEST_UP = 2, NODE_DEST_TIED = 3 };
+enum { NODE_DONE = 1, NODE_FAILED = 2, NODE_ABORTED = 3 };
+
+typedef struct node_meta { /* what the agent tells the runner about a data message */
+    uint32_t kind;
+    int32_t step, mb;
+    uint32_t reserved;
+    uint64_t data_pos;     /* NORM_PARTIAL */
+    double value;          /* NORM */
+} node_meta_t;
+
+/* One assigned job, shared by agent and runner. The agent fills the
+ * assignment fields before starting the runner; the runner fills x before
+ * sending 'Y' and result/reason before 'X'. */
+typedef struct node_job {
+    /* assignment (agent) */
+    uint64_t id, token;
+    int stage, S;
+    int layer0, layer1;            /* -1: tah-train's split of the model's L */
+    char *ini;                     /* owned */
+    char base_dir[1024];
+    char ckpt_prefix[2200];
+    char (*endpoints)[256];        /* per stage */
+    char (*names)[64];             /* per stage */
+    int threads;
+    uint32_t peer_timeout_ms;
+    void *ctx;                     /* ZeroMQ context (for the runner's pipe end) */
+    char pipe_ep[64];              /* inproc endpoint */
+    /* filled by the runner */
+    link_expect_t x;
+    int result;                    /* NODE_DONE / NODE_FAILED / NODE_ABORTED */
+    int fail_step;
+    char reason[512];
+    /* shared counters */
+    atomic_int cur_step;           /* step the runner works on (1-based) */
+    atomic_int abort;              /* set by the agent */
+    atomic_ullong *rejected;       /* the agent's rejection counter */
+} node_job_t;
+
+/* Runner thread entry (arg: node_job_t *). */
+void *node_runner_main(void *arg);
+
+typedef struct node_opts {
+    const char *coordinator;       /* HOST:PORT */
+    const char *name;
+    const char *listen;            /* HOST:PORT (port 0: ephemeral) */
+    const char *advertise;         /* host others use to reach us (default: the listen host) */
+    int threads;
+    double coord_timeout;          /* s */
+} node_opts_t;
+
+/* The agent's event loop; returns the exit status. */
+int node_agent_run(const node_opts_t *o);
+
+/* Measured sgemm speed of this machine with n threads, GFLOP/s. */
+double node_bench_gflops(int threads);
+
+#endif

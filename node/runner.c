@@ -1,0 +1,740 @@
+/* runner.c — the compute thread of tah-node: one pipeline stage running
+ * the job's schedule, step for step the same actions tah-train's trainer
+ * (pipeline/trainer.c) runs for this stage, with the boundary tensors
+ * crossing real links instead of memory:
+ *
+ *   per step s (1-based), as tah-train:
+ *     [validation at s == 1, s % val_every == 0, s == steps: EVAL batches
+ *      flow forward, the last stage averages their losses]
+ *     first/last stage: M batches from the train loader (same order)
+ *     zero grads; for each action of sched_build(kind, S, M, k):
+ *       F(m): input = ACT(s, m) from stage k-1 (or tokens); forward;
+ *             encode the output with the fwd codec -> ACT(s, m) to stage k+1
+ *       B(m): dout = GRAD(s, m) from stage k+1 (or the loss); backward;
+ *             encode the input gradient with the bwd codec -> GRAD(s, m) up
+ *     tied embeddings: first and last stage swap their fp32 wte/head
+ *       gradients (TIED) and both compute first + last (stage_tied_reduce)
+ *     global norm: per-slot sums of squares travel down the pipeline
+ *       (NORM_PARTIAL), the last stage totals them (stage_norm_total) and
+ *       the norm travels back up (NORM): every stage clips with the same
+ *       value tah-train computes
+ *     AdamW with optim_lr(step), checkpoint every checkpoint_every steps
+ *     report: loss (last stage), bytes sent per link, step time
+ * Every received tensor was validated and decoded by the agent. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "ckpt.h"     /* ckpt_save, ckpt_load */
+#include "crc32c.h"   /* crc32c_update */
+#include "data.h"     /* data_load, data_loader_* */
+#include "errors.h"
+#include "gpt2.h"
+#include "jobfile.h"  /* jobfile_parse, jobfile_resolve */
+#include "layers.h"   /* layers_set_threads */
+#include "log.h"
+#include "node.h"
+#include "optim.h"
+#include "schedule.h"
+#include "stage.h"
+#include "trainer.h"  /* trainer_split */
+
+typedef struct s_entry {
+    int used;
+    node_meta_t m;
+    zmq_msg_t msg;
+} s_entry_t;
+
+typedef struct runner {
+    node_job_t *job;
+    link_expect_t *x;
+    void *pipe;
+    job_spec_t *spec;
+    stage_t *st;
+    sched_action_t *acts;
+    data_t *train, *val;
+    data_loader_t dl, vl;
+    int *inputs, *targets;   /* (M, B,T) */
+    int *vin, *vtg;          /* (B,T) */
+    float *tmp;              /* (B,T,C) */
+    float *losses;           /* (M) */
+    double *slots;           /* nnorm */
+    s_entry_t *stash;
+    int nstash;
+    int64_t fwd_fs, bwd_fs, fp32_fs, tied_fs;
+    uint64_t bytes_fwd, bytes_bwd, fp32_fwd, fp32_bwd, bytes_tied; /* this step */
+    uint64_t data_pos;
+    double t_start;
+} runner_t;
+
+static double s_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- pipe ---- */
+
+static int s_send_cmd(runner_t *r, char cmd, const void *data, size_t len)
+{
+    if (zmq_send(r->pipe, &cmd, 1, data ? ZMQ_SNDMORE : 0) < 0)
+        return TAH_EIO;
+    if (data && zmq_send(r->pipe, data, len, 0) < 0)
+        return TAH_EIO;
+    return 0;
+}
+
+static void s_report(runner_t *r, Tah__Envelope *env)
+{
+    env->version = TAH_PROTO_VERSION;
+    size_t n = tah__envelope__get_packed_size(env);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf)
+        return;
+    tah__envelope__pack(env, buf);
+    s_send_cmd(r, 'R', buf, n);
+    free(buf);
+}
+
+/* Header + payload message to a neighbour. payload is moved (zero-copy). */
+static int s_send_msg(runner_t *r, int dest, Tah__DataHeader *h, zmq_msg_t *payload)
+{
+    h->crc = payload ? crc32c_update(0, zmq_msg_data(payload), zmq_msg_size(payload)) : 0;
+    uint8_t hb[WIRE_MAX_HEADER];
+    size_t hl = tah__data_header__get_packed_size(h);
+    if (hl > sizeof hb)
+        return TAH_EINVAL;
+    tah__data_header__pack(h, hb);
+    char cmd = 'S';
+    uint8_t d = (uint8_t)dest;
+    int rc = 0;
+    size_t total = hl + (payload ? zmq_msg_size(payload) : 0); /* before the send moves the payload */
+    if (zmq_send(r->pipe, &cmd, 1, ZMQ_SNDMORE) < 0 || zmq_send(r->pipe, &d, 1, ZMQ_SNDMORE) < 0 ||
+        zmq_send(r->pipe, hb, hl, ZMQ_SNDMORE) < 0)
+        rc = TAH_EIO;
+    if (!rc) {
+        if (payload)
+            rc = zmq_msg_send(payload, r->pipe, 0) < 0 ? TAH_EIO : 0;
+        else
+            rc = zmq_send(r->pipe, NULL, 0, 0) < 0 ? TAH_EIO : 0;
+    }
+    if (payload)
+        zmq_msg_close(payload);
+    if (dest == NODE_DEST_DOWN)
+        r->bytes_fwd += total;
+    else if (dest == NODE_DEST_UP)
+        r->bytes_bwd += total;
+    else
+        r->bytes_tied += total;
+    return rc;
+}
+
+static int s_send_tensor(runner_t *r, int dest, uint32_t kind, int step, int mb, const codec_spec_t *spec,
+                         codec_shape_t shape, const float *data)
+{
+    int64_t fs = codec_frame_size(spec, shape);
+    if (fs < 0)
+        return (int)fs;
+    zmq_msg_t payload;
+    if (zmq_msg_init_size(&payload, (size_t)fs) != 0)
+        return TAH_ENOMEM;
+    size_t written = 0;
+    char cerr[CODEC_ERRLEN] = "";
+    int rc = codec_encode(spec, shape, data, zmq_msg_data(&payload), (size_t)fs, &written, cerr, sizeof cerr);
+    if (rc) {
+        zmq_msg_close(&payload);
+        snprintf(r->job->reason, sizeof r->job->reason, "step %d: encoding %s mb %d failed: %s (%s)", step,
+                 wire_data_kind_name(kind), mb, cerr, tah_strerror(rc));
+        return rc;
+    }
+    Tah__DataHeader h;
+    link_header(&h, r->x, kind, step, mb);
+    h.codec = (uint32_t)spec->id;
+    h.b = shape.b;
+    h.t = shape.s;
+    h.c = shape.c;
+    return s_send_msg(r, dest, &h, &payload);
+}
+
+/* Wait for a message (kind, step, mb); returns its stash index, or -1 when
+ * aborted (reason set). */
+static int s_wait(runner_t *r, uint32_t kind, int step, int mb)
+{
+    for (;;) {
+        for (int i = 0; i < r->nstash; i++) {
+            s_entry_t *e = &r->stash[i];
+            if (e->used && e->m.kind == kind && e->m.step == step && e->m.mb == mb)
+                return i;
+        }
+        if (atomic_load(&r->job->abort))
+            return -1;
+        zmq_msg_t cmd;
+        zmq_msg_init(&cmd);
+        if (zmq_msg_recv(&cmd, r->pipe, 0) < 0) {
+            zmq_msg_close(&cmd);
+            if (errno == EAGAIN || errno == EINTR)
+                continue; /* receive timeout: check abort */
+            return -1;
+        }
+        char c = zmq_msg_size(&cmd) == 1 ? *(char *)zmq_msg_data(&cmd) : 0;
+        int more = zmq_msg_more(&cmd);
+        zmq_msg_close(&cmd);
+        if (c == 'A') {
+            atomic_store(&r->job->abort, 1);
+            while (more) { /* reason */
+                zmq_msg_t m;
+                zmq_msg_init(&m);
+                if (zmq_msg_recv(&m, r->pipe, 0) < 0)
+                    break;
+                more = zmq_msg_more(&m);
+                zmq_msg_close(&m);
+            }
+            return -1;
+        }
+        if (c != 'D' || !more)
+            continue;
+        zmq_msg_t meta, data;
+        zmq_msg_init(&meta);
+        zmq_msg_init(&data);
+        if (zmq_msg_recv(&meta, r->pipe, 0) < 0 || !zmq_msg_more(&meta) || zmq_msg_recv(&data, r->pipe, 0) < 0 ||
+            zmq_msg_size(&meta) != sizeof(node_meta_t)) {
+            zmq_msg_close(&meta);
+            zmq_msg_close(&data);
+            continue;
+        }
+        node_meta_t m;
+        memcpy(&m, zmq_msg_data(&meta), sizeof m);
+        zmq_msg_close(&meta);
+        int slot = -1, dup = 0;
+        for (int i = 0; i < r->nstash; i++) {
+            s_entry_t *e = &r->stash[i];
+            if (e->used && e->m.kind == m.kind && e->m.step == m.step && e->m.mb == m.mb)
+                dup = 1;
+            if (!e->used && slot < 0)
+                slot = i;
+        }
+        if (dup || slot < 0) {
+            atomic_fetch_add(r->job->rejected, 1);
+            log_warn("job %llu step %d: %s %s mb %d rejected", (unsigned long long)r->job->id, m.step,
+                     dup ? "duplicate" : "no room for", wire_data_kind_name(m.kind), m.mb);
+            zmq_msg_close(&data);
+            continue;
+        }
+        r->stash[slot].used = 1;
+        r->stash[slot].m = m;
+        zmq_msg_init(&r->stash[slot].msg);
+        zmq_msg_move(&r->stash[slot].msg, &data);
+        zmq_msg_close(&data);
+    }
+}
+
+static void s_release(runner_t *r, int i)
+{
+    zmq_msg_close(&r->stash[i].msg);
+    r->stash[i].used = 0;
+}
+
+/* Drop anything left over from steps before `step` (cannot be used any more). */
+static void s_purge(runner_t *r, int step)
+{
+    for (int i = 0; i < r->nstash; i++) {
+        if (r->stash[i].used && r->stash[i].m.step < step) {
+            atomic_fetch_add(r->job->rejected, 1);
+            s_release(r, i);
+        }
+    }
+}
+
+/* ---- one step ---- */
+
+static int s_fail(runner_t *r, int step, const char *fmt, const char *a)
+{
+    if (!r->job->reason[0])
+        snprintf(r->job->reason, sizeof r->job->reason, fmt, a);
+    r->job->fail_step = step;
+    return TAH_EINVAL;
+}
+
+static int s_aborted(runner_t *r, int step)
+{
+    r->job->fail_step = step;
+    return 1;
+}
+
+/* Validation pass (forward only), as trainer_eval: batch i of the val
+ * loader from position 0, micro-batch slot 0. */
+static int s_eval(runner_t *r, int step, double *val_loss)
+{
+    const link_expect_t *x = r->x;
+    const int k = x->stage, S = x->S;
+    codec_shape_t shape = { (uint32_t)x->B, (uint32_t)x->T, (uint32_t)x->C };
+    double sum = 0.0;
+    r->vl.pos = 0;
+    for (int i = 0; i < x->val_batches; i++) {
+        if (k == 0 || k == S - 1)
+            data_next_batch(&r->vl, r->vin, r->vtg);
+        const float *in = NULL;
+        int idx = -1;
+        if (k > 0) {
+            idx = s_wait(r, TAH__DATA_KIND__DATA_EVAL, step, i);
+            if (idx < 0)
+                return s_aborted(r, step);
+            in = zmq_msg_data(&r->stash[idx].msg);
+        }
+        float l = 0.0f;
+        int rc = stage_forward(r->st, 0, r->vin, in, r->vtg, r->tmp, &l);
+        stage_discard(r->st, 0);
+        if (idx >= 0)
+            s_release(r, idx);
+        if (rc)
+            return s_fail(r, step, "validation forward failed (%s)", tah_strerror(rc));
+        if (k < S - 1) {
+            rc = s_send_tensor(r, NODE_DEST_DOWN, TAH__DATA_KIND__DATA_EVAL, step, i, &x->fwd, shape, r->tmp);
+            if (rc)
+                return s_fail(r, step, "sending a validation activation failed (%s)", tah_strerror(rc));
+        } else {
+            sum += l;
+        }
+    }
+    *val_loss = x->val_batches > 0 ? sum / x->val_batches : 0.0;
+    return 0;
+}
+
+static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *lr_out)
+{
+    const link_expect_t *x = r->x;
+    const int k = x->stage, S = x->S, M = x->M;
+    const size_t BT = (size_t)x->B * x->T;
+    const float dloss = 1.0f / (float)((double)BT * M);
+    codec_shape_t shape = { (uint32_t)x->B, (uint32_t)x->T, (uint32_t)x->C };
+    stage_t *st = r->st;
+    int rc;
+
+    if (k == 0 || k == S - 1)
+        for (int m = 0; m < M; m++)
+            data_next_batch(&r->dl, r->inputs + m * BT, r->targets + m * BT);
+    stage_zero_grad(st);
+    for (int a = 0; a < 2 * M; a++) {
+        sched_action_t act = r->acts[a];
+        int m = act.mb, idx = -1;
+        if (act.op == SCHED_F) {
+            const float *in = NULL;
+            if (k > 0) {
+                idx = s_wait(r, TAH__DATA_KIND__DATA_ACT, step, m);
+                if (idx < 0)
+                    return s_aborted(r, step);
+                in = zmq_msg_data(&r->stash[idx].msg);
+            }
+            rc = stage_forward(st, m, r->inputs + m * BT, in, r->targets + m * BT, k < S - 1 ? r->tmp : NULL,
+                               &r->losses[m]);
+            if (idx >= 0)
+                s_release(r, idx);
+            if (rc)
+                return s_fail(r, step, "schedule error: forward failed (%s)", tah_strerror(rc));
+            if (k < S - 1) {
+                rc = s_send_tensor(r, NODE_DEST_DOWN, TAH__DATA_KIND__DATA_ACT, step, m, &x->fwd, shape, r->tmp);
+                if (rc)
+                    return s_fail(r, step, "sending an activation failed (%s)", tah_strerror(rc));
+                r->fp32_fwd += (uint64_t)r->fp32_fs;
+            }
+        } else {
+            const float *dout = NULL;
+            if (k < S - 1) {
+                idx = s_wait(r, TAH__DATA_KIND__DATA_GRAD, step, m);
+                if (idx < 0)
+                    return s_aborted(r, step);
+                dout = zmq_msg_data(&r->stash[idx].msg);
+            }
+            rc = stage_backward(st, m, dout, dloss, k > 0 ? r->tmp : NULL);
+            if (idx >= 0)
+                s_release(r, idx);
+            if (rc)
+                return s_fail(r, step, "schedule error: backward failed (%s)", tah_strerror(rc));
+            if (k > 0) {
+                rc = s_send_tensor(r, NODE_DEST_UP, TAH__DATA_KIND__DATA_GRAD, step, m, &x->bwd, shape, r->tmp);
+                if (rc)
+                    return s_fail(r, step, "sending a gradient failed (%s)", tah_strerror(rc));
+                r->fp32_bwd += (uint64_t)r->fp32_fs;
+            }
+        }
+    }
+
+    /* tied embeddings: both copies become first + last */
+    if (x->tied && S == 1) {
+        stage_tied_sync(st, st);
+    } else if (x->tied && (k == 0 || k == S - 1)) {
+        codec_spec_t fp32;
+        codec_spec_default(CODEC_FP32, &fp32);
+        codec_shape_t ts = { 1, (uint32_t)x->Vp, (uint32_t)x->C };
+        float *mine = k == 0 ? st->g[GPT2_WTE] : st->g[STAGE_HEAD];
+        size_t n = (size_t)x->Vp * x->C;
+        if (k == 0) {
+            rc = s_send_tensor(r, NODE_DEST_TIED, TAH__DATA_KIND__DATA_TIED, step, 0, &fp32, ts, mine);
+            if (rc)
+                return s_fail(r, step, "sending the tied gradient failed (%s)", tah_strerror(rc));
+        }
+        int idx = s_wait(r, TAH__DATA_KIND__DATA_TIED, step, 0);
+        if (idx < 0)
+            return s_aborted(r, step);
+        if (k == S - 1) {
+            rc = s_send_tensor(r, NODE_DEST_TIED, TAH__DATA_KIND__DATA_TIED, step, 0, &fp32, ts, mine);
+            if (rc) {
+                s_release(r, idx);
+                return s_fail(r, step, "sending the tied gradient failed (%s)", tah_strerror(rc));
+            }
+        }
+        stage_tied_reduce(mine, zmq_msg_data(&r->stash[idx].msg), n, k == 0);
+        s_release(r, idx);
+    }
+
+    /* global norm over every stage, in tah-train's slot order */
+    memset(r->slots, 0, x->nnorm * sizeof(double));
+    stage_grad_sumsq(st, r->slots);
+    if (k > 0) {
+        int idx = s_wait(r, TAH__DATA_KIND__DATA_NORM_PARTIAL, step, 0);
+        if (idx < 0)
+            return s_aborted(r, step);
+        const double *p = zmq_msg_data(&r->stash[idx].msg);
+        for (size_t i = 0; i < x->nnorm; i++)
+            r->slots[i] = p[i] + r->slots[i];
+        if (k < S - 1 || S == 1)
+            r->data_pos = r->stash[idx].m.data_pos;
+        s_release(r, idx);
+    } else {
+        r->data_pos = r->dl.pos;
+    }
+    double norm = 0.0;
+    if (k < S - 1) {
+        Tah__DataHeader h;
+        link_header(&h, x, TAH__DATA_KIND__DATA_NORM_PARTIAL, step, 0);
+        h.data_pos = r->data_pos;
+        zmq_msg_t payload;
+        if (zmq_msg_init_size(&payload, x->nnorm * sizeof(double)) != 0)
+            return s_fail(r, step, "out of memory%s", "");
+        memcpy(zmq_msg_data(&payload), r->slots, x->nnorm * sizeof(double));
+        if (s_send_msg(r, NODE_DEST_DOWN, &h, &payload) != 0)
+            return s_fail(r, step, "sending norm partials failed%s", "");
+        int idx = s_wait(r, TAH__DATA_KIND__DATA_NORM, step, 0);
+        if (idx < 0)
+            return s_aborted(r, step);
+        norm = r->stash[idx].m.value;
+        s_release(r, idx);
+    } else {
+        norm = stage_norm_total(r->slots, x->nnorm);
+    }
+    if (k > 0) {
+        Tah__DataHeader h;
+        link_header(&h, x, TAH__DATA_KIND__DATA_NORM, step, 0);
+        h.value = norm;
+        if (s_send_msg(r, NODE_DEST_UP, &h, NULL) != 0)
+            return s_fail(r, step, "sending the norm failed%s", "");
+    }
+    if (k == S - 1)
+        r->data_pos = r->dl.pos;
+
+    const optim_opts_t *opt = &r->spec->t.optim;
+    float scale = optim_clip_scale(norm, opt->grad_clip);
+    float lr = optim_lr(opt, step - 1);
+    stage_step(st, opt, lr, scale);
+    double sum = 0.0;
+    for (int m = 0; m < M; m++)
+        sum += r->losses[m];
+    *loss = sum / M;
+    *norm_out = norm;
+    *lr_out = lr;
+    return 0;
+}
+
+/* ---- setup ---- */
+
+static int s_setup(runner_t *r, int *start)
+{
+    node_job_t *j = r->job;
+    link_expect_t *x = &j->x;
+    char err[1024] = "", path[2200];
+    gpt2_model_t *model = NULL;
+    int rc = TAH_EINVAL;
+    r->spec = malloc(sizeof *r->spec);
+    if (!r->spec)
+        goto nomem;
+    if (jobfile_parse(j->ini, "job", r->spec, err, sizeof err) != 0)
+        goto fail;
+    const trainopts_t *t = &r->spec->t;
+    layers_set_threads(j->threads > 0 ? j->threads : t->threads > 0 ? t->threads : layers_max_threads());
+    if (t->init_from[0]) {
+        jobfile_resolve(j->base_dir, t->init_from, path, sizeof path);
+        if (gpt2_model_read(path, &model, err, sizeof err) != 0)
+            goto fail;
+    } else {
+        model = gpt2_model_new(&t->mcfg, err, sizeof err);
+        if (!model)
+            goto fail;
+        gpt2_model_init_random(model, (uint64_t)t->seed);
+    }
+    const gpt2_config_t cfgv = model->cfg, *cfg = &cfgv; /* model is freed below */
+    if (t->stages != j->S || j->S > cfg->L || t->seq > cfg->maxT) {
+        snprintf(err, sizeof err, "job wants %d stages (assigned %d) of a %d-layer model, seq %d (maxT %d)",
+                 t->stages, j->S, cfg->L, t->seq, cfg->maxT);
+        goto fail;
+    }
+    stage_opts_t so = { .cfg = *cfg, .B = t->batch, .T = t->seq, .tied = !t->untied };
+    if (j->layer0 >= 0) {
+        so.layer0 = j->layer0;
+        so.layer1 = j->layer1;
+    } else {
+        trainer_split(cfg->L, j->S, j->stage, &so.layer0, &so.layer1);
+    }
+    so.first = so.layer0 == 0;
+    so.last = so.layer1 == cfg->L;
+    if (so.first != (j->stage == 0) || so.last != (j->stage == j->S - 1)) {
+        snprintf(err, sizeof err, "assigned layers %d..%d do not fit stage %d of %d", so.layer0, so.layer1 - 1,
+                 j->stage, j->S);
+        goto fail;
+    }
+    so.nslots = sched_max_inflight(t->schedule, j->S, t->micro_batches, j->stage);
+    r->st = stage_new(&so, err, sizeof err);
+    if (!r->st)
+        goto fail;
+    if (stage_load_params(r->st, model) != 0) {
+        snprintf(err, sizeof err, "initial model does not match the stage");
+        goto fail;
+    }
+    gpt2_model_destroy(&model);
+    if (t->resume[0]) {
+        char rp[2200];
+        jobfile_resolve(j->base_dir, t->resume, rp, sizeof rp);
+        snprintf(path, sizeof path, "%.2150s.stage%d.ckpt", rp, j->stage);
+        ckpt_meta_t meta;
+        if (ckpt_load(r->st, path, &meta, err, sizeof err) != 0)
+            goto fail;
+        *start = (int)meta.step;
+        r->data_pos = meta.data_pos;
+    }
+    r->acts = malloc(2 * (size_t)t->micro_batches * sizeof *r->acts);
+    if (!r->acts)
+        goto nomem;
+    sched_build(t->schedule, j->S, t->micro_batches, j->stage, r->acts);
+
+    /* what the agent checks every message against */
+    memset(x, 0, sizeof *x);
+    x->job = j->id;
+    x->token = j->token;
+    x->stage = j->stage;
+    x->S = j->S;
+    x->M = t->micro_batches;
+    x->val_batches = t->val_data[0] ? t->val_batches : 0;
+    x->B = t->batch;
+    x->T = t->seq;
+    x->C = cfg->C;
+    x->Vp = cfg->Vp;
+    x->tied = !t->untied;
+    x->nnorm = stage_norm_nslots(cfg);
+    if (codec_spec_parse(t->fwd_codec, &x->fwd, err, sizeof err) != 0 ||
+        codec_spec_parse(t->bwd_codec, &x->bwd, err, sizeof err) != 0)
+        goto fail;
+    codec_shape_t shape = { (uint32_t)x->B, (uint32_t)x->T, (uint32_t)x->C };
+    codec_spec_t fp32;
+    codec_spec_default(CODEC_FP32, &fp32);
+    r->fwd_fs = codec_frame_size(&x->fwd, shape);
+    r->bwd_fs = codec_frame_size(&x->bwd, shape);
+    r->fp32_fs = codec_frame_size(&fp32, shape);
+    if (r->fwd_fs < 0 || r->bwd_fs < 0) {
+        snprintf(err, sizeof err, "codecs %s / %s cannot encode a (%d,%d,%d) tensor", t->fwd_codec, t->bwd_codec,
+                 x->B, x->T, x->C);
+        goto fail;
+    }
+    /* the header of an ACT/GRAD message, counted in the fp32 reference too */
+    {
+        Tah__DataHeader h;
+        link_header(&h, x, TAH__DATA_KIND__DATA_ACT, 1, 0);
+        h.codec = CODEC_FP32;
+        h.b = shape.b;
+        h.t = shape.s;
+        h.c = shape.c;
+        h.crc = 0xffffffffu;
+        r->fp32_fs += (int64_t)tah__data_header__get_packed_size(&h);
+    }
+
+    /* data: the first stage needs inputs, the last one targets */
+    const size_t BT = (size_t)x->B * x->T;
+    if (j->stage == 0 || j->stage == j->S - 1) {
+        jobfile_resolve(j->base_dir, t->train_data, path, sizeof path);
+        if (data_load(path, cfg->V, &r->train, err, sizeof err) != 0 ||
+            data_loader_init(&r->dl, r->train, x->B, x->T, err, sizeof err) != 0)
+            goto fail;
+        if (t->resume[0]) {
+            if (r->data_pos + BT + 1 > r->train->n) {
+                snprintf(err, sizeof err, "resume: data position %llu is beyond %.900s",
+                         (unsigned long long)r->data_pos, path);
+                goto fail;
+            }
+            r->dl.pos = r->data_pos;
+        }
+        if (t->val_data[0]) {
+            jobfile_resolve(j->base_dir, t->val_data, path, sizeof path);
+            if (data_load(path, cfg->V, &r->val, err, sizeof err) != 0 ||
+                data_loader_init(&r->vl, r->val, x->B, x->T, err, sizeof err) != 0)
+                goto fail;
+        }
+    }
+    size_t BTC = BT * x->C;
+    r->inputs = calloc((size_t)x->M * BT, sizeof(int));
+    r->targets = calloc((size_t)x->M * BT, sizeof(int));
+    r->vin = calloc(BT, sizeof(int));
+    r->vtg = calloc(BT, sizeof(int));
+    r->tmp = calloc(BTC, sizeof(float));
+    r->losses = calloc((size_t)x->M, sizeof(float));
+    r->slots = calloc(x->nnorm, sizeof(double));
+    r->nstash = 4 * x->M + 2 * x->val_batches + 16;
+    r->stash = calloc((size_t)r->nstash, sizeof *r->stash);
+    if (!r->inputs || !r->targets || !r->vin || !r->vtg || !r->tmp || !r->losses || !r->slots || !r->stash)
+        goto nomem;
+    char d[256];
+    stage_describe(r->st, d, sizeof d);
+    log_info("job %llu: stage %d/%d: %s; codecs fwd %s (%lld B/frame) bwd %s (%lld B/frame)",
+             (unsigned long long)j->id, j->stage, j->S, d, t->fwd_codec, (long long)r->fwd_fs, t->bwd_codec,
+             (long long)r->bwd_fs);
+    return 0;
+nomem:
+    snprintf(err, sizeof err, "out of memory building the stage");
+    rc = TAH_ENOMEM;
+fail:
+    gpt2_model_destroy(&model);
+    snprintf(j->reason, sizeof j->reason, "%s", err);
+    return rc;
+}
+
+static void s_teardown(runner_t *r)
+{
+    for (int i = 0; r->stash && i < r->nstash; i++)
+        if (r->stash[i].used)
+            s_release(r, i);
+    free(r->stash);
+    stage_destroy(&r->st);
+    free(r->acts);
+    data_destroy(&r->train);
+    data_destroy(&r->val);
+    free(r->inputs);
+    free(r->targets);
+    free(r->vin);
+    free(r->vtg);
+    free(r->tmp);
+    free(r->losses);
+    free(r->slots);
+    free(r->spec);
+}
+
+static int s_save(runner_t *r, int step)
+{
+    char path[2300], err[512];
+    snprintf(path, sizeof path, "%s.stage%d.ckpt", r->job->ckpt_prefix, r->x->stage);
+    ckpt_meta_t meta = { .step = step, .data_pos = r->data_pos, .seed = (uint64_t)r->spec->t.seed };
+    if (ckpt_save(r->st, path, &meta, err, sizeof err) != 0) {
+        snprintf(r->job->reason, sizeof r->job->reason, "checkpoint at step %d: %.400s", step, err);
+        r->job->fail_step = step;
+        return TAH_EIO;
+    }
+    log_info("job %llu step %d: wrote %s", (unsigned long long)r->job->id, step, path);
+    return 0;
+}
+
+void *node_runner_main(void *arg)
+{
+    node_job_t *j = arg;
+    runner_t rr;
+    memset(&rr, 0, sizeof rr);
+    runner_t *r = &rr;
+    r->job = j;
+    r->x = &j->x;
+    r->pipe = zmq_socket(j->ctx, ZMQ_PAIR);
+    int zero = 0, small = 4, timeout = 200;
+    zmq_setsockopt(r->pipe, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(r->pipe, ZMQ_SNDHWM, &small, sizeof small);
+    zmq_setsockopt(r->pipe, ZMQ_RCVHWM, &zero, sizeof zero);
+    zmq_setsockopt(r->pipe, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    if (zmq_connect(r->pipe, j->pipe_ep) != 0) {
+        snprintf(j->reason, sizeof j->reason, "internal: pipe connect failed: %s", zmq_strerror(errno));
+        j->result = NODE_FAILED;
+        zmq_close(r->pipe);
+        return NULL; /* the agent notices the thread ended without 'X' only via join; it always sends 'X' below otherwise */
+    }
+    int start = 0;
+    j->result = NODE_FAILED;
+    if (s_setup(r, &start) != 0)
+        goto out;
+    s_send_cmd(r, 'Y', NULL, 0);
+    r->t_start = s_now();
+    const trainopts_t *t = &r->spec->t;
+    const int steps = t->steps, k = j->stage, S = j->S;
+    for (int s1 = start + 1; s1 <= steps; s1++) {
+        atomic_store(&j->cur_step, s1);
+        s_purge(r, s1);
+        double val_loss = NAN;
+        if (r->x->val_batches && (s1 == 1 || s1 % t->val_every == 0 || s1 == steps)) {
+            int rc = s_eval(r, s1, &val_loss);
+            if (rc)
+                goto out;
+        }
+        r->bytes_fwd = r->bytes_bwd = r->fp32_fwd = r->fp32_bwd = r->bytes_tied = 0;
+        double t0 = s_now(), loss = 0.0, norm = 0.0;
+        float lr = 0.0f;
+        int rc = s_step(r, s1, &loss, &norm, &lr);
+        if (rc) {
+            if (atomic_load(&j->abort))
+                j->result = NODE_ABORTED;
+            goto out;
+        }
+        double dt = s_now() - t0;
+        if (k == S - 1 && !isfinite(loss)) {
+            snprintf(j->reason, sizeof j->reason, "step %d: loss is %f; HINT: lower lr or enable grad_clip", s1,
+                     loss);
+            j->fail_step = s1;
+            goto out;
+        }
+        Tah__StepReport sr = TAH__STEP_REPORT__INIT;
+        sr.job = j->id;
+        sr.stage = (uint32_t)k;
+        sr.step = s1;
+        sr.has_loss = k == S - 1;
+        sr.loss = loss;
+        sr.has_val_loss = k == S - 1 && !isnan(val_loss);
+        sr.val_loss = sr.has_val_loss ? val_loss : 0.0;
+        sr.lr = lr;
+        sr.grad_norm = norm;
+        sr.ms = dt * 1e3;
+        sr.time_s = s_now() - r->t_start;
+        sr.fwd_bytes = r->bytes_fwd;
+        sr.bwd_bytes = r->bytes_bwd;
+        sr.fwd_fp32_bytes = r->fp32_fwd;
+        sr.bwd_fp32_bytes = r->fp32_bwd;
+        sr.tied_bytes = r->bytes_tied;
+        sr.rejected = atomic_load(j->rejected);
+        Tah__Envelope env = TAH__ENVELOPE__INIT;
+        env.body_case = TAH__ENVELOPE__BODY_STEP_REPORT;
+        env.step_report = &sr;
+        s_report(r, &env);
+        if (k == S - 1)
+            log_info("job %llu step %d/%d: loss %.4f | norm %.4f | %.1f ms", (unsigned long long)j->id, s1, steps,
+                     loss, norm, dt * 1e3);
+        int ce = r->spec->checkpoint_every;
+        if (ce && s1 % ce == 0 && s1 < steps && s_save(r, s1) != 0)
+            goto out;
+    }
+    if ((t->save_ckpt[0] || r->spec->checkpoint_every) && s_save(r, steps) != 0)
+        goto out;
+    j->result = NODE_DONE;
+out:
+    if (atomic_load(&j->abort) && j->result != NODE_DONE)
+        j->result = NODE_ABORTED;
+    if (j->result != NODE_DONE && !j->fail_step)
+        j->fail_step = atomic_load(&j->cur_step);
+    s_teardown(r);
+    s_send_cmd(r, 'X', NULL, 0);
+    zmq_close(r->pipe);
+    return NULL;
+}
