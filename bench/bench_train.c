@@ -23,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h> /* execv */
 
 #include "layers.h"      /* layers_set_threads, matmul_forward */
 #include "llmc_matmul.h" /* llmc_matmul_naive, llmc_matmul_tiled */
@@ -107,8 +106,6 @@ typedef struct bench_cfg {
 
 int main(int argc, char **argv)
 {
-    if (!getenv("OPENBLAS_NUM_THREADS") && setenv("OPENBLAS_NUM_THREADS", "1", 1) == 0)
-        execv("/proc/self/exe", argv); /* see train_main.c: no OpenBLAS thread pool */
     int threads = 0, quick = 0, full = 0;
     const char *csv = "bench_train.csv";
     for (int i = 1; i < argc; i++) {

@@ -5,7 +5,7 @@
 #define _GNU_SOURCE
 #include "layers.h"
 
-#include <cblas.h> /* cblas_sgemm, openblas_set_num_threads */
+#include <cblas.h> /* cblas_sgemm */
 #include <math.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -30,7 +30,9 @@ void layers_set_threads(int n)
 #ifdef _OPENMP
     omp_set_num_threads(n);
 #endif
-    openblas_set_num_threads(1); /* see matmul_forward */
+    /* no openblas_set_num_threads: the OpenMP build of OpenBLAS shares our
+     * OpenMP threads (its call would reset omp_set_num_threads) and runs
+     * single-threaded inside our parallel regions */
 }
 
 static int s_thread_id(void)

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h> /* execv */
 
 #include "codec.h"   /* codec_spec_parse */
 #include "data.h"    /* data_load, data_loader_* */
@@ -97,24 +96,8 @@ static void s_fmt_eta(char *buf, size_t n, double sec)
         snprintf(buf, n, "%ld:%02ld", s / 60, s % 60);
 }
 
-/* OpenBLAS (pthread build) starts its own thread pool when the library
- * loads; next to our OpenMP threads it makes 2-core runs up to 10x slower.
- * layers.c runs sgemm single-threaded inside OpenMP threads, so we want no
- * pool at all: OPENBLAS_NUM_THREADS must be set before the library loads,
- * hence one re-exec of ourselves with it set. */
-static void s_single_thread_blas(char **argv)
-{
-    if (getenv("OPENBLAS_NUM_THREADS"))
-        return;
-    if (setenv("OPENBLAS_NUM_THREADS", "1", 1) != 0)
-        return;
-    execv("/proc/self/exe", argv);
-    /* exec failed: carry on with the pool (slower, same results) */
-}
-
 int main(int argc, char **argv)
 {
-    s_single_thread_blas(argv);
     const char *init_from = NULL, *model_str = NULL, *train_path = NULL, *val_path = NULL;
     const char *fwd_codec = "fp32", *bwd_codec = "fp32", *metrics_path = "metrics.jsonl";
     const char *save_path = NULL, *save_ckpt = NULL, *resume = NULL;
