@@ -63,6 +63,7 @@ typedef struct runner {
     float *tmp;              /* (B,T,C) */
     float *losses;           /* (M) */
     double *slots;           /* nnorm */
+    optim_opts_t optim;      /* the job's, with total_steps = steps (as tah-train) */
     s_entry_t *stash;
     int nstash;
     int64_t fwd_fs, bwd_fs, fp32_fs, tied_fs;
@@ -437,7 +438,7 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
     if (k == S - 1)
         r->data_pos = r->dl.pos;
 
-    const optim_opts_t *opt = &r->spec->t.optim;
+    const optim_opts_t *opt = &r->optim;
     float scale = optim_clip_scale(norm, opt->grad_clip);
     float lr = optim_lr(opt, step - 1);
     stage_step(st, opt, lr, scale);
@@ -465,6 +466,8 @@ static int s_setup(runner_t *r, int *start)
     if (jobfile_parse(j->ini, "job", r->spec, err, sizeof err) != 0)
         goto fail;
     const trainopts_t *t = &r->spec->t;
+    r->optim = t->optim;
+    r->optim.total_steps = t->steps;
     layers_set_threads(j->threads > 0 ? j->threads : t->threads > 0 ? t->threads : layers_max_threads());
     if (t->init_from[0]) {
         jobfile_resolve(j->base_dir, t->init_from, path, sizeof path);
@@ -605,7 +608,7 @@ nomem:
     rc = TAH_ENOMEM;
 fail:
     gpt2_model_destroy(&model);
-    snprintf(j->reason, sizeof j->reason, "%s", err);
+    snprintf(j->reason, sizeof j->reason, "%.500s", err);
     return rc;
 }
 

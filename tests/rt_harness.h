@@ -1,0 +1,57 @@
+/* rt_harness.h — multi-process runtime tests on loopback: a coordinator
+ * and nodes as child processes (the real tah-coord / tah-node binaries),
+ * ephemeral ports, a private directory per test, status queries over the
+ * real control protocol. Every child is stopped (SIGTERM, then SIGKILL)
+ * by rt_stop; rt_stop reports whether each exited cleanly. */
+#ifndef TAH_RT_HARNESS_H
+#define TAH_RT_HARNESS_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "wire.h" /* Tah__StatusRep */
+
+#define RT_MAX_NODES 8
+
+typedef struct rt {
+    char dir[512];          /* private directory (absolute) */
+    char ep[128];           /* coordinator endpoint tcp://127.0.0.1:PORT */
+    pid_t coord;
+    pid_t nodes[RT_MAX_NODES];
+    char names[RT_MAX_NODES][32];
+    int nn;
+    double node_timeout;
+} rt_t;
+
+/* Directory DIR = ./NAME.XXXXXX with a generated text corpus DIR/train.txt
+ * and DIR/val.txt (deterministic, no network). */
+void rt_init(rt_t *r, const char *name);
+/* port 0: ephemeral. Waits until the endpoint file appears. */
+void rt_start_coord(rt_t *r, double node_timeout, int port);
+/* Starts nodes n0..n(n-1) one after another (each joins before the next
+ * starts, so their speed measurements do not overlap) and waits until the
+ * coordinator lists them idle. */
+void rt_start_nodes(rt_t *r, int n);
+/* Waits (up to timeout s) until `count` nodes are listed with this state. */
+int rt_wait_nodes(rt_t *r, const char *state, int count, double timeout);
+
+/* Status over the control protocol; NULL if no answer. Free with wire_envelope_free. */
+Tah__Envelope *rt_status(rt_t *r, uint64_t job);
+/* Write DIR/NAME with text; returns the path in a static buffer slot. */
+const char *rt_write(rt_t *r, const char *name, const char *text);
+/* Run a command, capture stdout+stderr into out; returns the exit status. */
+int rt_run(char *const argv[], char *out, size_t outlen);
+/* tah-coord submit; returns the job id (0 on failure, output in out). */
+uint64_t rt_submit(rt_t *r, const char *job_file, char *out, size_t outlen);
+/* Poll until the job leaves queued/running; copies its state and reason. */
+int rt_wait_job(rt_t *r, uint64_t job, double timeout, char *state, size_t slen, char *reason, size_t rlen);
+/* Per-step values of a metrics.jsonl ("loss", "grad_norm", "val_loss");
+ * entries without the key are NAN. Returns the number of lines. */
+int rt_metrics(const char *path, const char *key, double *v, int max);
+
+void rt_kill_node(rt_t *r, int i, int sig);
+/* SIGTERM everything; 0 if every child exited with status 0 within 20 s. */
+int rt_stop(rt_t *r);
+int rt_stop_coord(rt_t *r);
+
+#endif

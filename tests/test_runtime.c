@@ -1,0 +1,127 @@
+/* test_runtime.c — the distributed runtime against tah-train: a coordinator
+ * and 4 nodes on loopback train the same job as tah-train (fp32 codec), and
+ * every step's loss, gradient norm and validation loss must match. Then a
+ * second job (2 stages, GPipe, untied head) on the same nodes, which must
+ * have gone back to idle. Same bits are expected (same init, data order,
+ * schedule, tied sync and norm order, 1 thread each); the tolerance 1e-5
+ * only absorbs the 6-decimal printing of metrics.jsonl. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "rt_harness.h"
+
+static void s_compare(const char *dist, const char *ref, int steps)
+{
+    static const char *keys[] = { "loss", "grad_norm", "val_loss", "lr" };
+    for (int k = 0; k < 4; k++) {
+        double a[512], b[512];
+        int na = rt_metrics(dist, keys[k], a, 512), nb = rt_metrics(ref, keys[k], b, 512);
+        assert_int_equal(na, steps);
+        assert_int_equal(nb, steps);
+        for (int i = 0; i < steps; i++) {
+            if (isnan(a[i]) || isnan(b[i])) {
+                if (isnan(a[i]) != isnan(b[i]))
+                    fail_msg("step %d: %s present in one run only", i + 1, keys[k]);
+                continue;
+            }
+            double tol = 1e-5 * (1.0 + fabs(b[i]));
+            if (fabs(a[i] - b[i]) > tol)
+                fail_msg("step %d: %s %.6f distributed vs %.6f tah-train", i + 1, keys[k], a[i], b[i]);
+        }
+    }
+}
+
+static void s_run_job(rt_t *r, const char *name, const char *ini, char *const train_argv[], int steps)
+{
+    char out[4096], state[64], reason[512];
+    const char *path = rt_write(r, name, ini);
+    uint64_t job = rt_submit(r, path, out, sizeof out);
+    if (!job)
+        fail_msg("submit failed: %s", out);
+    assert_true(rt_wait_job(r, job, 240, state, sizeof state, reason, sizeof reason));
+    if (strcmp(state, "succeeded") != 0)
+        fail_msg("job %s: %s: %s", name, state, reason);
+    /* status gives the metrics path; wait prints it too */
+    Tah__Envelope *e = rt_status(r, job);
+    assert_non_null(e);
+    char metrics[1200];
+    snprintf(metrics, sizeof metrics, "%s", e->status_rep->jobs[0]->metrics_path);
+    assert_int_equal(e->status_rep->jobs[0]->step, steps);
+    assert_true(e->status_rep->jobs[0]->n_links > 0);
+    wire_envelope_free(&e);
+    char coord[160], jobs[32];
+    snprintf(coord, sizeof coord, "%s", r->ep);
+    snprintf(jobs, sizeof jobs, "%llu", (unsigned long long)job);
+    char *wait_argv[] = { TAH_COORD_EXE, "wait", "--coordinator", coord, jobs, NULL };
+    assert_int_equal(rt_run(wait_argv, out, sizeof out), 0);
+    assert_non_null(strstr(out, metrics));
+    int rc = rt_run(train_argv, out, sizeof out);
+    if (rc != 0)
+        fail_msg("tah-train failed (%d): %s", rc, out);
+    char ref[700];
+    snprintf(ref, sizeof ref, "%s/%s.ref.jsonl", r->dir, name);
+    s_compare(metrics, ref, steps);
+}
+
+static void test_fp32_equals_tah_train(void **state)
+{
+    (void)state;
+    rt_t r;
+    rt_init(&r, "rt_equal");
+    rt_start_coord(&r, 10.0, 0);
+    rt_start_nodes(&r, 4);
+    char ini[2048], train[700], val[700], ref[700];
+    snprintf(train, sizeof train, "%s/train.txt", r.dir);
+    snprintf(val, sizeof val, "%s/val.txt", r.dir);
+
+    /* 4 stages, 1F1B, validation, cosine LR with warm-up, weight decay,
+     * periodic checkpoints */
+    snprintf(ini, sizeof ini,
+             "# the tah-train run below, as a job file\n[job]\nname = equal-4\nmodel = 4,2,64,32,256\n"
+             "train_data = train.txt\nval_data = val.txt\nval_every = 5\nval_batches = 2\nbatch = 2\nseq = 16\n"
+             "steps = 12\nlr = 3e-3\nwarmup = 3\nlr_schedule = cosine\nweight_decay = 0.1\nstages = 4\n"
+             "micro_batches = 3\nschedule = 1f1b\nfwd_codec = fp32\nbwd_codec = fp32\nseed = 7\n"
+             "checkpoint_every = 5\n");
+    snprintf(ref, sizeof ref, "%s/a.ini.ref.jsonl", r.dir);
+    char *a1[] = { TAH_TRAIN_EXE, "--model", "4,2,64,32,256", "--train-data", train, "--val-data", val,
+                   "--val-every", "5", "--val-batches", "2", "--batch", "2", "--seq", "16", "--steps", "12",
+                   "--lr", "3e-3", "--warmup", "3", "--lr-schedule", "cosine", "--weight-decay", "0.1",
+                   "--stages", "4", "--micro-batches", "3", "--schedule", "1f1b", "--seed", "7", "--threads",
+                   "1", "--metrics", ref, "--quiet", NULL };
+    s_run_job(&r, "a.ini", ini, a1, 12);
+    char ck[800];
+    for (int k = 0; k < 4; k++) {
+        snprintf(ck, sizeof ck, "%s/job1.stage%d.ckpt", r.dir, k);
+        if (access(ck, R_OK) != 0)
+            fail_msg("checkpoint %s missing", ck);
+    }
+    assert_true(rt_wait_nodes(&r, "idle", 4, 20));
+
+    /* the same nodes again: 2 stages, GPipe, untied head */
+    snprintf(ini, sizeof ini,
+             "[job]\nmodel = 4,2,64,32,256\ntrain_data = train.txt\nbatch = 2\nseq = 16\nsteps = 8\n"
+             "lr = 1e-3\nstages = 2\nmicro_batches = 2\nschedule = gpipe\nuntied = true\ngrad_clip = 0.5\n");
+    snprintf(ref, sizeof ref, "%s/b.ini.ref.jsonl", r.dir);
+    char *a2[] = { TAH_TRAIN_EXE, "--model", "4,2,64,32,256", "--train-data", train, "--batch", "2", "--seq",
+                   "16", "--steps", "8", "--lr", "1e-3", "--stages", "2", "--micro-batches", "2", "--schedule",
+                   "gpipe", "--untied", "--grad-clip", "0.5", "--threads", "1", "--metrics", ref, "--quiet",
+                   NULL };
+    s_run_job(&r, "b.ini", ini, a2, 8);
+    assert_true(rt_wait_nodes(&r, "idle", 4, 20));
+    assert_int_equal(rt_stop(&r), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp32_equals_tah_train),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
