@@ -1,0 +1,554 @@
+// cu_ash.cu — ASH-FP8 (TACO) on the GPU, codecs/ash.c's payload: per block
+// of n = `block` elements, f32 alpha, f32 s, n E4M3 codes.
+//
+// block <= 256 (the default 256): a segment of tpg = n/8 lanes per block,
+// lane l holds elements [8l, 8l+8) in registers (two 16-byte loads):
+//
+//   warp (n = 256): lane 0: x[0..8)  lane 1: x[8..16) ... lane 31: x[248..256)
+//   Hadamard: stages h = 1,2,4 inside the lane, h = 8..128 with
+//   __shfl_xor_sync(lane ^ 1 .. lane ^ 16); max|z| a shuffle reduction;
+//   codes: 4 hardware cvt.rn.satfinite.e4m3x2 per lane, one 8-byte store.
+//
+// The RMS is a double sum in codecs/ash.c's order (8 lanes i % 8, the tail
+// in lane 0, then ((0+1)+(2+3))+((4+5)+(6+7))), so alpha is the CPU's to the
+// bit: the lane's squares go to shared memory and lanes 0..7 of the
+// segment each add one of the 8 chains serially.
+//
+// block >= 512: one CTA of 256 threads per block, the block in a buffer
+// (shared memory up to 8192 elements, else a slice of the scratch), the
+// same operations with __syncthreads between Hadamard stages.
+//
+// Decode mirrors it; the tensor's last block, when partial, is decoded by
+// one CTA with ash.c's folded transform (s_decode_partial), so the floats
+// match the CPU's. Metadata and codes are checked as ash.c checks them.
+#include <cuda_fp8.h> // __nv_cvt_float2_to_fp8x2
+#include <float.h>
+#include <math.h>
+
+#include "cu_common.cuh"
+
+#define S_CTA 256u
+#define S_SMEM_MAX 8192u  // block elements kept in shared memory (32 KB)
+#define S_BIG_GRID 256u   // CTAs of the scratch-buffer path (n > S_SMEM_MAX)
+
+struct s_ap {
+    uint64_t total, nb, nfull; // elements, blocks, full blocks
+    uint32_t n, tpg;
+    float tau, eps, norm;      // norm = (float)(1/sqrt(n)), as fwht_f32
+    bool vec_x;                // x / out 16-byte aligned
+};
+
+// Constants of the partial last block's folded decode (host-computed as ash.c does).
+struct s_partial {
+    uint32_t m, P, h, r, p;
+    float normP, kP, normp, kp, normh, kh;
+};
+
+__device__ __forceinline__ uint32_t d_e4m3x2(float a, float b)
+{
+    return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+
+// codes of z[0..8) scaled as ash.c: z * (1/s), or z / s when 1/s overflows
+__device__ __forceinline__ uint64_t d_codes8(const float z[8], float s, float inv)
+{
+    float t[8];
+    const bool mul = inv <= FLT_MAX;
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        t[r] = mul ? __fmul_rn(z[r], inv) : __fdiv_rn(z[r], s);
+    uint64_t q = 0;
+#pragma unroll
+    for (int r = 0; r < 8; r += 2)
+        q |= (uint64_t)d_e4m3x2(t[r], t[r + 1]) << (8 * r);
+    return q;
+}
+
+// exact E4M3 -> float (port of fp8.c's decoder)
+__device__ __forceinline__ float d_e4m3_to_f32(uint32_t c)
+{
+    uint32_t c7 = c & 0x7fu, m = c & 7u;
+    uint32_t sign = (c & 0x80u) << 24;
+    uint32_t nrm = (c7 << 20) + 0x3c000000u;
+    uint32_t pw = (uint32_t)(m >= 2u) + (uint32_t)(m >= 4u);
+    uint32_t sub = m ? (((118u + pw) << 23) | ((m << (23u - pw)) & 0x7fffffu)) : 0u;
+    uint32_t bits = c7 < 8u ? sub : nrm;
+    return __uint_as_float(bits | sign);
+}
+
+// alpha = clamp(tau / (sqrt(sum/n) + eps), 2^-126, 2^127), in double then float
+__device__ __forceinline__ float d_alpha(double sum, uint32_t n, float tau, float eps)
+{
+    double sigma = __dadd_rn(sqrt(sum / (double)n), (double)eps);
+    double ad = sigma > 0.0 ? (double)tau / sigma : (double)FLT_MAX;
+    ad = ad < (double)FLT_MIN ? (double)FLT_MIN : ad;
+    ad = ad > 0x1p127 ? 0x1p127 : ad;
+    return (float)ad;
+}
+
+__device__ __forceinline__ float d_clampf(float y)
+{
+    y = y > FLT_MAX ? FLT_MAX : y;
+    return y < -FLT_MAX ? -FLT_MAX : y;
+}
+
+// ---------------------------------------------------------------- block <= 256
+
+__global__ void __launch_bounds__(256) k_ash_enc_warp(const float *__restrict__ x, uint8_t *__restrict__ p,
+                                                      cu_head *head, s_ap a)
+{
+    __shared__ double sq[8][256]; // one warp's squares, segment-major
+    __shared__ double cs[8][128]; // the 8 chain sums of each of the warp's blocks
+    const uint32_t lane = threadIdx.x & 31u, w = threadIdx.x >> 5;
+    const uint32_t n = a.n, tpg = a.tpg, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
+    uint32_t bad = 0, range = 0;
+    for (uint64_t base = warp * spw; base < a.nb; base += nwarps * spw) {
+        const uint64_t b = base + seg;
+        const bool valid = b < a.nb;
+        const uint64_t off = b * n;
+        const uint32_t m = valid ? (uint32_t)(a.total - off < n ? a.total - off : n) : 0u;
+        float v[8];
+        d_load8(x, off + 8u * tl, off + m, a.vec_x, v); // m = 0: all zeros, nothing read
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            bad |= (uint32_t)d_nonfinite(v[r]);
+            sq[w][8u * lane + r] = __dmul_rn((double)v[r], (double)v[r]);
+        }
+        __syncwarp();
+        for (uint32_t c = lane; c < spw * 8u; c += 32u) {
+            const uint32_t sg = c / 8u, k = c % 8u;
+            const uint64_t bb = base + sg;
+            const uint32_t mm = bb < a.nb ? (uint32_t)(a.total - bb * n < n ? a.total - bb * n : n) : 0u;
+            const uint32_t mfull = mm & ~7u;
+            const double *q = &sq[w][sg * n];
+            double acc = 0.0;
+            for (uint32_t i = k; i < mfull; i += 8u)
+                acc = __dadd_rn(acc, q[i]);
+            if (k == 0)
+                for (uint32_t i = mfull; i < mm; i++)
+                    acc = __dadd_rn(acc, q[i]);
+            cs[w][c] = acc;
+        }
+        __syncwarp();
+        const double *cc = &cs[w][seg * 8u];
+        const double sum = __dadd_rn(__dadd_rn(__dadd_rn(cc[0], cc[1]), __dadd_rn(cc[2], cc[3])),
+                                     __dadd_rn(__dadd_rn(cc[4], cc[5]), __dadd_rn(cc[6], cc[7])));
+        __syncwarp(); // sq and cs are rewritten by the next iteration
+        const float alpha = d_alpha(sum, n, a.tau, a.eps);
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            v[r] = __fmul_rn(alpha, v[r]);
+        d_fwht_seg(v, lane, tpg);
+        uint32_t am = 0;
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            v[r] = __fmul_rn(v[r], a.norm);
+            am = max(am, __float_as_uint(v[r]) & 0x7fffffffu);
+        }
+        am = d_seg_maxu(am, tpg);
+        if (!valid)
+            continue;
+        range |= (uint32_t)(am >= 0x7f800000u);
+        uint8_t *dst = p + b * (uint64_t)(8u + n);
+        uint64_t meta = 0, codes = 0;
+        if (am != 0) {
+            float s = __fdiv_rn(__uint_as_float(am), 448.0f);
+            if (s == 0.0f)
+                s = __uint_as_float(1u); // 2^-149
+            const float inv = __fdiv_rn(1.0f, s);
+            codes = d_codes8(v, s, inv);
+            meta = (uint64_t)__float_as_uint(alpha) | ((uint64_t)__float_as_uint(s) << 32);
+        }
+        if (tl == 0)
+            d_store_bytes(dst, meta, 0, 8);
+        d_store_bytes(dst + 8u + 8u * tl, codes, 0, 8);
+    }
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+    if (range)
+        d_flag(head, CU_ST_RANGE);
+}
+
+// Checks of one block's scalars (ash.c's s_check_block); 1 if corrupt.
+__device__ __forceinline__ uint32_t d_check_meta(uint32_t ua, uint32_t us, float &s, float &inv_alpha)
+{
+    if (ua >= 0x7f800000u || us >= 0x7f800000u)
+        return 1;
+    const float alpha = __uint_as_float(ua);
+    s = __uint_as_float(us);
+    inv_alpha = 0.0f;
+    if (s == 0.0f)
+        return 0;
+    if (alpha < FLT_MIN || alpha > 0x1p127f)
+        return 1;
+    inv_alpha = __fdiv_rn(1.0f, alpha);
+    return 0;
+}
+
+__device__ __forceinline__ uint32_t d_has_nan_code(uint64_t q)
+{
+    uint32_t nan = 0;
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        nan |= (uint32_t)(((q >> (8 * r)) & 0x7fu) == 0x7fu);
+    return nan;
+}
+
+__global__ void __launch_bounds__(256) k_ash_dec_warp(const uint8_t *__restrict__ p, float *__restrict__ out,
+                                                      cu_head *head, s_ap a)
+{
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint32_t n = a.n, tpg = a.tpg, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
+    uint32_t corrupt = 0, bad = 0;
+    for (uint64_t base = warp * spw; base < a.nfull; base += nwarps * spw) {
+        const uint64_t b = base + seg;
+        const bool valid = b < a.nfull; // the partial last block has its own kernel
+        const uint8_t *src = p + b * (uint64_t)(8u + n);
+        uint64_t q = 0, hi;
+        float s = 0.0f, inv_alpha = 0.0f;
+        if (valid) {
+            corrupt |= d_check_meta(d_get_u32(src), d_get_u32(src + 4), s, inv_alpha);
+            d_load_bytes(src + 8u + 8u * tl, 8, q, hi);
+            corrupt |= d_has_nan_code(q);
+        }
+        float v[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            v[r] = __fmul_rn(d_e4m3_to_f32((uint32_t)(q >> (8 * r)) & 0xffu), s);
+        d_fwht_seg(v, lane, tpg);
+        if (!valid)
+            continue;
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            float y = s == 0.0f ? 0.0f : d_clampf(__fmul_rn(__fmul_rn(v[r], a.norm), inv_alpha));
+            bad |= (uint32_t)d_nonfinite(y);
+            v[r] = y;
+        }
+        d_store8(out, b * n + 8u * tl, 8, a.vec_x, v);
+    }
+    if (corrupt)
+        d_flag(head, CU_ST_CORRUPT);
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+}
+
+// ---------------------------------------------------------------- CTA helpers
+
+// In-place orthonormal FWHT of buf[0..n) by the whole CTA (fwht_f32's butterfly order).
+__device__ void d_cta_fwht(float *buf, uint32_t n, float norm)
+{
+    for (uint32_t h = 1; h < n; h *= 2) {
+        for (uint32_t pi = threadIdx.x; pi < n / 2; pi += blockDim.x) {
+            const uint32_t i = (pi / h) * 2u * h + (pi % h);
+            const float u = buf[i], v = buf[i + h];
+            buf[i] = __fadd_rn(u, v);
+            buf[i + h] = __fsub_rn(u, v);
+        }
+        __syncthreads();
+    }
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+        buf[i] = __fmul_rn(buf[i], norm);
+    __syncthreads();
+}
+
+__device__ uint32_t d_cta_maxu(uint32_t v, uint32_t *red)
+{
+    for (int o = 16; o > 0; o /= 2)
+        v = max(v, __shfl_xor_sync(CU_FULL, v, o));
+    if ((threadIdx.x & 31u) == 0)
+        red[threadIdx.x / 32u] = v;
+    __syncthreads();
+    uint32_t r = 0;
+    for (uint32_t w = 0; w < blockDim.x / 32u; w++)
+        r = max(r, red[w]);
+    __syncthreads();
+    return r;
+}
+
+// ---------------------------------------------------------------- block >= 512
+
+__global__ void __launch_bounds__(256) k_ash_enc_cta(const float *__restrict__ x, uint8_t *__restrict__ p,
+                                                     cu_head *head, s_ap a, float *work)
+{
+    extern __shared__ float smem[];
+    __shared__ double chains[8];
+    __shared__ uint32_t red[S_CTA / 32u];
+    const uint32_t n = a.n;
+    float *buf = work ? work + (uint64_t)blockIdx.x * n : smem;
+    uint32_t bad = 0;
+    for (uint64_t b = blockIdx.x; b < a.nb; b += gridDim.x) {
+        const uint64_t off = b * n;
+        const uint32_t m = (uint32_t)(a.total - off < n ? a.total - off : n);
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const float v = i < m ? x[off + i] : 0.0f;
+            bad |= (uint32_t)d_nonfinite(v);
+            buf[i] = v;
+        }
+        __syncthreads();
+        if (threadIdx.x < 8) {
+            const uint32_t k = threadIdx.x, mfull = m & ~7u;
+            double acc = 0.0;
+            for (uint32_t i = k; i < mfull; i += 8u)
+                acc = __dadd_rn(acc, __dmul_rn((double)buf[i], (double)buf[i]));
+            if (k == 0)
+                for (uint32_t i = mfull; i < m; i++)
+                    acc = __dadd_rn(acc, __dmul_rn((double)buf[i], (double)buf[i]));
+            chains[k] = acc;
+        }
+        __syncthreads();
+        const double sum = __dadd_rn(__dadd_rn(__dadd_rn(chains[0], chains[1]), __dadd_rn(chains[2], chains[3])),
+                                     __dadd_rn(__dadd_rn(chains[4], chains[5]), __dadd_rn(chains[6], chains[7])));
+        const float alpha = d_alpha(sum, n, a.tau, a.eps);
+        for (uint32_t i = threadIdx.x; i < m; i += blockDim.x)
+            buf[i] = __fmul_rn(alpha, buf[i]);
+        __syncthreads();
+        d_cta_fwht(buf, n, a.norm);
+        uint32_t am = 0;
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+            am = max(am, __float_as_uint(buf[i]) & 0x7fffffffu);
+        am = d_cta_maxu(am, red);
+        if (am >= 0x7f800000u && threadIdx.x == 0)
+            d_flag(head, CU_ST_RANGE);
+        uint8_t *dst = p + b * (uint64_t)(8u + n);
+        float s = 0.0f, inv = 0.0f;
+        if (am != 0) {
+            s = __fdiv_rn(__uint_as_float(am), 448.0f);
+            if (s == 0.0f)
+                s = __uint_as_float(1u);
+            inv = __fdiv_rn(1.0f, s);
+        }
+        if (threadIdx.x == 0) {
+            const uint64_t meta =
+                am ? ((uint64_t)__float_as_uint(alpha) | ((uint64_t)__float_as_uint(s) << 32)) : 0;
+            d_store_bytes(dst, meta, 0, 8);
+        }
+        for (uint32_t i8 = threadIdx.x; i8 < n / 8u; i8 += blockDim.x) {
+            float z[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                z[r] = buf[8u * i8 + r];
+            d_store_bytes(dst + 8u + 8u * i8, am ? d_codes8(z, s, inv) : 0, 0, 8);
+        }
+        __syncthreads(); // buf is reused by the next block
+    }
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+}
+
+__global__ void __launch_bounds__(256) k_ash_dec_cta(const uint8_t *__restrict__ p, float *__restrict__ out,
+                                                     cu_head *head, s_ap a, float *work)
+{
+    extern __shared__ float smem[];
+    const uint32_t n = a.n;
+    float *buf = work ? work + (uint64_t)blockIdx.x * n : smem;
+    uint32_t corrupt = 0, bad = 0;
+    for (uint64_t b = blockIdx.x; b < a.nfull; b += gridDim.x) {
+        const uint8_t *src = p + b * (uint64_t)(8u + n);
+        float s = 0.0f, inv_alpha = 0.0f;
+        corrupt |= d_check_meta(d_get_u32(src), d_get_u32(src + 4), s, inv_alpha);
+        for (uint32_t i8 = threadIdx.x; i8 < n / 8u; i8 += blockDim.x) {
+            uint64_t q, hi;
+            d_load_bytes(src + 8u + 8u * i8, 8, q, hi);
+            corrupt |= d_has_nan_code(q);
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                buf[8u * i8 + r] = __fmul_rn(d_e4m3_to_f32((uint32_t)(q >> (8 * r)) & 0xffu), s);
+        }
+        __syncthreads();
+        d_cta_fwht(buf, n, a.norm);
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const float y = s == 0.0f ? 0.0f : d_clampf(__fmul_rn(buf[i], inv_alpha));
+            bad |= (uint32_t)d_nonfinite(y);
+            out[b * n + i] = y;
+        }
+        __syncthreads();
+    }
+    if (corrupt)
+        d_flag(head, CU_ST_CORRUPT);
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+}
+
+// ---------------------------------------------------------------- partial last block
+
+// out[j] = sum over c (step pp) of sign * e4m3(q[c+j]) * s, serially in c (ash.c's s_fold)
+__device__ void d_fold(float *o, const uint8_t *q, uint32_t n, uint32_t pp, uint32_t negbit, float s)
+{
+    for (uint32_t j = threadIdx.x; j < pp; j += blockDim.x) {
+        float acc = 0.0f;
+        for (uint32_t c = 0; c < n; c += pp) {
+            const float sg = (c & negbit) ? -s : s;
+            acc = __fadd_rn(acc, __fmul_rn(d_e4m3_to_f32(q[c + j]), sg));
+        }
+        o[j] = acc;
+    }
+    __syncthreads();
+}
+
+__device__ void d_scale_clamp(float *o, uint32_t m, float k)
+{
+    for (uint32_t j = threadIdx.x; j < m; j += blockDim.x)
+        o[j] = d_clampf(__fmul_rn(o[j], k));
+    __syncthreads();
+}
+
+__global__ void __launch_bounds__(256) k_ash_dec_partial(const uint8_t *__restrict__ p, float *out, cu_head *head,
+                                                         s_ap a, s_partial c)
+{
+    const uint32_t n = a.n;
+    const uint64_t b = a.nb - 1;
+    const uint8_t *src = p + b * (uint64_t)(8u + n);
+    const uint8_t *q = src + 8;
+    float *o = out + b * n;
+    float s = 0.0f, inv_alpha = 0.0f;
+    uint32_t corrupt = d_check_meta(d_get_u32(src), d_get_u32(src + 4), s, inv_alpha);
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+        corrupt |= (uint32_t)((q[i] & 0x7fu) == 0x7fu);
+    if (__syncthreads_or((int)corrupt)) {
+        if (threadIdx.x == 0)
+            d_flag(head, CU_ST_CORRUPT);
+        return;
+    }
+    if (s == 0.0f) {
+        for (uint32_t j = threadIdx.x; j < c.m; j += blockDim.x)
+            o[j] = 0.0f;
+        return;
+    }
+    if (c.P == c.m) {
+        d_fold(o, q, n, c.P, 0, s);
+        d_cta_fwht(o, c.P, c.normP);
+        d_scale_clamp(o, c.m, c.kP);
+    } else {
+        d_fold(o, q, n, c.p, c.h, s);
+        d_cta_fwht(o, c.p, c.normp);
+        for (uint32_t j = threadIdx.x; j < c.r; j += blockDim.x)
+            o[c.h + j] = o[j]; // r <= p <= h: the ranges do not overlap
+        __syncthreads();
+        d_scale_clamp(o + c.h, c.r, c.kp);
+        d_fold(o, q, n, c.h, 0, s);
+        d_cta_fwht(o, c.h, c.normh);
+        d_scale_clamp(o, c.h, c.kh);
+    }
+    d_scale_clamp(o, c.m, inv_alpha);
+    uint32_t bad = 0;
+    for (uint32_t j = threadIdx.x; j < c.m; j += blockDim.x)
+        bad |= (uint32_t)d_nonfinite(o[j]);
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+}
+
+// ---------------------------------------------------------------- host side
+
+__global__ void k_e4m3(const float *__restrict__ x, uint8_t *__restrict__ q, uint64_t n)
+{
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; 2 * i < n; i += stride) {
+        const float a = x[2 * i], b = 2 * i + 1 < n ? x[2 * i + 1] : 0.0f;
+        const uint32_t v = d_e4m3x2(a, b);
+        q[2 * i] = (uint8_t)v;
+        if (2 * i + 1 < n)
+            q[2 * i + 1] = (uint8_t)(v >> 8);
+    }
+}
+
+extern "C" int cu_fp8_e4m3_from_f32_n(const float *d_x, uint8_t *d_q, size_t n, cudaStream_t stream)
+{
+    if (n == 0)
+        return 0;
+    k_e4m3<<<cu_grid((n + 1) / 2, 256), 256, 0, stream>>>(d_x, d_q, n);
+    return cudaGetLastError() == cudaSuccess ? 0 : TAH_EDEVICE;
+}
+
+static uint32_t s_pow2ceil(uint32_t v)
+{
+    uint32_t p = 1;
+    while (p < v)
+        p *= 2;
+    return p;
+}
+
+static s_ap s_params(const codec_spec_t *spec, uint64_t total, const void *xy)
+{
+    s_ap a;
+    a.n = spec->p.ash.block;
+    a.total = total;
+    a.nb = (total + a.n - 1) / a.n;
+    a.nfull = total / a.n;
+    a.tpg = a.n <= 256 ? a.n / 8u : S_CTA;
+    a.tau = spec->p.ash.tau;
+    a.eps = spec->p.ash.eps;
+    a.norm = (float)(1.0 / sqrt((double)a.n));
+    a.vec_x = ((uintptr_t)xy & 15u) == 0;
+    return a;
+}
+
+size_t cu_ash_scratch(const codec_spec_t *spec, uint64_t n)
+{
+    const uint32_t block = spec->p.ash.block;
+    if (block <= S_SMEM_MAX)
+        return 0;
+    const uint64_t nb = (n + block - 1) / block;
+    return (size_t)(nb < S_BIG_GRID ? nb : S_BIG_GRID) * block * sizeof(float);
+}
+
+int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_head *head,
+                  void *work, cudaStream_t st, char *err, size_t errlen)
+{
+    const s_ap a = s_params(spec, n, x);
+    if (a.n <= 256) {
+        const uint64_t per_block = 8u * (32u / a.tpg);
+        k_ash_enc_warp<<<cu_grid(a.nb, per_block), 256, 0, st>>>(x, payload, head, a);
+        CU_CHECK_LAUNCH("k_ash_enc_warp");
+    } else if (a.n <= S_SMEM_MAX) {
+        k_ash_enc_cta<<<cu_grid(a.nb, 1), S_CTA, a.n * sizeof(float), st>>>(x, payload, head, a, NULL);
+        CU_CHECK_LAUNCH("k_ash_enc_cta");
+    } else {
+        const unsigned int grid = a.nb < S_BIG_GRID ? (unsigned int)a.nb : S_BIG_GRID;
+        k_ash_enc_cta<<<grid, S_CTA, 0, st>>>(x, payload, head, a, (float *)work);
+        CU_CHECK_LAUNCH("k_ash_enc_cta");
+    }
+    return 0;
+}
+
+int cu_ash_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_head *head,
+                  void *work, cudaStream_t st, char *err, size_t errlen)
+{
+    const s_ap a = s_params(spec, n, out);
+    if (a.nfull > 0) {
+        if (a.n <= 256) {
+            const uint64_t per_block = 8u * (32u / a.tpg);
+            k_ash_dec_warp<<<cu_grid(a.nfull, per_block), 256, 0, st>>>(payload, out, head, a);
+            CU_CHECK_LAUNCH("k_ash_dec_warp");
+        } else if (a.n <= S_SMEM_MAX) {
+            k_ash_dec_cta<<<cu_grid(a.nfull, 1), S_CTA, a.n * sizeof(float), st>>>(payload, out, head, a, NULL);
+            CU_CHECK_LAUNCH("k_ash_dec_cta");
+        } else {
+            const unsigned int grid = a.nfull < S_BIG_GRID ? (unsigned int)a.nfull : S_BIG_GRID;
+            k_ash_dec_cta<<<grid, S_CTA, 0, st>>>(payload, out, head, a, (float *)work);
+            CU_CHECK_LAUNCH("k_ash_dec_cta");
+        }
+    }
+    if (a.nfull < a.nb) {
+        s_partial c = {};
+        c.m = (uint32_t)(n - a.nfull * a.n);
+        c.P = s_pow2ceil(c.m);
+        c.normP = (float)(1.0 / sqrt((double)c.P));
+        c.kP = (float)sqrt((double)c.P / (double)a.n);
+        if (c.P != c.m) {
+            c.h = c.P / 2;
+            c.r = c.m - c.h;
+            c.p = s_pow2ceil(c.r);
+            c.normp = (float)(1.0 / sqrt((double)c.p));
+            c.kp = (float)sqrt((double)c.p / (double)a.n);
+            c.normh = (float)(1.0 / sqrt((double)c.h));
+            c.kh = (float)sqrt((double)c.h / (double)a.n);
+        }
+        k_ash_dec_partial<<<1, S_CTA, 0, st>>>(payload, out, head, a, c);
+        CU_CHECK_LAUNCH("k_ash_dec_partial");
+    }
+    return 0;
+}

@@ -1,0 +1,121 @@
+// cu_codec.cu — the public entry points of cu_codec.h: argument checks,
+// the scratch layout (a 256-byte head holding the status word, then each
+// codec's work area), dispatch to the per-codec kernels, and the status
+// read-back.
+#include <stdarg.h>
+#include <string.h>
+
+#include "cu_common.cuh"
+
+int cu_fail(cudaError_t e, const char *what, const char *file, int line, char *err, size_t errlen)
+{
+    if (err && errlen)
+        snprintf(err, errlen, "%s:%d: %s failed: %s (%s)", file, line, what, cudaGetErrorString(e),
+                 cudaGetErrorName(e));
+    return TAH_EDEVICE;
+}
+
+static int s_fail(int code, char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+extern "C" size_t cu_codec_scratch_bytes(const codec_spec_t *spec, codec_shape_t shape)
+{
+    if (!spec || codec_frame_size(spec, shape) < 0)
+        return 0;
+    const uint64_t n = codec_shape_elems(shape);
+    size_t work = 0;
+    if (spec->id == CODEC_ASH_FP8)
+        work = cu_ash_scratch(spec, n);
+    else if (spec->id == CODEC_TAH)
+        work = cu_tah_scratch(spec, shape);
+    return CU_SCRATCH_HEAD + work;
+}
+
+// Common checks; *n gets B*S*C.
+static int s_check(const codec_spec_t *spec, codec_shape_t shape, const void *a, const void *b,
+                   const void *scratch, uint64_t *n, char *err, size_t errlen)
+{
+    if (!spec || !a || !b || !scratch)
+        return s_fail(TAH_EINVAL, err, errlen, "cuda codec: NULL argument");
+    if (((uintptr_t)scratch & 255u) != 0)
+        return s_fail(TAH_EINVAL, err, errlen, "cuda codec: scratch %p is not 256-byte aligned", scratch);
+    const int64_t size = codec_frame_size(spec, shape);
+    if (size < 0) {
+        codec_spec_validate(spec, err, errlen);
+        return s_fail((int)size, err, errlen, "cuda codec: invalid spec or shape (%u,%u,%u): %s", shape.b, shape.s,
+                      shape.c, tah_strerror((int)size));
+    }
+    *n = codec_shape_elems(shape);
+    return 0;
+}
+
+extern "C" int cu_codec_encode(const codec_spec_t *spec, codec_shape_t shape, const float *d_x, uint8_t *d_payload,
+                               void *d_scratch, cudaStream_t stream, char *err, size_t errlen)
+{
+    uint64_t n = 0;
+    int rc = s_check(spec, shape, d_x, d_payload, d_scratch, &n, err, errlen);
+    if (rc != 0)
+        return rc;
+    cu_head *head = (cu_head *)d_scratch;
+    void *work = (uint8_t *)d_scratch + CU_SCRATCH_HEAD;
+    CUDA_CHECK(cudaMemsetAsync(head, 0, sizeof *head, stream));
+    switch (spec->id) {
+    case CODEC_FP32:
+    case CODEC_FP16:
+    case CODEC_BF16: return cu_raw_encode(spec, n, d_x, d_payload, head, stream, err, errlen);
+    case CODEC_FIXPT:
+    case CODEC_INT: return cu_group_encode(spec, n, d_x, d_payload, head, stream, err, errlen);
+    case CODEC_ASH_FP8: return cu_ash_encode(spec, n, d_x, d_payload, head, work, stream, err, errlen);
+    case CODEC_TAH: return cu_tah_encode(spec, shape, d_x, d_payload, head, work, stream, err, errlen);
+    }
+    return s_fail(TAH_ECODEC, err, errlen, "cuda codec: unknown codec id %d", (int)spec->id);
+}
+
+extern "C" int cu_codec_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *d_payload, float *d_out,
+                               void *d_scratch, cudaStream_t stream, char *err, size_t errlen)
+{
+    uint64_t n = 0;
+    int rc = s_check(spec, shape, d_payload, d_out, d_scratch, &n, err, errlen);
+    if (rc != 0)
+        return rc;
+    cu_head *head = (cu_head *)d_scratch;
+    void *work = (uint8_t *)d_scratch + CU_SCRATCH_HEAD;
+    CUDA_CHECK(cudaMemsetAsync(head, 0, sizeof *head, stream));
+    switch (spec->id) {
+    case CODEC_FP32:
+    case CODEC_FP16:
+    case CODEC_BF16: return cu_raw_decode(spec, n, d_payload, d_out, head, stream, err, errlen);
+    case CODEC_FIXPT:
+    case CODEC_INT: return cu_group_decode(spec, n, d_payload, d_out, head, stream, err, errlen);
+    case CODEC_ASH_FP8: return cu_ash_decode(spec, n, d_payload, d_out, head, work, stream, err, errlen);
+    case CODEC_TAH: return cu_tah_decode(spec, shape, d_payload, d_out, head, work, stream, err, errlen);
+    }
+    return s_fail(TAH_ECODEC, err, errlen, "cuda codec: unknown codec id %d", (int)spec->id);
+}
+
+extern "C" int cu_codec_status(const void *d_scratch, cudaStream_t stream, char *err, size_t errlen)
+{
+    if (!d_scratch)
+        return s_fail(TAH_EINVAL, err, errlen, "cuda codec: NULL scratch");
+    cu_head h;
+    CUDA_CHECK(cudaMemcpyAsync(&h, d_scratch, sizeof h, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (h.status & CU_ST_CORRUPT)
+        return s_fail(TAH_ECORRUPT, err, errlen, "cuda decode: payload metadata that no encoder writes "
+                                                 "(bad scale, code, flags or tile count)");
+    if (h.status & CU_ST_NONFINITE)
+        return s_fail(TAH_ENONFINITE, err, errlen, "cuda codec: non-finite value in the input (encode) or "
+                                                   "the decoded output (decode)");
+    if (h.status & CU_ST_RANGE)
+        return s_fail(TAH_ERANGE, err, errlen, "cuda encode: value out of the codec's range (fixpt: lower "
+                                               "scale; fp16: |x| > 65504; ash-fp8: tau*block overflows)");
+    return 0;
+}

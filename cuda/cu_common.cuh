@@ -1,0 +1,355 @@
+// cu_common.cuh — what every codec kernel file shares (private to cuda/):
+// error checking with the call site, the status word in scratch, bit-exact
+// device ports of codecs/half.c and codecs/bitpack.c, byte-granular stores
+// that widen when the address allows, and the segmented-warp helpers.
+//
+// Segments: the small-tile kernels (TAH tile <= 256, ash-fp8 block <= 256,
+// fixpt/int group <= 256) give each tile a segment of `tpg` lanes of one
+// warp (tpg a power of two, 1..32), 8 consecutive elements per lane:
+//
+//   warp lanes  | 0 1 2 ... tpg-1 | tpg ... 2tpg-1 | ...    (32/tpg segments)
+//   elements    | 0-7 8-15 ...    | 0-7 8-15 ...   |        (of its own tile)
+//
+// Reductions and Hadamard stages beyond 8 elements are __shfl_xor_sync with
+// offsets < tpg, so they never leave the segment; every lane of the warp
+// executes every shuffle (full mask), lanes without a tile contribute
+// neutral values and store nothing.
+#ifndef TAH_CU_COMMON_CUH
+#define TAH_CU_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+
+extern "C" {
+#include "codec.h"      // codec_spec_t, codec_frame_size, codec_spec_validate
+#include "codec_impl.h" // codec_shape_elems
+}
+#include "cu_codec.h"
+
+#define CU_FULL 0xffffffffu
+
+// Status word at the start of scratch: bit set by any thread that saw it.
+#define CU_ST_NONFINITE 1u
+#define CU_ST_RANGE 2u
+#define CU_ST_CORRUPT 4u
+#define CU_SCRATCH_HEAD 256u // status + small per-call scalars; the rest is per-codec
+
+struct cu_head {
+    unsigned int status;
+    unsigned int absmax_bits; // frame absmax (int, tah): atomicMax on non-negative float bits
+};
+
+// Host-side failure with the call site: fills err, returns TAH_EDEVICE.
+int cu_fail(cudaError_t e, const char *what, const char *file, int line, char *err, size_t errlen);
+
+#define CUDA_CHECK(call)                                                     \
+    do {                                                                     \
+        cudaError_t e_ = (call);                                             \
+        if (e_ != cudaSuccess)                                               \
+            return cu_fail(e_, #call, __FILE__, __LINE__, err, errlen);      \
+    } while (0)
+
+// After every launch: configuration errors surface here, not later.
+#define CU_CHECK_LAUNCH(name)                                                          \
+    do {                                                                               \
+        cudaError_t e_ = cudaGetLastError();                                           \
+        if (e_ != cudaSuccess)                                                         \
+            return cu_fail(e_, "launch of " name, __FILE__, __LINE__, err, errlen);    \
+    } while (0)
+
+__device__ __forceinline__ void d_flag(cu_head *h, unsigned int bit) { atomicOr(&h->status, bit); }
+
+__device__ __forceinline__ bool d_nonfinite(float f) { return (__float_as_uint(f) & 0x7f800000u) == 0x7f800000u; }
+
+// ---- fp16 (port of codecs/half.c: same bits for every input) ----
+__device__ __forceinline__ uint16_t d_half_from_f32(float f)
+{
+    uint32_t x = __float_as_uint(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u)
+        return (uint16_t)(sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (ax >= 0x477ff000u)
+        return (uint16_t)(sign | 0x7c00u);
+    if (ax < 0x38800000u) {
+        float v = __fadd_rn(__uint_as_float(ax), 0.5f);
+        return (uint16_t)(sign | (__float_as_uint(v) - 0x3f000000u));
+    }
+    uint32_t odd = (ax >> 13) & 1u;
+    ax += 0xc8000fffu + odd;
+    return (uint16_t)(sign | (ax >> 13));
+}
+
+__device__ __forceinline__ float d_half_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        float v = __fmul_rn((float)m, 0x1p-24f);
+        return sign ? -v : v;
+    }
+    if (e == 31)
+        return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+__device__ __forceinline__ uint16_t d_half_from_f32_down(float f)
+{
+    uint16_t h = d_half_from_f32(f);
+    if (d_half_to_f32(h) > f)
+        h = (h & 0x7fffu) == 0 ? (uint16_t)0x8001u : ((h & 0x8000u) ? (uint16_t)(h + 1u) : (uint16_t)(h - 1u));
+    return h;
+}
+
+__device__ __forceinline__ uint16_t d_half_from_f32_up(float f)
+{
+    uint16_t h = d_half_from_f32(f);
+    if (d_half_to_f32(h) < f)
+        h = (h & 0x7fffu) == 0 ? (uint16_t)0x0001u : ((h & 0x8000u) ? (uint16_t)(h - 1u) : (uint16_t)(h + 1u));
+    return h;
+}
+
+// ---- 8 codes <-> `bits` bytes (bitpack.c layout: LSB-first stream) ----
+// Eight b-bit codes are exactly b bytes (b <= 16): kept as two u64 words.
+__device__ __forceinline__ void d_pack8(const uint32_t c[8], uint32_t bits, uint64_t &lo, uint64_t &hi)
+{
+    const uint32_t mask = (1u << bits) - 1u;
+    lo = 0;
+    hi = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        uint32_t pos = (uint32_t)k * bits;
+        uint64_t v = c[k] & mask;
+        if (pos < 64) {
+            lo |= v << pos;
+            if (pos + bits > 64)
+                hi |= v >> (64 - pos);
+        } else {
+            hi |= v << (pos - 64);
+        }
+    }
+}
+
+__device__ __forceinline__ void d_unpack8(uint64_t lo, uint64_t hi, uint32_t bits, uint32_t c[8])
+{
+    const uint32_t mask = (1u << bits) - 1u;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        uint32_t pos = (uint32_t)k * bits;
+        uint64_t v;
+        if (pos < 64) {
+            v = lo >> pos;
+            if (pos + bits > 64)
+                v |= hi << (64 - pos);
+        } else {
+            v = hi >> (pos - 64);
+        }
+        c[k] = (uint32_t)v & mask;
+    }
+}
+
+// Byte i of the little-endian pair (lo, hi).
+__device__ __forceinline__ uint32_t d_byte_of(uint64_t lo, uint64_t hi, uint32_t i)
+{
+    return (uint32_t)((i < 8 ? lo >> (8 * i) : hi >> (8 * (i - 8))) & 0xffu);
+}
+
+// Store the first n (<= 16) bytes of (lo, hi) at dst: one wide store when
+// the address and length allow, else words, else bytes.
+__device__ __forceinline__ void d_store_bytes(uint8_t *dst, uint64_t lo, uint64_t hi, uint32_t n)
+{
+    uintptr_t a = (uintptr_t)dst;
+    if (n == 16 && (a & 15u) == 0) {
+        *(uint4 *)dst = make_uint4((uint32_t)lo, (uint32_t)(lo >> 32), (uint32_t)hi, (uint32_t)(hi >> 32));
+    } else if (n == 8 && (a & 7u) == 0) {
+        *(uint64_t *)dst = lo;
+    } else if ((n & 3u) == 0 && (a & 3u) == 0) {
+        for (uint32_t i = 0; i < n / 4; i++)
+            ((uint32_t *)dst)[i] = (uint32_t)((i < 2 ? lo >> (32 * i) : hi >> (32 * (i - 2))));
+    } else if ((n & 1u) == 0 && (a & 1u) == 0) {
+        for (uint32_t i = 0; i < n / 2; i++)
+            ((uint16_t *)dst)[i] = (uint16_t)(d_byte_of(lo, hi, 2 * i) | (d_byte_of(lo, hi, 2 * i + 1) << 8));
+    } else {
+        for (uint32_t i = 0; i < n; i++)
+            dst[i] = (uint8_t)d_byte_of(lo, hi, i);
+    }
+}
+
+// Load n (<= 16) bytes from src into (lo, hi), zero above n.
+__device__ __forceinline__ void d_load_bytes(const uint8_t *src, uint32_t n, uint64_t &lo, uint64_t &hi)
+{
+    uintptr_t a = (uintptr_t)src;
+    lo = 0;
+    hi = 0;
+    if (n == 16 && (a & 15u) == 0) {
+        uint4 v = *(const uint4 *)src;
+        lo = (uint64_t)v.x | ((uint64_t)v.y << 32);
+        hi = (uint64_t)v.z | ((uint64_t)v.w << 32);
+    } else if (n == 8 && (a & 7u) == 0) {
+        lo = *(const uint64_t *)src;
+    } else if ((n & 3u) == 0 && (a & 3u) == 0) {
+        for (uint32_t i = 0; i < n / 4; i++) {
+            uint64_t w = ((const uint32_t *)src)[i];
+            if (i < 2)
+                lo |= w << (32 * i);
+            else
+                hi |= w << (32 * (i - 2));
+        }
+    } else {
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t b = src[i];
+            if (i < 8)
+                lo |= b << (8 * i);
+            else
+                hi |= b << (8 * (i - 8));
+        }
+    }
+}
+
+__device__ __forceinline__ void d_put_u16(uint8_t *p, uint16_t v)
+{
+    if (((uintptr_t)p & 1u) == 0) {
+        *(uint16_t *)p = v;
+    } else {
+        p[0] = (uint8_t)v;
+        p[1] = (uint8_t)(v >> 8);
+    }
+}
+
+__device__ __forceinline__ uint16_t d_get_u16(const uint8_t *p)
+{
+    if (((uintptr_t)p & 1u) == 0)
+        return *(const uint16_t *)p;
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+__device__ __forceinline__ void d_put_u32(uint8_t *p, uint32_t v)
+{
+    if (((uintptr_t)p & 3u) == 0) {
+        *(uint32_t *)p = v;
+    } else {
+        for (int i = 0; i < 4; i++)
+            p[i] = (uint8_t)(v >> (8 * i));
+    }
+}
+
+__device__ __forceinline__ uint32_t d_get_u32(const uint8_t *p)
+{
+    if (((uintptr_t)p & 3u) == 0)
+        return *(const uint32_t *)p;
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+// Eight consecutive floats from x[off..off+8) with zeros at and beyond
+// `end`; two 16-byte loads when the whole run is in range and aligned.
+__device__ __forceinline__ void d_load8(const float *x, uint64_t off, uint64_t end, bool vec, float v[8])
+{
+    if (vec && off + 8 <= end) {
+        float4 a = *(const float4 *)(x + off);
+        float4 b = *(const float4 *)(x + off + 4);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            v[r] = off + r < end ? x[off + r] : 0.0f;
+    }
+}
+
+// Store the first m (<= 8) of v at out[off..).
+__device__ __forceinline__ void d_store8(float *out, uint64_t off, uint32_t m, bool vec, const float v[8])
+{
+    if (vec && m == 8) {
+        *(float4 *)(out + off) = make_float4(v[0], v[1], v[2], v[3]);
+        *(float4 *)(out + off + 4) = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            if ((uint32_t)r < m)
+                out[off + r] = v[r];
+    }
+}
+
+// Hadamard stages h = 1, 2, 4 on a lane's 8 consecutive elements, then
+// h = 8*o for o = 1 .. tpg/2 across the segment; butterflies in the CPU's
+// order (ascending h; lower gets u + v, upper u - v), so bit-identical.
+__device__ __forceinline__ void d_fwht_seg(float v[8], uint32_t lane, uint32_t tpg)
+{
+#pragma unroll
+    for (int h = 1; h < 8; h *= 2) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            if ((i & h) == 0) {
+                float a = v[i], b = v[i + h];
+                v[i] = __fadd_rn(a, b);
+                v[i + h] = __fsub_rn(a, b);
+            }
+        }
+    }
+    for (uint32_t o = 1; o < tpg; o *= 2) {
+        bool upper = (lane & o) != 0;
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            float other = __shfl_xor_sync(CU_FULL, v[r], (int)o);
+            v[r] = upper ? __fsub_rn(other, v[r]) : __fadd_rn(v[r], other);
+        }
+    }
+}
+
+// Segment reductions (offsets < tpg stay inside the segment).
+__device__ __forceinline__ float d_seg_maxf(float v, uint32_t tpg)
+{
+    for (uint32_t o = 1; o < tpg; o *= 2)
+        v = fmaxf(v, __shfl_xor_sync(CU_FULL, v, (int)o));
+    return v;
+}
+__device__ __forceinline__ float d_seg_minf(float v, uint32_t tpg)
+{
+    for (uint32_t o = 1; o < tpg; o *= 2)
+        v = fminf(v, __shfl_xor_sync(CU_FULL, v, (int)o));
+    return v;
+}
+__device__ __forceinline__ uint32_t d_seg_maxu(uint32_t v, uint32_t tpg)
+{
+    for (uint32_t o = 1; o < tpg; o *= 2)
+        v = max(v, __shfl_xor_sync(CU_FULL, v, (int)o));
+    return v;
+}
+__device__ __forceinline__ uint32_t d_seg_minu(uint32_t v, uint32_t tpg)
+{
+    for (uint32_t o = 1; o < tpg; o *= 2)
+        v = min(v, __shfl_xor_sync(CU_FULL, v, (int)o));
+    return v;
+}
+
+// ---- per-codec entry points (cu_codec.cu dispatches; scratch is past the head) ----
+int cu_raw_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_head *head,
+                  cudaStream_t st, char *err, size_t errlen);
+int cu_raw_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_head *head,
+                  cudaStream_t st, char *err, size_t errlen);
+int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_head *head,
+                    cudaStream_t st, char *err, size_t errlen);
+int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_head *head,
+                    cudaStream_t st, char *err, size_t errlen);
+size_t cu_ash_scratch(const codec_spec_t *spec, uint64_t n);
+int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_head *head,
+                  void *work, cudaStream_t st, char *err, size_t errlen);
+int cu_ash_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_head *head,
+                  void *work, cudaStream_t st, char *err, size_t errlen);
+size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape);
+int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload, cu_head *head,
+                  void *work, cudaStream_t st, char *err, size_t errlen);
+int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *payload, float *out,
+                  cu_head *head, void *work, cudaStream_t st, char *err, size_t errlen);
+
+// Grid for `units` work items handled `per_block` at a time (grid-stride loops cover any excess).
+static inline unsigned int cu_grid(uint64_t units, uint64_t per_block)
+{
+    uint64_t g = (units + per_block - 1) / per_block;
+    if (g < 1)
+        g = 1;
+    return g > 0x7fffffffull ? 0x7fffffffu : (unsigned int)g;
+}
+
+#endif

@@ -1,0 +1,485 @@
+// cu_group.cu — the grouped codecs on the GPU: scaled fixed-point (fixpt,
+// nearest and stochastic rounding) and grouped INT (int, asymmetric and
+// symmetric). Same payloads as codecs/fixpt.c and codecs/intq.c.
+//
+// Encode, one launch (fixpt) or two (int: the frame absmax first, since the
+// per-frame exponent e scales every group's metadata):
+//
+//   group <= 256: a segment of tpg = pow2ceil(ceil(group/8)) lanes per
+//   group, lane l holds elements [8l, 8l+8) of it in registers:
+//
+//     warp:   | group g: lanes 0..tpg-1 | group g+1 | ...  (32/tpg groups)
+//     lane l: x[g*group + 8l .. +8)  ->  codes packed into `bits` bytes
+//             at codes(g) + l*bits   (8 b-bit codes are exactly b bytes)
+//
+//   group > 256: one CTA of 256 threads per group, thread t takes the
+//   8-element chunks t, t+256, ... (two passes: stats, then codes).
+//
+// The group statistics (max|x|; or min, max and which zero is the minimum)
+// are segment reductions, then every lane computes the step in the CPU's
+// float/double operations, so the metadata is bit-identical. The int
+// encoder walks groups in reverse order so its second read of x finds the
+// end of the tensor, read last by the absmax pass, still in L2.
+//
+// Decode: a flat grid, one thread per 8-code chunk (b bytes in, 8 floats
+// out), checking the metadata and codes exactly as the CPU decoder does.
+#include <float.h>
+
+#include "cu_common.cuh"
+
+enum { M_FIX_NEAR = 0, M_FIX_STOCH = 1, M_INT_ASYM = 2, M_INT_SYM = 3 };
+
+#define S_GAMMA 0x9e3779b97f4a7c15ull
+#define S_CTA 256u
+
+struct s_gp {
+    uint64_t n, ng;      // elements, groups
+    uint64_t meta_off;   // payload offset of the per-group metadata
+    uint64_t codes_off;  // payload offset of the first group's codes
+    uint64_t key;        // fixpt stochastic: mix64(seed)
+    uint32_t group, bits, tpg, gbytes, cpg; // cpg: 8-code chunks per full group
+    uint32_t L;          // int asymmetric levels 2^b - 1
+    int32_t qmax;        // 2^(b-1) - 1
+    float c;             // fixpt scale
+    bool vec;            // x/out 16-byte aligned and group % 4 == 0
+};
+
+__device__ __forceinline__ uint64_t d_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// Frame exponent of intq.c: e = clamp(ceil(log2 amax) - 14, -126, 114), 0 for 0.
+__device__ __forceinline__ int32_t d_int_exp(uint32_t amax_bits)
+{
+    if (amax_bits == 0)
+        return 0;
+    int32_t ex; // frexp exponent: amax = f * 2^ex, f in [0.5, 1)
+    bool pow2;
+    if (amax_bits >= 0x00800000u) {
+        ex = (int32_t)(amax_bits >> 23) - 126;
+        pow2 = (amax_bits & 0x7fffffu) == 0;
+    } else {
+        int32_t top = 31 - __clz((int)amax_bits);
+        ex = top - 148;
+        pow2 = (amax_bits & (amax_bits - 1u)) == 0;
+    }
+    int32_t e = (pow2 ? ex - 1 : ex) - 14;
+    return e < -126 ? -126 : (e > 114 ? 114 : e);
+}
+
+__device__ __forceinline__ float d_pow2f(int32_t e) { return __uint_as_float((uint32_t)(127 + e) << 23); }
+
+// intq.c's s_step_up: fp16 value >= v / L
+__device__ __forceinline__ uint16_t d_step_up(double v, uint32_t L)
+{
+    float st = (float)(v / (double)L);
+    if ((double)st * (double)L < v)
+        st = __uint_as_float(__float_as_uint(st) + 1u); // st >= 0: next float up
+    return d_half_from_f32_up(st);
+}
+
+// Which zero intq.c's s_minmax returns when the minimum is zero: its 16
+// lanes (lane i%16 for i below the last multiple of 16, the tail in lane 0
+// after them) keep the first value strictly below, and lanes combine in
+// order, so the winner is the zero with the smallest (lane, position).
+__device__ __forceinline__ uint32_t d_int_zkey(uint32_t i, uint32_t len, bool neg)
+{
+    uint32_t main_end = len & ~15u;
+    uint32_t lane = i < main_end ? (i & 15u) : 0u;
+    uint32_t pos = i < main_end ? (i >> 4) : (main_end >> 4) + (i - main_end);
+    return ((lane << 17) | pos) * 2u + (uint32_t)neg;
+}
+
+struct s_gs {
+    float a, b;  // fixpt: a = max|x|; int: a = min, b = max
+    uint32_t z;  // int: smallest zero key (see d_int_zkey), ~0 if no zero
+};
+
+template <int MODE>
+__device__ __forceinline__ void d_gs_merge(s_gs &s, const s_gs &o)
+{
+    if (MODE <= M_FIX_STOCH) {
+        s.a = fmaxf(s.a, o.a);
+    } else {
+        s.a = fminf(s.a, o.a);
+        s.b = fmaxf(s.b, o.b);
+        s.z = min(s.z, o.z);
+    }
+}
+
+template <int MODE>
+__device__ __forceinline__ s_gs d_gs_shfl(const s_gs &s, uint32_t o)
+{
+    s_gs r;
+    r.a = __shfl_xor_sync(CU_FULL, s.a, (int)o);
+    r.b = __shfl_xor_sync(CU_FULL, s.b, (int)o);
+    r.z = __shfl_xor_sync(CU_FULL, s.z, (int)o);
+    return r;
+}
+
+// Per-group quantiser state, the same for every lane of the segment.
+struct s_gq {
+    float inv, mn, pdown;
+};
+
+template <int MODE, bool CTA>
+__global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ x, uint8_t *__restrict__ p,
+                                                      cu_head *head, s_gp g)
+{
+    __shared__ s_gs red[S_CTA / 32];
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint32_t tpg = CTA ? S_CTA : g.tpg;
+    const uint32_t tl = CTA ? threadIdx.x : lane % tpg;
+    const uint32_t spw = CTA ? 1u : 32u / tpg; // groups per warp
+    const uint64_t unit = CTA ? blockIdx.x : ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint64_t nunit = CTA ? gridDim.x : (uint64_t)gridDim.x * blockDim.x / 32u;
+    const uint32_t mask = (1u << g.bits) - 1u;
+    const float qmaxf = (float)g.qmax, Lf = (float)g.L;
+    int32_t e = 0;
+    float pdown = 1.0f;
+    if (MODE >= M_INT_ASYM) {
+        e = d_int_exp(head->absmax_bits);
+        pdown = d_pow2f(-e);
+    }
+    uint32_t bad = 0, range = 0;
+    if (MODE >= M_INT_ASYM && blockIdx.x == 0 && threadIdx.x == 0)
+        d_put_u32(p, (uint32_t)e); // i32 e heads the int payload
+
+    for (uint64_t base = unit * spw; base < g.ng; base += nunit * spw) { // uniform per warp / CTA
+        const uint64_t gi_raw = base + (CTA ? 0u : lane / tpg);
+        const bool valid = gi_raw < g.ng;
+        const uint64_t gi = MODE >= M_INT_ASYM ? g.ng - 1 - (valid ? gi_raw : 0) : gi_raw; // int: reverse order
+        const uint64_t off = gi * g.group;
+        const uint32_t len = valid ? (uint32_t)(g.n - off < g.group ? g.n - off : g.group) : 0u;
+        const uint32_t nch = (len + 7u) / 8u;
+
+        // pass A: statistics; the first chunk stays in registers
+        float cv[8];
+        s_gs s;
+        s.a = MODE <= M_FIX_STOCH ? 0.0f : __uint_as_float(0x7f800000u);
+        s.b = -__uint_as_float(0x7f800000u);
+        s.z = 0xffffffffu;
+        for (uint32_t j = tl; j < nch; j += tpg) {
+            float v[8];
+            d_load8(x, off + 8u * j, off + len, g.vec, v);
+            const uint32_t m = len - 8u * j < 8u ? len - 8u * j : 8u;
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                if ((uint32_t)r < m) {
+                    bad |= (uint32_t)d_nonfinite(v[r]);
+                    if (MODE <= M_FIX_STOCH) {
+                        s.a = fmaxf(s.a, fabsf(v[r]));
+                    } else {
+                        s.a = fminf(s.a, v[r]);
+                        s.b = fmaxf(s.b, v[r]);
+                        if (v[r] == 0.0f)
+                            s.z = min(s.z, d_int_zkey(8u * j + (uint32_t)r, len, __float_as_uint(v[r]) >> 31));
+                    }
+                }
+                if (j == tl)
+                    cv[r] = v[r];
+            }
+        }
+        if (CTA) {
+            for (uint32_t o = 1; o < 32; o *= 2)
+                d_gs_merge<MODE>(s, d_gs_shfl<MODE>(s, o));
+            if (lane == 0)
+                red[threadIdx.x / 32] = s;
+            __syncthreads();
+            s = red[0];
+            for (uint32_t w = 1; w < S_CTA / 32; w++)
+                d_gs_merge<MODE>(s, red[w]);
+            __syncthreads(); // red is reused by the next group
+        } else {
+            for (uint32_t o = 1; o < tpg; o *= 2)
+                d_gs_merge<MODE>(s, d_gs_shfl<MODE>(s, o));
+        }
+
+        // the step, exactly as the CPU computes it
+        s_gq q;
+        q.mn = 0.0f;
+        q.pdown = pdown;
+        if (MODE <= M_FIX_STOCH) {
+            const float ymax = __fmul_rn(g.c, s.a);
+            if (!(ymax <= FLT_MAX))
+                range |= (uint32_t)valid;
+            float d = __fdiv_rn(ymax, qmaxf);
+            if ((double)d * (double)g.qmax < (double)ymax)
+                d = __uint_as_float(__float_as_uint(d) + 1u);
+            const uint16_t dh = d_half_from_f32_up(d);
+            if ((dh & 0x7c00u) == 0x7c00u)
+                range |= (uint32_t)valid;
+            const float df = d_half_to_f32(dh);
+            q.inv = df > 0.0f ? __fdiv_rn(1.0f, df) : 0.0f;
+            if (valid && tl == 0)
+                d_put_u16(p + g.meta_off + 2 * gi, dh);
+        } else if (MODE == M_INT_SYM) {
+            const float lo = __fmul_rn(s.a, pdown), hi = __fmul_rn(s.b, pdown);
+            const float amax = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
+            const uint16_t sh = d_step_up((double)amax, (uint32_t)g.qmax);
+            const float step = d_half_to_f32(sh);
+            q.inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+            if (valid && tl == 0)
+                d_put_u16(p + g.meta_off + 2 * gi, sh);
+        } else {
+            float lo_raw = s.a;
+            if (lo_raw == 0.0f) // which zero: the CPU's (sign of the winning zero key)
+                lo_raw = (s.z & 1u) ? -0.0f : 0.0f;
+            const float lo = __fmul_rn(lo_raw, pdown), hi = __fmul_rn(s.b, pdown);
+            const uint16_t mh = d_half_from_f32_down(lo);
+            q.mn = d_half_to_f32(mh);
+            const uint16_t sh = d_step_up((double)hi - (double)q.mn, g.L);
+            const float step = d_half_to_f32(sh);
+            q.inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+            if (valid && tl == 0) {
+                d_put_u16(p + g.meta_off + 4 * gi, mh);
+                d_put_u16(p + g.meta_off + 4 * gi + 2, sh);
+            }
+        }
+
+        // pass B: codes
+        uint8_t *dst = p + g.codes_off + gi * g.gbytes;
+        for (uint32_t j = tl; j < nch; j += tpg) {
+            float v[8];
+            if (j == tl) {
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+                    v[r] = cv[r];
+            } else {
+                d_load8(x, off + 8u * j, off + len, g.vec, v);
+            }
+            const uint32_t m = len - 8u * j < 8u ? len - 8u * j : 8u;
+            uint32_t code[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                float t;
+                int32_t c;
+                if (MODE == M_FIX_NEAR) {
+                    t = __fmul_rn(__fmul_rn(g.c, v[r]), q.inv);
+                    t = t < -qmaxf ? -qmaxf : t;
+                    t = t > qmaxf ? qmaxf : t;
+                    c = (int32_t)rintf(t) + g.qmax;
+                } else if (MODE == M_FIX_STOCH) {
+                    t = __fmul_rn(__fmul_rn(g.c, v[r]), q.inv);
+                    t = t < -qmaxf ? -qmaxf : t;
+                    t = t > qmaxf ? qmaxf : t;
+                    int32_t fl = (int32_t)t;
+                    fl -= (int32_t)((float)fl > t);
+                    const float frac = __fsub_rn(t, (float)fl);
+                    const uint64_t idx = off + 8u * j + (uint32_t)r;
+                    const uint64_t h = d_mix64(g.key + (idx + 1u) * S_GAMMA);
+                    const float u = __fmul_rn((float)(uint32_t)(h >> 40), 0x1p-24f);
+                    c = fl + (int32_t)(u < frac) + g.qmax;
+                } else if (MODE == M_INT_ASYM) {
+                    t = __fmul_rn(__fsub_rn(__fmul_rn(v[r], q.pdown), q.mn), q.inv);
+                    t = t < 0.0f ? 0.0f : t;
+                    t = t > Lf ? Lf : t;
+                    c = (int32_t)rintf(t);
+                } else {
+                    t = __fmul_rn(__fmul_rn(v[r], q.pdown), q.inv);
+                    t = t < -qmaxf ? -qmaxf : t;
+                    t = t > qmaxf ? qmaxf : t;
+                    c = (int32_t)rintf(t) + g.qmax;
+                }
+                code[r] = (uint32_t)r < m ? ((uint32_t)c & mask) : 0u;
+            }
+            uint64_t lo, hi;
+            d_pack8(code, g.bits, lo, hi);
+            d_store_bytes(dst + (uint64_t)j * g.bits, lo, hi, (m * g.bits + 7u) / 8u);
+        }
+    }
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+    if (range)
+        d_flag(head, CU_ST_RANGE);
+}
+
+// Frame absmax (int pass 1) and the finite check, as float bits.
+__global__ void __launch_bounds__(256) k_absmax(const float *__restrict__ x, uint64_t n, bool vec, cu_head *head)
+{
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint32_t mx = 0, bad = 0;
+    for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c * 8 < n; c += stride) {
+        float v[8];
+        d_load8(x, c * 8, n, vec, v);
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            uint32_t a = __float_as_uint(v[r]) & 0x7fffffffu;
+            bad |= (uint32_t)(a >= 0x7f800000u);
+            mx = max(mx, a);
+        }
+    }
+    for (int o = 16; o > 0; o /= 2)
+        mx = max(mx, __shfl_xor_sync(CU_FULL, mx, o));
+    if ((threadIdx.x & 31u) == 0 && mx != 0)
+        atomicMax(&head->absmax_bits, mx);
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(256) k_group_decode(const uint8_t *__restrict__ p, float *__restrict__ out,
+                                                      cu_head *head, s_gp g)
+{
+    const uint64_t nchunks = g.ng * g.cpg, stride = (uint64_t)gridDim.x * blockDim.x;
+    const uint32_t bad_code = (1u << g.bits) - 1u;
+    uint32_t corrupt = 0, bad = 0;
+    float pup = 1.0f;
+    if (MODE >= M_INT_ASYM) {
+        const int32_t e = (int32_t)d_get_u32(p);
+        corrupt |= (uint32_t)(e < -126 || e > 114);
+        pup = (e < -126 || e > 114) ? 1.0f : d_pow2f(e);
+    }
+    for (uint64_t id = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; id < nchunks; id += stride) {
+        const uint64_t gi = id / g.cpg;
+        const uint32_t j = (uint32_t)(id - gi * g.cpg);
+        const uint64_t off = gi * g.group;
+        const uint32_t len = (uint32_t)(g.n - off < g.group ? g.n - off : g.group);
+        if (8u * j >= len)
+            continue;
+        const uint32_t m = len - 8u * j < 8u ? len - 8u * j : 8u;
+        float k = 0.0f, step = 0.0f, bias = 0.0f;
+        if (MODE <= M_FIX_STOCH) {
+            const uint16_t dh = d_get_u16(p + g.meta_off + 2 * gi);
+            corrupt |= (uint32_t)((dh & 0x8000u) || (dh & 0x7c00u) == 0x7c00u);
+            k = __fdiv_rn(d_half_to_f32(dh), g.c);
+        } else {
+            uint16_t sh;
+            float mn = 0.0f;
+            if (MODE == M_INT_SYM) {
+                sh = d_get_u16(p + g.meta_off + 2 * gi);
+            } else {
+                const uint16_t mh = d_get_u16(p + g.meta_off + 4 * gi);
+                corrupt |= (uint32_t)((mh & 0x7c00u) == 0x7c00u);
+                mn = d_half_to_f32(mh);
+                sh = d_get_u16(p + g.meta_off + 4 * gi + 2);
+            }
+            corrupt |= (uint32_t)((sh & 0x8000u) || (sh & 0x7c00u) == 0x7c00u);
+            step = d_half_to_f32(sh);
+            bias = MODE == M_INT_SYM ? __fmul_rn(-(float)g.qmax, step) : mn;
+        }
+        const uint32_t nbytes = (m * g.bits + 7u) / 8u, pb = m * g.bits;
+        uint64_t lo, hi;
+        d_load_bytes(p + g.codes_off + gi * g.gbytes + (uint64_t)j * g.bits, nbytes, lo, hi);
+        const uint64_t pad = pb < 64 ? ((lo >> pb) | hi) : (pb < 128 ? hi >> (pb - 64) : 0);
+        corrupt |= (uint32_t)(pad != 0);
+        uint32_t code[8];
+        d_unpack8(lo, hi, g.bits, code);
+        float v[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            float y;
+            if (MODE <= M_FIX_STOCH) {
+                y = __fmul_rn((float)((int32_t)code[r] - g.qmax), k);
+            } else {
+                y = __fmul_rn(__fadd_rn(__fmul_rn((float)code[r], step), bias), pup);
+                y = y > FLT_MAX ? FLT_MAX : y;
+                y = y < -FLT_MAX ? -FLT_MAX : y;
+            }
+            v[r] = y;
+            if ((uint32_t)r < m) {
+                if (MODE != M_INT_ASYM)
+                    corrupt |= (uint32_t)(code[r] == bad_code);
+                bad |= (uint32_t)d_nonfinite(y);
+            }
+        }
+        d_store8(out, off + 8u * j, m, g.vec, v);
+    }
+    if (corrupt)
+        d_flag(head, CU_ST_CORRUPT);
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+}
+
+static uint32_t s_pow2ceil(uint32_t v)
+{
+    uint32_t p = 1;
+    while (p < v)
+        p *= 2;
+    return p;
+}
+
+static int s_mode(const codec_spec_t *spec)
+{
+    if (spec->id == CODEC_FIXPT)
+        return spec->p.fixpt.stochastic ? M_FIX_STOCH : M_FIX_NEAR;
+    return spec->p.intq.symmetric ? M_INT_SYM : M_INT_ASYM;
+}
+
+static uint64_t s_mix64_host(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static s_gp s_params(const codec_spec_t *spec, uint64_t n, const void *xy)
+{
+    s_gp g;
+    const bool fix = spec->id == CODEC_FIXPT;
+    g.n = n;
+    g.group = fix ? spec->p.fixpt.group : spec->p.intq.group;
+    g.bits = fix ? spec->p.fixpt.bits : spec->p.intq.bits;
+    g.ng = (n + g.group - 1) / g.group;
+    g.gbytes = (uint32_t)(((uint64_t)g.group * g.bits + 7) / 8);
+    g.cpg = (g.group + 7) / 8;
+    g.tpg = g.cpg <= 32 ? s_pow2ceil(g.cpg) : S_CTA;
+    g.L = (1u << g.bits) - 1u;
+    g.qmax = (1 << (g.bits - 1)) - 1;
+    g.c = fix ? spec->p.fixpt.scale : 1.0f;
+    g.key = fix ? s_mix64_host(spec->p.fixpt.seed) : 0;
+    const uint64_t mb = fix ? 2u : (spec->p.intq.symmetric ? 2u : 4u);
+    g.meta_off = fix ? 0 : 4;
+    g.codes_off = g.meta_off + mb * g.ng;
+    g.vec = ((uintptr_t)xy & 15u) == 0 && g.group % 4 == 0;
+    return g;
+}
+
+template <int MODE>
+static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_head *head, cudaStream_t st,
+                         char *err, size_t errlen)
+{
+    if (MODE >= M_INT_ASYM) {
+        const bool vec = ((uintptr_t)x & 15u) == 0;
+        k_absmax<<<cu_grid((g.n + 7) / 8, 256 * 4), 256, 0, st>>>(x, g.n, vec, head);
+        CU_CHECK_LAUNCH("k_absmax");
+    }
+    if (g.tpg == S_CTA) {
+        k_group_encode<MODE, true><<<cu_grid(g.ng, 1), S_CTA, 0, st>>>(x, payload, head, g);
+    } else {
+        const uint64_t per_block = (uint64_t)(256 / 32) * (32 / g.tpg); // groups per CTA
+        k_group_encode<MODE, false><<<cu_grid(g.ng, per_block), 256, 0, st>>>(x, payload, head, g);
+    }
+    CU_CHECK_LAUNCH("k_group_encode");
+    return 0;
+}
+
+int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_head *head,
+                    cudaStream_t st, char *err, size_t errlen)
+{
+    const s_gp g = s_params(spec, n, x);
+    switch (s_mode(spec)) {
+    case M_FIX_NEAR: return s_encode_mode<M_FIX_NEAR>(g, x, payload, head, st, err, errlen);
+    case M_FIX_STOCH: return s_encode_mode<M_FIX_STOCH>(g, x, payload, head, st, err, errlen);
+    case M_INT_ASYM: return s_encode_mode<M_INT_ASYM>(g, x, payload, head, st, err, errlen);
+    default: return s_encode_mode<M_INT_SYM>(g, x, payload, head, st, err, errlen);
+    }
+}
+
+int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_head *head,
+                    cudaStream_t st, char *err, size_t errlen)
+{
+    const s_gp g = s_params(spec, n, out);
+    const unsigned int grid = cu_grid(g.ng * g.cpg, 256);
+    switch (s_mode(spec)) {
+    case M_FIX_NEAR:
+    case M_FIX_STOCH: k_group_decode<M_FIX_NEAR><<<grid, 256, 0, st>>>(payload, out, head, g); break;
+    case M_INT_ASYM: k_group_decode<M_INT_ASYM><<<grid, 256, 0, st>>>(payload, out, head, g); break;
+    default: k_group_decode<M_INT_SYM><<<grid, 256, 0, st>>>(payload, out, head, g); break;
+    }
+    CU_CHECK_LAUNCH("k_group_decode");
+    return 0;
+}

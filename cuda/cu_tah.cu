@@ -1,0 +1,713 @@
+// cu_tah.cu — TAH-Quant on the GPU, codecs/tah.c's payload to the byte.
+//
+// Encode, four launches:
+//   1. k_tah_entropy: entropy of every allocation tile and the frame absmax.
+//      4 lanes per allocation tile, 8 tiles per warp; lane u holds tah.c's
+//      16-lane accumulators 4u..4u+3 (one 16-byte load per 16 elements):
+//
+//        tile elements: | 0 1 2 3 | 4 5 6 7 | 8 .. 11 | 12 .. 15 | 16 ...
+//        lane u:        |    0    |    1    |    2    |    3     |  0 ...
+//
+//      the 16 accumulators are summed in tah.c's order (lane 0 first) by
+//      every lane from 16 shuffles, so the float sums, the log2 polynomial
+//      and the entropy are bit-identical to the CPU's.
+//   2. k_tah_select: one CTA per sample: radix select on the entropy bits
+//      (4 rounds of a 256-bin shared-memory histogram, MSB first), exactly
+//      n_hi high tiles with ties to the lower index (a block scan over the
+//      keys equal to the threshold), then a block scan of the high quant
+//      tile counts: each allocation tile's offset into the sample's code
+//      region. Also zeroes the unused end of that region and writes e.
+//   3. k_tah_quant: one segment of G/8 lanes per quant tile (G <= 256),
+//      8 elements per lane in registers; top-2 magnitudes with the pivot,
+//      min/max, the rotation test, pivot swap + Hadamard (registers and
+//      __shfl_xor_sync), fp16 metadata rounded down/up, b-bit codes packed
+//      into b bytes per lane. Tiles go in reverse order so the second read
+//      of x starts with what pass 1 left in L2.
+//   4. k_tah_flags: the (2+lg)-bit flag fields, gathered into bytes.
+// Decode: k_tah_dscan (per sample: flags checked, high tile count checked,
+// offsets) then k_tah_dtile (segment per tile, as in 3).
+//
+// Which zero is a tile's minimum (+0 or -0 changes the fp16 min's sign bit)
+// follows tah.c's reduction order; see d_zkey.
+#include <float.h>
+
+#include "cu_common.cuh"
+
+#define S_SEL_THREADS 1024u
+#define S_ENT_EPS 1e-12f
+#define S_MAX_TILE 256u
+
+struct s_tg {
+    uint32_t C, G, lg, k, Q, nA, r, A, bh, bl, fbits;
+    uint64_t S, B, T, n_alloc, n_hi, flags_bytes, meta_bytes, code_bytes;
+    uint64_t meta_off, codes_off;
+    float tau, rho, norm;
+    bool vec;
+};
+
+// Scratch past the head: ent f32[B*n_alloc] | pre u32[B*n_alloc] | hi u8[B*n_alloc] (8-aligned) | flagv u16[T]
+struct s_tw {
+    float *ent;
+    uint32_t *pre;
+    uint8_t *hi;
+    uint16_t *flagv;
+};
+
+static uint32_t s_log2u(uint32_t v)
+{
+    uint32_t l = 0;
+    while ((1u << l) < v)
+        l++;
+    return l;
+}
+
+static s_tg s_geometry(const codec_spec_t *spec, codec_shape_t shape, const void *xy)
+{
+    const codec_tah_params_t *p = &spec->p.tah;
+    s_tg g;
+    g.C = shape.c;
+    g.G = p->tile;
+    g.lg = s_log2u(p->tile);
+    g.A = p->alloc_tile;
+    g.k = p->alloc_tile / p->tile;
+    g.Q = (shape.c + g.G - 1) / g.G;
+    g.nA = (g.Q + g.k - 1) / g.k;
+    g.r = g.Q - (g.nA - 1) * g.k;
+    g.bh = p->bits_hi;
+    g.bl = p->bits_lo;
+    g.fbits = 2 + g.lg;
+    g.S = shape.s;
+    g.B = shape.b;
+    g.T = g.B * g.S * g.Q;
+    g.n_alloc = g.S * g.nA;
+    double want = floor((double)p->hi_frac * (double)g.n_alloc + 0.5);
+    g.n_hi = want < 0 ? 0 : (want > (double)g.n_alloc ? g.n_alloc : (uint64_t)want);
+    uint64_t full = (g.r == g.k) ? g.n_alloc : g.S * (g.nA - 1);
+    uint64_t hi_q_max = (g.n_hi <= full) ? g.n_hi * g.k : full * g.k + (g.n_hi - full) * g.r;
+    uint64_t sq = g.S * g.Q;
+    g.flags_bytes = (g.T * g.fbits + 7) / 8;
+    g.meta_bytes = 4 * g.T;
+    g.code_bytes = hi_q_max * g.G * g.bh / 8 + (sq - hi_q_max) * g.G * g.bl / 8;
+    g.meta_off = 8 + g.flags_bytes;
+    g.codes_off = g.meta_off + g.meta_bytes;
+    g.tau = p->tau;
+    g.rho = p->rho;
+    g.norm = (float)(1.0 / sqrt((double)g.G));
+    g.vec = ((uintptr_t)xy & 15u) == 0 && g.C % 4 == 0;
+    return g;
+}
+
+static s_tw s_carve(void *work, const s_tg &g)
+{
+    s_tw t;
+    uint8_t *w = (uint8_t *)work;
+    const uint64_t na = g.B * g.n_alloc;
+    t.ent = (float *)w;
+    t.pre = (uint32_t *)(w + 4 * na);
+    t.hi = w + 8 * na;
+    t.flagv = (uint16_t *)(w + 8 * na + ((na + 7) & ~7ull));
+    return t;
+}
+
+size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape)
+{
+    const s_tg g = s_geometry(spec, shape, NULL);
+    const uint64_t na = g.B * g.n_alloc;
+    return (size_t)(8 * na + ((na + 7) & ~7ull) + 2 * g.T);
+}
+
+// ---- shared pieces ----
+
+// tah.c's s_log2f, operation for operation
+__device__ __forceinline__ float d_log2f(float x)
+{
+    uint32_t u = __float_as_uint(x);
+    int32_t e = (int32_t)((u >> 23) & 0xffu) - 127;
+    float m = __uint_as_float((u & 0x007fffffu) | 0x3f800000u);
+    int32_t big = m > 1.41421356f;
+    m = big ? __fmul_rn(m, 0.5f) : m;
+    e += big;
+    float t = __fdiv_rn(__fsub_rn(m, 1.0f), __fadd_rn(m, 1.0f));
+    float t2 = __fmul_rn(t, t);
+    float s = __fmul_rn(0.412198583f, t2);
+    s = __fmul_rn(t2, __fadd_rn(0.577078016f, s));
+    s = __fmul_rn(t2, __fadd_rn(0.961796694f, s));
+    s = __fmul_rn(t, __fadd_rn(2.88539008f, s));
+    return __fadd_rn((float)e, s);
+}
+
+// tah.c's e: absmax * 2^-e <= 2^(14) before rotation growth; 0 for a zero frame
+__device__ __forceinline__ int32_t d_tah_exp(uint32_t amax_bits, uint32_t lg)
+{
+    if (amax_bits == 0)
+        return 0;
+    int32_t ex = amax_bits >= 0x00800000u ? (int32_t)(amax_bits >> 23) - 126 : (31 - __clz((int)amax_bits)) - 148;
+    int32_t e = ex + (int32_t)((lg + 1) / 2) - 14;
+    return e < -126 ? -126 : e;
+}
+
+__device__ __forceinline__ uint32_t d_get_bits(const uint8_t *stream, uint64_t bitpos, uint32_t nbits)
+{
+    const uint8_t *p = stream + bitpos / 8;
+    uint32_t sh = (uint32_t)(bitpos % 8);
+    uint32_t nbytes = (sh + nbits + 7) / 8;
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < nbytes; i++)
+        w |= (uint32_t)p[i] << (8 * i);
+    return (w >> sh) & ((1u << nbits) - 1u);
+}
+
+// Exclusive scan over a CTA of S_SEL_THREADS threads; *total gets the sum.
+__device__ uint32_t d_block_scan(uint32_t v, uint32_t *ws, uint32_t *total)
+{
+    const uint32_t lane = threadIdx.x & 31u, wid = threadIdx.x / 32u, nw = blockDim.x / 32u;
+    uint32_t x = v;
+    for (int o = 1; o < 32; o *= 2) {
+        uint32_t y = __shfl_up_sync(CU_FULL, x, o);
+        if (lane >= (uint32_t)o)
+            x += y;
+    }
+    if (lane == 31)
+        ws[wid] = x;
+    __syncthreads();
+    if (wid == 0) {
+        uint32_t t = lane < nw ? ws[lane] : 0u;
+        for (int o = 1; o < 32; o *= 2) {
+            uint32_t y = __shfl_up_sync(CU_FULL, t, o);
+            if (lane >= (uint32_t)o)
+                t += y;
+        }
+        ws[lane] = t;
+    }
+    __syncthreads();
+    const uint32_t excl = x - v + (wid > 0 ? ws[wid - 1] : 0u);
+    *total = ws[nw - 1];
+    __syncthreads();
+    return excl;
+}
+
+// Which zero tah.c picks as a tile's minimum when the minimum is 0: its
+// 8-lane reductions keep the first value strictly below, lanes i % 8,
+// combined in lane order, so the zero with the smallest (i % 8, i / 8)
+// wins (also when the CPU seeds every lane with element 0: its key is 0).
+// A partial unrotated tile is scanned in index order: key i. Low bit: sign.
+__device__ __forceinline__ uint32_t d_zkey(uint32_t i, uint32_t G, bool ordered, float v)
+{
+    uint32_t key = ordered ? i : (i % 8u) * G + i / 8u;
+    return key * 2u + (__float_as_uint(v) >> 31);
+}
+
+// min/max of the segment's tile over element indices < lim, the zero rule above
+__device__ __forceinline__ void d_tile_minmax(const float v[8], uint32_t tl, uint32_t tpg, uint32_t G, uint32_t lim,
+                                              bool ordered, float &mn, float &mx)
+{
+    float a = __uint_as_float(0x7f800000u), b = -a;
+    uint32_t z = 0xffffffffu;
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        const uint32_t i = 8u * tl + (uint32_t)r;
+        if (i < lim) {
+            a = fminf(a, v[r]);
+            b = fmaxf(b, v[r]);
+            if (v[r] == 0.0f)
+                z = min(z, d_zkey(i, G, ordered, v[r]));
+        }
+    }
+    a = d_seg_minf(a, tpg);
+    b = d_seg_maxf(b, tpg);
+    z = d_seg_minu(z, tpg);
+    if (a == 0.0f)
+        a = (z & 1u) ? -0.0f : 0.0f;
+    mn = a;
+    mx = b;
+}
+
+// ---- encode ----
+
+__global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x, float *__restrict__ ent,
+                                                     cu_head *head, s_tg g)
+{
+    const uint32_t lane = threadIdx.x & 31u, u = lane & 3u, sub = lane >> 2;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
+    const uint64_t ntiles = g.B * g.n_alloc;
+    uint32_t amax = 0, bad = 0;
+    for (uint64_t base = warp * 8u; base < ntiles; base += nwarps * 8u) {
+        const uint64_t tile = base + sub;
+        const bool valid = tile < ntiles;
+        const uint64_t token = valid ? tile / g.nA : 0;
+        const uint32_t j = valid ? (uint32_t)(tile - token * g.nA) : 0u;
+        const uint32_t c0 = j * g.A;
+        const uint32_t w = valid ? (g.C - c0 < g.A ? g.C - c0 : g.A) : 0u;
+        const float *row = x + token * g.C + c0;
+        const uint32_t nfull = w / 16u;
+        float s1[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, sl[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, mx = 0.0f;
+        for (uint32_t st = 0; st < nfull; st++) {
+            float f[4];
+            const float *src = row + 16u * st + 4u * u;
+            if (g.vec) {
+                float4 q = *(const float4 *)src;
+                f[0] = q.x; f[1] = q.y; f[2] = q.z; f[3] = q.w;
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    f[i] = src[i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                bad |= (uint32_t)d_nonfinite(f[i]);
+                const float v = fabsf(f[i]);
+                s1[i] = __fadd_rn(s1[i], v);
+                sl[i] = __fadd_rn(sl[i], __fmul_rn(v, d_log2f(v)));
+                mx = fmaxf(mx, v);
+            }
+        }
+        // tah.c: S1 = 0 + s1[0] + s1[1] + ... + s1[15], lane 4u'+i held by lane u', register i
+        float S1 = 0.0f, SL = 0.0f;
+        const int seg0 = (int)(lane & ~3u);
+#pragma unroll
+        for (int up = 0; up < 4; up++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                S1 = __fadd_rn(S1, __shfl_sync(CU_FULL, s1[i], seg0 + up));
+                SL = __fadd_rn(SL, __shfl_sync(CU_FULL, sl[i], seg0 + up));
+            }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(CU_FULL, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(CU_FULL, mx, 2));
+        for (uint32_t i = 16u * nfull; i < w; i++) { // tail, in order, by every lane of the tile
+            const float f = row[i];
+            bad |= (uint32_t)d_nonfinite(f);
+            const float v = fabsf(f);
+            S1 = __fadd_rn(S1, v);
+            SL = __fadd_rn(SL, __fmul_rn(v, d_log2f(v)));
+            mx = fmaxf(mx, v);
+        }
+        float h = 0.0f;
+        if (S1 != 0.0f) {
+            const float D = __fadd_rn(S1, S_ENT_EPS);
+            h = __fsub_rn(__fmul_rn(d_log2f(D), __fdiv_rn(S1, D)), __fdiv_rn(SL, D));
+            h = h > 0.0f ? h : 0.0f;
+        }
+        if (valid && u == 0)
+            ent[tile] = h;
+        amax = max(amax, __float_as_uint(mx));
+    }
+    for (int o = 16; o > 0; o /= 2)
+        amax = max(amax, __shfl_xor_sync(CU_FULL, amax, o));
+    if (lane == 0 && amax != 0)
+        atomicMax(&head->absmax_bits, amax);
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+}
+
+__global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const float *__restrict__ ent, uint32_t *pre,
+                                                              uint8_t *hi_out, uint8_t *p, cu_head *head, s_tg g)
+{
+    __shared__ uint32_t hist[256];
+    __shared__ uint32_t ws[32];
+    __shared__ uint32_t sh_prefix, sh_need;
+    const uint64_t b = blockIdx.x, na = g.n_alloc;
+    const uint32_t *keys = (const uint32_t *)(ent + b * na);
+    const bool all = g.n_hi == 0 || g.n_hi == na;
+    if (threadIdx.x == 0) {
+        sh_prefix = 0;
+        sh_need = (uint32_t)g.n_hi;
+    }
+    __syncthreads();
+    if (!all) {
+        uint32_t mask = 0;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x)
+                hist[i] = 0;
+            __syncthreads();
+            const uint32_t prefix = sh_prefix;
+            for (uint64_t i = threadIdx.x; i < na; i += blockDim.x) {
+                const uint32_t key = keys[i];
+                if ((key & mask) == prefix)
+                    atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                uint32_t need = sh_need, d = 256;
+                while (d-- > 0) {
+                    if (hist[d] >= need)
+                        break;
+                    need -= hist[d];
+                }
+                sh_prefix = prefix | (d << shift);
+                sh_need = need;
+            }
+            mask |= 0xffu << shift;
+            __syncthreads();
+        }
+    }
+    const uint32_t T = sh_prefix, need = sh_need;
+    uint32_t run_eq = 0, run_hq = 0;
+    for (uint64_t c0 = 0; c0 < na; c0 += blockDim.x) {
+        const uint64_t i = c0 + threadIdx.x;
+        const bool in = i < na;
+        const uint32_t key = in ? keys[i] : 0u;
+        const uint32_t eq = (uint32_t)(in && !all && key == T);
+        uint32_t eq_total, hq_total;
+        const uint32_t eq_before = d_block_scan(eq, ws, &eq_total);
+        bool hi;
+        if (all)
+            hi = in && g.n_hi != 0;
+        else
+            hi = in && (key > T || (eq && run_eq + eq_before < need));
+        const uint32_t jj = in ? (uint32_t)(i % g.nA) : 0u;
+        const uint32_t wq = hi ? (jj == g.nA - 1 ? g.r : g.k) : 0u;
+        const uint32_t hq_before = d_block_scan(wq, ws, &hq_total);
+        if (in) {
+            hi_out[b * na + i] = (uint8_t)hi;
+            pre[b * na + i] = run_hq + hq_before;
+        }
+        run_eq += eq_total;
+        run_hq += hq_total;
+    }
+    // zero the sample's code region past its last tile
+    const uint64_t used = (uint64_t)(g.G / 8u) * ((uint64_t)g.bl * g.S * g.Q + (uint64_t)(g.bh - g.bl) * run_hq);
+    uint8_t *region = p + g.codes_off + b * g.code_bytes;
+    for (uint64_t y = used + threadIdx.x; y < g.code_bytes; y += blockDim.x)
+        region[y] = 0;
+    if (b == 0 && threadIdx.x == 0) {
+        d_put_u32(p, (uint32_t)d_tah_exp(head->absmax_bits, g.lg));
+        d_put_u32(p + 4, 0);
+    }
+}
+
+// 8 elements per lane of tile `tile`'s segment, optionally scaled
+__device__ __forceinline__ void d_tile_geom(const s_tg &g, uint64_t tile, uint64_t &token, uint32_t &q,
+                                            uint64_t &b, uint64_t &s, uint32_t &w)
+{
+    token = tile / g.Q;
+    q = (uint32_t)(tile - token * g.Q);
+    b = token / g.S;
+    s = token - b * g.S;
+    const uint32_t c0 = q * g.G;
+    w = g.C - c0 < g.G ? g.C - c0 : g.G;
+}
+
+// swap element 0 and element piv of the segment's tile (registers of two lanes)
+__device__ __forceinline__ void d_swap0(float z[8], uint32_t lane, uint32_t tl, uint32_t tpg, uint32_t piv)
+{
+    const int sbase = (int)(lane - tl);
+    const uint32_t pl = piv / 8u, pr = piv % 8u;
+    float sel = z[0];
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        if ((uint32_t)r == pr)
+            sel = z[r];
+    const float val0 = __shfl_sync(CU_FULL, z[0], sbase);
+    const float valp = __shfl_sync(CU_FULL, sel, sbase + (int)pl);
+    (void)tpg;
+    if (tl == 0)
+        z[0] = valp;
+    if (tl == pl) {
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            if ((uint32_t)r == pr)
+                z[r] = val0;
+    }
+}
+
+__global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, const uint32_t *__restrict__ pre,
+                                                   const uint8_t *__restrict__ hi_arr, uint16_t *__restrict__ flagv,
+                                                   uint8_t *__restrict__ p, cu_head *head, s_tg g)
+{
+    const uint32_t lane = threadIdx.x & 31u, tpg = g.G / 8u, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
+    const int32_t e = d_tah_exp(head->absmax_bits, g.lg);
+    const float down = __uint_as_float((uint32_t)(127 - e) << 23);
+    const float rho_down = __fmul_rn(g.rho, down);
+    uint32_t range = 0;
+    for (uint64_t base = warp * spw; base < g.T; base += nwarps * spw) {
+        const uint64_t traw = base + seg;
+        const bool valid = traw < g.T;
+        const uint64_t tile = valid ? g.T - 1 - traw : 0; // reverse: pass 1 left the end in L2
+        uint64_t token, b, s;
+        uint32_t q, w;
+        d_tile_geom(g, tile, token, q, b, s, w);
+        if (!valid)
+            w = 0;
+        const uint64_t a_idx = b * g.n_alloc + s * g.nA + q / g.k;
+        float v[8];
+        const uint64_t x0 = token * g.C + (uint64_t)q * g.G;
+        d_load8(x, x0 + 8u * tl, x0 + w, g.vec, v);
+        // scale; top-2 magnitudes (multiset) with the first index of the largest
+        float m1 = 0.0f, m2 = 0.0f;
+        uint32_t i1 = 0;
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            v[r] = __fmul_rn(v[r], down);
+            const float m = fabsf(v[r]);
+            if (m > m1) {
+                m2 = m1;
+                m1 = m;
+                i1 = 8u * tl + (uint32_t)r;
+            } else if (m > m2) {
+                m2 = m;
+            }
+        }
+        for (uint32_t o = 1; o < tpg; o *= 2) {
+            const float b1 = __shfl_xor_sync(CU_FULL, m1, (int)o);
+            const float b2 = __shfl_xor_sync(CU_FULL, m2, (int)o);
+            const uint32_t bi = __shfl_xor_sync(CU_FULL, i1, (int)o);
+            if (b1 > m1 || (b1 == m1 && bi < i1)) {
+                m2 = fmaxf(b2, m1);
+                m1 = b1;
+                i1 = bi;
+            } else {
+                m2 = fmaxf(m2, b1);
+            }
+        }
+        const uint32_t piv = m1 > 0.0f ? i1 : 0u;
+        float mn, mx;
+        const bool full = w == g.G;
+        d_tile_minmax(v, tl, tpg, g.G, full ? g.G : w, !full, mn, mx);
+        const bool rot = valid && __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau;
+        if (__any_sync(CU_FULL, rot)) {
+            float z[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                z[r] = v[r];
+            d_swap0(z, lane, tl, tpg, piv);
+            d_fwht_seg(z, lane, tpg);
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                z[r] = __fmul_rn(z[r], g.norm);
+            float rmn, rmx;
+            d_tile_minmax(z, tl, tpg, g.G, g.G, false, rmn, rmx);
+            if (rot) {
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+                    v[r] = z[r];
+                mn = rmn;
+                mx = rmx;
+            }
+        }
+        if (!valid)
+            continue;
+        const uint32_t is_hi = hi_arr[a_idx];
+        const uint32_t bits = is_hi ? g.bh : g.bl;
+        const float levels = (float)((1u << bits) - 1u);
+        const uint16_t min16 = d_half_from_f32_down(mn);
+        const float minf = d_half_to_f32(min16);
+        const uint16_t step16 = d_half_from_f32_up(__fdiv_rn(__fsub_rn(mx, minf), levels));
+        const float step = d_half_to_f32(step16);
+        const float inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+        range |= (uint32_t)((step16 & 0x7c00u) == 0x7c00u || (min16 & 0x7c00u) == 0x7c00u);
+        uint32_t code[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            float t = __fadd_rn(__fmul_rn(__fsub_rn(v[r], minf), inv), 0.5f);
+            t = t < levels ? t : levels;
+            t = t > 0.0f ? t : 0.0f;
+            code[r] = (uint32_t)t;
+        }
+        const uint64_t qidx = s * g.Q + q;
+        const uint64_t hiq_before = pre[a_idx] + (is_hi ? q % g.k : 0u);
+        const uint64_t off = (uint64_t)(g.G / 8u) * ((uint64_t)g.bl * qidx + (uint64_t)(g.bh - g.bl) * hiq_before);
+        uint64_t lo, hi;
+        d_pack8(code, bits, lo, hi);
+        d_store_bytes(p + g.codes_off + b * g.code_bytes + off + (uint64_t)tl * bits, lo, hi, bits);
+        if (tl == 0) {
+            d_put_u16(p + g.meta_off + 4 * tile, min16);
+            d_put_u16(p + g.meta_off + 4 * tile + 2, step16);
+            flagv[tile] = (uint16_t)(is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2));
+        }
+    }
+    if (range)
+        d_flag(head, CU_ST_RANGE);
+}
+
+__global__ void __launch_bounds__(256) k_tah_flags(const uint16_t *__restrict__ flagv, uint8_t *__restrict__ p,
+                                                   s_tg g)
+{
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t y = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; y < g.flags_bytes; y += stride) {
+        const uint64_t bit0 = 8 * y;
+        const uint64_t t0 = bit0 / g.fbits, t1 = (bit0 + 7) / g.fbits;
+        uint32_t byte = 0;
+        for (uint64_t t = t0; t <= t1 && t < g.T; t++) {
+            const int64_t sh = (int64_t)(t * g.fbits) - (int64_t)bit0;
+            const uint32_t f = flagv[t];
+            byte |= sh >= 0 ? (f << sh) : (f >> -sh);
+        }
+        p[8 + y] = (uint8_t)byte;
+    }
+}
+
+// ---- decode ----
+
+__global__ void __launch_bounds__(S_SEL_THREADS) k_tah_dscan(const uint8_t *__restrict__ p, uint32_t *pre,
+                                                             uint8_t *hi_out, cu_head *head, s_tg g)
+{
+    __shared__ uint32_t ws[32];
+    const uint64_t b = blockIdx.x, na = g.n_alloc;
+    const uint8_t *flags = p + 8;
+    uint32_t corrupt = 0;
+    if (b == 0 && threadIdx.x == 0) {
+        const int32_t e = (int32_t)d_get_u32(p);
+        corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
+    }
+    uint32_t run_hq = 0, run_hi = 0;
+    for (uint64_t c0 = 0; c0 < na; c0 += blockDim.x) {
+        const uint64_t i = c0 + threadIdx.x;
+        const bool in = i < na;
+        uint32_t hi = 0, qn = 0;
+        if (in) {
+            const uint64_t s = i / g.nA;
+            const uint32_t j = (uint32_t)(i - s * g.nA);
+            qn = j == g.nA - 1 ? g.r : g.k;
+            const uint64_t tile0 = (b * g.S + s) * g.Q + (uint64_t)j * g.k;
+            for (uint32_t qq = 0; qq < qn; qq++) {
+                const uint32_t f = d_get_bits(flags, (tile0 + qq) * g.fbits, g.fbits);
+                corrupt |= (uint32_t)(!(f & 2u) && (f >> 2) != 0);
+                if (qq == 0)
+                    hi = f & 1u;
+                else
+                    corrupt |= (uint32_t)((f & 1u) != hi);
+            }
+        }
+        uint32_t hq_total, hi_total;
+        const uint32_t hq_before = d_block_scan(hi ? qn : 0u, ws, &hq_total);
+        d_block_scan(hi, ws, &hi_total);
+        if (in) {
+            hi_out[b * na + i] = (uint8_t)hi;
+            pre[b * na + i] = run_hq + hq_before;
+        }
+        run_hq += hq_total;
+        run_hi += hi_total;
+    }
+    if (threadIdx.x == 0 && run_hi != g.n_hi)
+        corrupt = 1;
+    if (corrupt)
+        d_flag(head, CU_ST_CORRUPT);
+}
+
+__global__ void __launch_bounds__(256) k_tah_dtile(const uint8_t *__restrict__ p, const uint32_t *__restrict__ pre,
+                                                   const uint8_t *__restrict__ hi_arr, float *__restrict__ out,
+                                                   cu_head *head, s_tg g)
+{
+    const uint32_t lane = threadIdx.x & 31u, tpg = g.G / 8u, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
+    int32_t e = (int32_t)d_get_u32(p);
+    e = e < -200 ? -200 : (e > 200 ? 200 : e); // a bad e is reported by k_tah_dscan
+    const uint8_t *flags = p + 8;
+    uint32_t corrupt = 0, bad = 0;
+    for (uint64_t base = warp * spw; base < g.T; base += nwarps * spw) {
+        const uint64_t tile = base + seg;
+        const bool valid = tile < g.T;
+        uint64_t token, b, s;
+        uint32_t q, w;
+        d_tile_geom(g, valid ? tile : 0, token, q, b, s, w);
+        uint32_t f = 0, bits = g.bl;
+        float minf = 0.0f, step = 0.0f;
+        uint64_t lo = 0, hi = 0;
+        if (valid) {
+            f = d_get_bits(flags, tile * g.fbits, g.fbits);
+            bits = (f & 1u) ? g.bh : g.bl;
+            const uint64_t a_idx = b * g.n_alloc + s * g.nA + q / g.k;
+            const uint64_t hiq_before = pre[a_idx] + (hi_arr[a_idx] ? q % g.k : 0u);
+            const uint64_t off =
+                (uint64_t)(g.G / 8u) * ((uint64_t)g.bl * (s * g.Q + q) + (uint64_t)(g.bh - g.bl) * hiq_before);
+            const uint16_t min16 = d_get_u16(p + g.meta_off + 4 * tile);
+            const uint16_t step16 = d_get_u16(p + g.meta_off + 4 * tile + 2);
+            corrupt |= (uint32_t)((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u ||
+                                  (step16 & 0x8000u));
+            minf = ldexpf(d_half_to_f32(min16), e);
+            step = ldexpf(d_half_to_f32(step16), e);
+            if (off + (uint64_t)g.G * bits / 8u <= g.code_bytes)
+                d_load_bytes(p + g.codes_off + b * g.code_bytes + off + (uint64_t)tl * bits, bits, lo, hi);
+            else
+                corrupt = 1; // offsets from flags that failed k_tah_dscan's checks
+        }
+        uint32_t code[8];
+        d_unpack8(lo, hi, bits, code);
+        float v[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            v[r] = __fadd_rn(minf, __fmul_rn((float)code[r], step));
+        const bool rot = valid && (f & 2u);
+        if (__any_sync(CU_FULL, rot)) {
+            float z[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                z[r] = v[r];
+            d_fwht_seg(z, lane, tpg);
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                z[r] = __fmul_rn(z[r], g.norm);
+            d_swap0(z, lane, tl, tpg, rot ? f >> 2 : 0u);
+            if (rot) {
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+                    v[r] = z[r];
+            }
+        }
+        if (!valid || 8u * tl >= w)
+            continue;
+        const uint32_t m = w - 8u * tl < 8u ? w - 8u * tl : 8u;
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            bad |= (uint32_t)((uint32_t)r < m && d_nonfinite(v[r]));
+        d_store8(out, token * g.C + (uint64_t)q * g.G + 8u * tl, m, g.vec, v);
+    }
+    if (corrupt)
+        d_flag(head, CU_ST_CORRUPT);
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+}
+
+// ---- host ----
+
+static int s_check_tile(const s_tg &g, char *err, size_t errlen)
+{
+    if (g.G > S_MAX_TILE) {
+        if (err && errlen)
+            snprintf(err, errlen, "cuda tah: tile=%u: the GPU kernels handle tiles up to %u (use the CPU codec)",
+                     g.G, S_MAX_TILE);
+        return TAH_EPARAM;
+    }
+    return 0;
+}
+
+int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload, cu_head *head,
+                  void *work, cudaStream_t st, char *err, size_t errlen)
+{
+    const s_tg g = s_geometry(spec, shape, x);
+    int rc = s_check_tile(g, err, errlen);
+    if (rc != 0)
+        return rc;
+    const s_tw t = s_carve(work, g);
+    k_tah_entropy<<<cu_grid(g.B * g.n_alloc, 64), 256, 0, st>>>(x, t.ent, head, g);
+    CU_CHECK_LAUNCH("k_tah_entropy");
+    k_tah_select<<<(unsigned int)g.B, S_SEL_THREADS, 0, st>>>(t.ent, t.pre, t.hi, payload, head, g);
+    CU_CHECK_LAUNCH("k_tah_select");
+    const uint64_t per_block = 8u * (32u / (g.G / 8u));
+    k_tah_quant<<<cu_grid(g.T, per_block), 256, 0, st>>>(x, t.pre, t.hi, t.flagv, payload, head, g);
+    CU_CHECK_LAUNCH("k_tah_quant");
+    k_tah_flags<<<cu_grid(g.flags_bytes, 256), 256, 0, st>>>(t.flagv, payload, g);
+    CU_CHECK_LAUNCH("k_tah_flags");
+    return 0;
+}
+
+int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *payload, float *out,
+                  cu_head *head, void *work, cudaStream_t st, char *err, size_t errlen)
+{
+    const s_tg g = s_geometry(spec, shape, out);
+    int rc = s_check_tile(g, err, errlen);
+    if (rc != 0)
+        return rc;
+    const s_tw t = s_carve(work, g);
+    k_tah_dscan<<<(unsigned int)g.B, S_SEL_THREADS, 0, st>>>(payload, t.pre, t.hi, head, g);
+    CU_CHECK_LAUNCH("k_tah_dscan");
+    const uint64_t per_block = 8u * (32u / (g.G / 8u));
+    k_tah_dtile<<<cu_grid(g.T, per_block), 256, 0, st>>>(payload, t.pre, t.hi, out, head, g);
+    CU_CHECK_LAUNCH("k_tah_dtile");
+    return 0;
+}
