@@ -44,10 +44,32 @@ struct s_partial {
     float normP, kP, normp, kp, normh, kh;
 };
 
+#ifdef TAH_CU_SOFT_E4M3
+// Integer port of codecs/fp8.c's encoder (RNE, saturating): the fallback if
+// the hardware conversion ever disagrees with it (test_cu_codec checks).
+__device__ __forceinline__ uint32_t d_e4m3_soft(float f)
+{
+    uint32_t x = __float_as_uint(f);
+    uint32_t sign = (x >> 24) & 0x80u;
+    uint32_t ax = x & 0x7fffffffu;
+    uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
+    uint32_t e = ax >> 23;
+    uint32_t sh = (e >= 110u && e <= 120u) ? 141u - e : 31u;
+    uint32_t sub = (mant + (1u << (sh - 1)) - 1u + ((mant >> sh) & 1u)) >> sh;
+    uint32_t nrm = (ax - 0x3c000000u + 0x7ffffu + ((ax >> 20) & 1u)) >> 20;
+    nrm = nrm > 0x7eu ? 0x7eu : nrm;
+    uint32_t r = ax < 0x3c800000u ? sub : nrm;
+    r = ax > 0x7f800000u ? 0x7fu : r;
+    return r | sign;
+}
+__device__ __forceinline__ uint32_t d_e4m3x2(float a, float b) { return d_e4m3_soft(a) | (d_e4m3_soft(b) << 8); }
+#else
+// hardware cvt.rn.satfinite.e4m3x2.f32: low byte from a
 __device__ __forceinline__ uint32_t d_e4m3x2(float a, float b)
 {
     return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
 }
+#endif
 
 // codes of z[0..8) scaled as ash.c: z * (1/s), or z / s when 1/s overflows
 __device__ __forceinline__ uint64_t d_codes8(const float z[8], float s, float inv)

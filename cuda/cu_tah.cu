@@ -322,10 +322,14 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const float *__res
                 hist[i] = 0;
             __syncthreads();
             const uint32_t prefix = sh_prefix;
-            for (uint64_t i = threadIdx.x; i < na; i += blockDim.x) {
-                const uint32_t key = keys[i];
-                if ((key & mask) == prefix)
-                    atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
+            // entropies share their top bits: one atomic per distinct bin per warp
+            for (uint64_t i0 = 0; i0 < na; i0 += blockDim.x) {
+                const uint64_t i = i0 + threadIdx.x;
+                const uint32_t key = i < na ? keys[i] : 0u;
+                const uint32_t bin = (i < na && (key & mask) == prefix) ? (key >> shift) & 0xffu : 0x100u;
+                const uint32_t peers = __match_any_sync(CU_FULL, bin);
+                if (bin != 0x100u && (threadIdx.x & 31u) == (uint32_t)(__ffs((int)peers) - 1))
+                    atomicAdd(&hist[bin], (uint32_t)__popc((int)peers));
             }
             __syncthreads();
             if (threadIdx.x == 0) {

@@ -367,6 +367,12 @@ static void s_test_status(s_dev_t *d)
         free(f);
         free(y);
     }
+    /* documented limit: TAH tiles above 256 elements stay on the CPU codec */
+    codec_spec_t big;
+    codec_spec_parse("tah:tile=512,alloc_tile=512", &big, err, sizeof err);
+    s_reserve(d, n, (size_t)codec_frame_size(&big, shape), cu_codec_scratch_bytes(&big, shape));
+    CHECK(cu_codec_encode(&big, shape, d->x, d->payload, d->scratch, 0, err, sizeof err) == TAH_EPARAM,
+          "tah tile=512 on the GPU: want TAH_EPARAM");
     free(x);
 }
 
