@@ -70,6 +70,7 @@ typedef struct agent {
     atomic_ullong rejected;
     char last_reject[512];
     int exiting;
+    int hello_after_stop;   /* the coordinator forgot us: announce once the job is stopped */
 } agent_t;
 
 static volatile sig_atomic_t s_signal = 0;
@@ -309,8 +310,14 @@ static void s_on_exit(agent_t *a)
     }
     s_close_links(a);
     s_free_job(a);
-    a->state = A_IDLE;
-    s_send_heartbeat(a);
+    if (a->hello_after_stop) {
+        a->hello_after_stop = 0;
+        a->state = A_ANNOUNCING;
+        s_send_hello(a);
+    } else {
+        a->state = A_IDLE;
+        s_send_heartbeat(a);
+    }
 }
 
 /* ---- messages ---- */
@@ -360,11 +367,13 @@ static void s_on_coord(agent_t *a)
     case TAH__ENVELOPE__BODY_ERROR:
         log_warn("coordinator: %s", e->error->message);
         if (e->error->reannounce) {
-            if (a->job)
+            if (a->job) {
                 s_abort(a, NODE_ABORTED, -1, "the coordinator no longer knows this node");
-            if (a->state == A_IDLE)
+                a->hello_after_stop = 1;
+            } else if (a->state != A_ANNOUNCING) {
                 a->state = A_ANNOUNCING;
-            s_send_hello(a);
+                s_send_hello(a);
+            }
         } else if (a->state == A_ANNOUNCING) {
             log_error("the coordinator refused this node: %s", e->error->message);
             a->exiting = 2;
@@ -726,6 +735,9 @@ int node_agent_run(const node_opts_t *o)
     a->coord = zmq_socket(a->ctx, ZMQ_DEALER);
     int ivl = 200;
     zmq_setsockopt(a->coord, ZMQ_LINGER, &zero, sizeof zero);
+    /* queue nothing while disconnected: a restarted coordinator must not
+     * receive a burst of stale hellos and heartbeats */
+    zmq_setsockopt(a->coord, ZMQ_IMMEDIATE, &one, sizeof one);
     zmq_setsockopt(a->coord, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
     int64_t cmax = WIRE_MAX_CONTROL;
     zmq_setsockopt(a->coord, ZMQ_MAXMSGSIZE, &cmax, sizeof cmax);

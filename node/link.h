@@ -21,8 +21,10 @@
  * payload itself: codec id, shape and canonical parameters equal to the
  * job's, and codec_decode's own checks (magic, sizes, frame CRC, finite
  * values); doubles must be finite and >= 0. Anything else is rejected with
- * a negative TAH_E* code and a message; nothing is written to the output
- * unless the message passes. */
+ * a negative TAH_E* code and a message. Header-level rejections leave the
+ * output untouched; a frame that fails inside codec_decode may have been
+ * partly decoded, so the agent decodes into a fresh buffer and drops it on
+ * rejection. */
 #ifndef TAH_LINK_H
 #define TAH_LINK_H
 
