@@ -112,7 +112,7 @@ __device__ __forceinline__ uint16_t d_half_from_f32_up(float f)
 
 // ---- 8 codes <-> `bits` bytes (bitpack.c layout: LSB-first stream) ----
 // Eight b-bit codes are exactly b bytes (b <= 16): kept as two u64 words.
-__host__ __device__ __forceinline__ void d_pack8(const uint32_t c[8], uint32_t bits, uint64_t &lo, uint64_t &hi)
+__device__ __forceinline__ void d_pack8(const uint32_t c[8], uint32_t bits, uint64_t &lo, uint64_t &hi)
 {
     const uint32_t mask = (1u << bits) - 1u;
     lo = 0;
@@ -131,7 +131,7 @@ __host__ __device__ __forceinline__ void d_pack8(const uint32_t c[8], uint32_t b
     }
 }
 
-__host__ __device__ __forceinline__ void d_unpack8(uint64_t lo, uint64_t hi, uint32_t bits, uint32_t c[8])
+__device__ __forceinline__ void d_unpack8(uint64_t lo, uint64_t hi, uint32_t bits, uint32_t c[8])
 {
     const uint32_t mask = (1u << bits) - 1u;
 #pragma unroll
