@@ -1,0 +1,71 @@
+/* test_trainopts.c — the job file and tah-train cannot drift apart: every
+ * long option tah-train's --help lists is a key the job parser knows (and
+ * the reverse), and a value parses to the same ranges (spot checks). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "jobfile.h"
+#include "trainopts.h"
+
+static void test_every_tah_train_option_is_a_job_key(void **state)
+{
+    (void)state;
+    FILE *p = popen(TAH_TRAIN_EXE " --help", "r");
+    assert_non_null(p);
+    char help[16384];
+    size_t n = fread(help, 1, sizeof help - 1, p);
+    help[n] = 0;
+    assert_int_equal(pclose(p), 0);
+    int seen = 0;
+    for (const char *s = help; (s = strstr(s, "--")) != NULL; s += 2) {
+        char name[64];
+        size_t k = 0;
+        while (k + 1 < sizeof name && ((s[2 + k] >= 'a' && s[2 + k] <= 'z') || (s[2 + k] >= '0' && s[2 + k] <= '9') || s[2 + k] == '-'))
+            name[k] = s[2 + k], k++;
+        name[k] = 0;
+        if (!k || !strcmp(name, "help"))
+            continue;
+        if (!trainopts_known(name))
+            fail_msg("tah-train --%s is not a job key", name);
+        seen++;
+    }
+    assert_true(seen > 25);
+    for (const char *const *o = trainopts_names(); *o; o++) {
+        char opt[80];
+        snprintf(opt, sizeof opt, "--%s", *o);
+        if (!strstr(help, opt))
+            fail_msg("job key %s is not a tah-train option", *o);
+    }
+}
+
+static void test_values(void **state)
+{
+    (void)state;
+    job_spec_t j;
+    char err[512];
+    assert_int_equal(jobfile_parse("[job]\nmodel = 4,2,64,32,256\ntrain_data = t\nbatch = 2\nseq = 16\nsteps = 5\n"
+                                   "lr = 1e-3\ngrad_clip = 0\nuntied = yes\nschedule = gpipe\nckpt_every = 3\n",
+                                   "j.ini", &j, err, sizeof err),
+                     0);
+    assert_int_equal(j.t.untied, 1);
+    assert_int_equal(j.t.schedule, SCHED_GPIPE);
+    assert_int_equal(j.checkpoint_every, 3);
+    assert_true(j.t.optim.grad_clip == 0.0f);
+    assert_int_equal(j.t.mcfg.Vp, 256);
+    assert_int_equal(jobfile_parse("[job]\nbeta2 = 1\n", "j.ini", &j, err, sizeof err) != 0, 1);
+    assert_non_null(strstr(err, "j.ini:2: beta2"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_tah_train_option_is_a_job_key),
+        cmocka_unit_test(test_values),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
