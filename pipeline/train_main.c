@@ -9,12 +9,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "codec.h"   /* codec_spec_parse */
 #include "data.h"    /* data_load, data_loader_* */
 #include "errors.h"
 #include "gpt2.h"    /* gpt2_model_* */
 #include "layers.h"  /* layers_set_threads, layers_max_threads */
 #include "trainer.h" /* trainer_* */
+#include "trainopts.h" /* trainopts_*: the option table shared with job files */
 
 static const char *s_usage =
     "usage: tah-train (--init-from MODEL.bin | --model L,NH,C,maxT,V[,Vp]) --train-data F\n"
@@ -58,28 +58,6 @@ static int s_usage_error(const char *fmt, const char *a, const char *b)
     return 2;
 }
 
-static int s_parse_int(const char *s, long lo, long hi, int *out)
-{
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *out = (int)v;
-    return 0;
-}
-
-static int s_parse_float(const char *s, float *out)
-{
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v))
-        return -1;
-    *out = (float)v;
-    return 0;
-}
-
 static double s_now(void)
 {
     struct timespec ts;
@@ -98,110 +76,57 @@ static void s_fmt_eta(char *buf, size_t n, double sec)
 
 int main(int argc, char **argv)
 {
-    const char *init_from = NULL, *model_str = NULL, *train_path = NULL, *val_path = NULL;
-    const char *fwd_codec = "fp32", *bwd_codec = "fp32", *metrics_path = "metrics.jsonl";
-    const char *save_path = NULL, *save_ckpt = NULL, *resume = NULL;
-    int B = 0, T = 0, steps = 0, S = 1, M = 1, threads = 0, val_every = 50, val_batches = 8;
-    int untied = 0, quiet = 0, have_lr = 0, ckpt_every = 0;
-    int seed = 1337;
-    sched_kind_t sched = SCHED_1F1B;
-    optim_opts_t opt;
-    optim_defaults(&opt);
-
+    /* values and ranges: the option table shared with job files (trainopts.h) */
+    trainopts_t o;
+    trainopts_defaults(&o);
+    const char *metrics_path = "metrics.jsonl"; /* tah-train only: '' turns it off */
+    char err[512] = "";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(s_usage, stdout);
             return 0;
         }
-        if (!strcmp(a, "--untied")) {
-            untied = 1;
-            continue;
-        }
-        if (!strcmp(a, "--quiet")) {
-            quiet = 1;
-            continue;
-        }
         if (strncmp(a, "--", 2) != 0)
             return s_usage_error("unexpected argument '%s'%s", a, "");
+        const char *name = a + 2;
+        if (!trainopts_known(name) || strchr(name, '_'))
+            return s_usage_error("unknown option %s%s", a, "");
+        if (trainopts_is_flag(name)) {
+            trainopts_set(&o, name, "1", NULL, 0);
+            continue;
+        }
         if (i + 1 >= argc)
             return s_usage_error("option %s needs a value%s", a, "");
         const char *v = argv[++i];
-        int bad = 0;
-        if (!strcmp(a, "--init-from")) init_from = v;
-        else if (!strcmp(a, "--model")) model_str = v;
-        else if (!strcmp(a, "--train-data")) train_path = v;
-        else if (!strcmp(a, "--val-data")) val_path = v;
-        else if (!strcmp(a, "--batch")) bad = s_parse_int(v, 1, 1 << 20, &B);
-        else if (!strcmp(a, "--seq")) bad = s_parse_int(v, 1, 1 << 20, &T);
-        else if (!strcmp(a, "--steps")) bad = s_parse_int(v, 1, 1 << 30, &steps);
-        else if (!strcmp(a, "--lr")) { bad = s_parse_float(v, &opt.lr) || opt.lr < 0; have_lr = 1; }
-        else if (!strcmp(a, "--lr-schedule")) {
-            if (!strcmp(v, "constant")) opt.schedule = OPTIM_CONSTANT;
-            else if (!strcmp(v, "cosine")) opt.schedule = OPTIM_COSINE;
-            else bad = 1;
+        if (!strcmp(name, "metrics")) {
+            metrics_path = v;
+            continue;
         }
-        else if (!strcmp(a, "--warmup")) bad = s_parse_int(v, 0, 1 << 30, &opt.warmup);
-        else if (!strcmp(a, "--weight-decay")) bad = s_parse_float(v, &opt.weight_decay) || opt.weight_decay < 0;
-        else if (!strcmp(a, "--beta1")) bad = s_parse_float(v, &opt.beta1) || opt.beta1 < 0 || opt.beta1 >= 1;
-        else if (!strcmp(a, "--beta2")) bad = s_parse_float(v, &opt.beta2) || opt.beta2 < 0 || opt.beta2 >= 1;
-        else if (!strcmp(a, "--eps")) bad = s_parse_float(v, &opt.eps) || opt.eps <= 0;
-        else if (!strcmp(a, "--grad-clip")) bad = s_parse_float(v, &opt.grad_clip) || opt.grad_clip < 0;
-        else if (!strcmp(a, "--lr-min-frac")) bad = s_parse_float(v, &opt.lr_min_frac) || opt.lr_min_frac < 0 || opt.lr_min_frac > 1;
-        else if (!strcmp(a, "--stages")) bad = s_parse_int(v, 1, 4096, &S);
-        else if (!strcmp(a, "--micro-batches")) bad = s_parse_int(v, 1, 65536, &M);
-        else if (!strcmp(a, "--schedule")) bad = sched_parse(v, &sched) != 0;
-        else if (!strcmp(a, "--fwd-codec")) fwd_codec = v;
-        else if (!strcmp(a, "--bwd-codec")) bwd_codec = v;
-        else if (!strcmp(a, "--threads")) bad = s_parse_int(v, 1, 1024, &threads);
-        else if (!strcmp(a, "--seed")) bad = s_parse_int(v, 0, 2147483647L, &seed);
-        else if (!strcmp(a, "--metrics")) metrics_path = v;
-        else if (!strcmp(a, "--save")) save_path = v;
-        else if (!strcmp(a, "--val-every")) bad = s_parse_int(v, 1, 1 << 30, &val_every);
-        else if (!strcmp(a, "--val-batches")) bad = s_parse_int(v, 1, 1 << 20, &val_batches);
-        else if (!strcmp(a, "--save-ckpt")) save_ckpt = v;
-        else if (!strcmp(a, "--ckpt-every")) bad = s_parse_int(v, 1, 1 << 30, &ckpt_every);
-        else if (!strcmp(a, "--resume")) resume = v;
-        else return s_usage_error("unknown option %s%s", a, "");
-        if (bad)
-            return s_usage_error("bad value for %s: '%s'", a, v);
+        if (trainopts_set(&o, name, v, err, sizeof err) != 0)
+            return s_usage_error("bad value for %s: %s", a, err);
     }
-    if (!!init_from == !!model_str)
+    if (!!o.init_from[0] == !!o.model[0])
         return s_usage_error("give exactly one of --init-from or --model%s%s", "", "");
-    if (!train_path)
+    if (!o.train_data[0])
         return s_usage_error("--train-data is required%s%s", "", "");
-    if (ckpt_every && !save_ckpt)
+    if (o.ckpt_every && !o.save_ckpt[0])
         return s_usage_error("--ckpt-every needs --save-ckpt PREFIX%s%s", "", "");
-    if (!B || !T || !steps || !have_lr)
+    if (!o.batch || !o.seq || !o.steps || !o.have_lr)
         return s_usage_error("--batch, --seq, --steps and --lr are required%s%s", "", "");
-    gpt2_config_t mcfg = { 0 };
-    if (model_str) {
-        int f[6] = { 0, 0, 0, 0, 0, 0 }, nf = 0;
-        const char *p = model_str;
-        while (*p && nf < 6) {
-            char *end = NULL;
-            errno = 0;
-            long x = strtol(p, &end, 10);
-            if (errno || end == p || x < 1 || x > (1L << 24))
-                break;
-            f[nf++] = (int)x;
-            p = end;
-            if (*p == ',')
-                p++;
-            else
-                break;
-        }
-        if (*p || (nf != 5 && nf != 6))
-            return s_usage_error("--model wants L,NH,C,maxT,V[,Vp] (positive integers), got '%s'%s", model_str, "");
-        mcfg = (gpt2_config_t){ .L = f[0], .NH = f[1], .C = f[2], .maxT = f[3], .V = f[4],
-                                .Vp = nf == 6 ? f[5] : gpt2_padded_vocab(f[4]) };
-    }
-    char err[512] = "";
-    codec_spec_t cs;
-    if (codec_spec_parse(fwd_codec, &cs, err, sizeof err) != 0)
-        return s_usage_error("--fwd-codec '%s': %s", fwd_codec, err);
-    if (codec_spec_parse(bwd_codec, &cs, err, sizeof err) != 0)
-        return s_usage_error("--bwd-codec '%s': %s", bwd_codec, err);
+    /* the model's own limits are checked against the model below (exit 1),
+     * as for --init-from */
+    const char *init_from = o.init_from[0] ? o.init_from : NULL, *model_str = o.model[0] ? o.model : NULL;
+    const char *train_path = o.train_data, *val_path = o.val_data[0] ? o.val_data : NULL;
+    const char *fwd_codec = o.fwd_codec, *bwd_codec = o.bwd_codec;
+    const char *save_path = o.save[0] ? o.save : NULL, *save_ckpt = o.save_ckpt[0] ? o.save_ckpt : NULL;
+    const char *resume = o.resume[0] ? o.resume : NULL;
+    const int B = o.batch, T = o.seq, steps = o.steps, S = o.stages, M = o.micro_batches, threads = o.threads;
+    const int val_every = o.val_every, val_batches = o.val_batches, untied = o.untied, quiet = o.quiet;
+    const int ckpt_every = o.ckpt_every, seed = o.seed;
+    const sched_kind_t sched = o.schedule;
+    const gpt2_config_t mcfg = o.mcfg;
+    optim_opts_t opt = o.optim;
 
     int rc = 1;
     gpt2_model_t *model = NULL;

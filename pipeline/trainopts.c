@@ -24,7 +24,6 @@ typedef struct s_opt {
 #define F(field) offsetof(trainopts_t, field)
 #define OPT(field) (offsetof(trainopts_t, optim) + offsetof(optim_opts_t, field))
 
-/* Same ranges as pipeline/train_main.c. */
 static const s_opt_t s_opts[] = {
     { "init-from", O_PATH, F(init_from), 0, 0, 0, 0 },
     { "model", O_MODEL, F(model), 0, 0, 0, 0 },
@@ -93,6 +92,12 @@ static const s_opt_t *s_find(const char *name)
 int trainopts_known(const char *name)
 {
     return s_find(name) != NULL;
+}
+
+int trainopts_is_flag(const char *name)
+{
+    const s_opt_t *d = s_find(name);
+    return d && d->kind == O_FLAG;
 }
 
 const char *const *trainopts_names(void)

@@ -47,6 +47,8 @@ typedef struct trainopts {
 void trainopts_defaults(trainopts_t *o);
 /* 1 if name (dashes or underscores) is one of tah-train's options. */
 int trainopts_known(const char *name);
+/* 1 if it is a flag (no value on tah-train's command line). */
+int trainopts_is_flag(const char *name);
 /* Every option name (dashes), NULL-terminated. */
 const char *const *trainopts_names(void);
 /* Parse one option. 0, or TAH_EINVAL with a message naming the value and

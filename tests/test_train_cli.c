@@ -113,10 +113,10 @@ static void test_usage_errors(void **state)
     s_expect("--train-data train.txt --batch 2 --seq 16 --steps 1 --lr 1e-3", 2, "exactly one of --init-from or --model");
     s_expect(TINY "--train-data train.txt", 2, "--steps and --lr are required");
     s_expect(TINY "--steps 1 --train-data train.txt --bogus 1", 2, "unknown option --bogus");
-    s_expect(TINY "--steps x --train-data train.txt", 2, "bad value for --steps: 'x'");
-    s_expect("--model 2,2,32 --batch 2 --seq 16 --lr 1e-3 --steps 1 --train-data train.txt", 2, "--model wants L,NH,C,maxT,V");
+    s_expect(TINY "--steps x --train-data train.txt", 2, "bad value for --steps: steps = 'x' is not an integer");
+    s_expect("--model 2,2,32 --batch 2 --seq 16 --lr 1e-3 --steps 1 --train-data train.txt", 2, "model = '2,2,32' wants L,NH,C,maxT,V");
     s_expect(TINY "--steps 1 --train-data train.txt --schedule zb", 2, "bad value for --schedule");
-    s_expect(TINY "--steps 1 --train-data train.txt --fwd-codec nosuch", 2, "--fwd-codec 'nosuch'");
+    s_expect(TINY "--steps 1 --train-data train.txt --fwd-codec nosuch", 2, "fwd-codec = 'nosuch': unknown codec");
     s_expect(TINY "--steps 1 --train-data train.txt --steps", 2, "needs a value");
     s_expect(TINY "--steps 1 --train-data train.txt --ckpt-every 2", 2, "--ckpt-every needs --save-ckpt");
     s_expect("--help", 0, "--micro-batches");
