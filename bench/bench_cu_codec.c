@@ -7,9 +7,20 @@
  * 2. per codec, encode and decode of an 8x1024x1600 fp32 tensor (synthetic
  *    activations): CUDA events around each call, warm-up, median of N
  *    repeats, rotating over 4 input and 4 output buffers (> 4x L2) so the
- *    L2 does not hold the data between calls;
+ *    L2 does not hold the data between calls. Two timings of each call:
+ *      queued: a 60 us spin kernel (cuda/cu_bench.cu, no memory traffic)
+ *              runs before the start event, so the host has enqueued the
+ *              whole call before the GPU reaches it: device time only
+ *              (kernels, the status memset, the gaps between them), as in
+ *              a pipeline where the call waits behind other work;
+ *      idle:   the GPU idles at the start event, so the host's enqueue
+ *              time of the memset and launches is inside (the first
+ *              version's numbers).
+ *    fixed: queued time of the same call on a (1,1,256) tensor: what every
+ *    call costs regardless of size (launches, memset, gaps, tiny kernels).
  * 3. table: GB/s of fp32 input, bytes moved (each input read once, each
- *    output written once) / time, that as % of the copy rate.
+ *    output written once) / queued time, that as % of the copy rate; the
+ *    idle-GPU % and the fixed cost beside it.
  * The codec's status is read after the runs: a failed kernel is reported,
  * not timed silently. */
 #include <stdint.h>
@@ -22,6 +33,9 @@
 #include "codec.h"
 #include "cu_codec.h"
 #include "synth.h" /* codec_synth_activations */
+
+int cu_bench_spin(cudaStream_t st, unsigned int us); /* cuda/cu_bench.cu */
+#define SPIN_US 60
 
 #define NBUF 4
 
@@ -75,10 +89,47 @@ static double s_copy_bw(int reps)
     return 2.0 * (double)bytes / (ms * 1e-3); /* read + write */
 }
 
+/* Median ms of `reps` calls of one codec direction (after 5 warm-ups),
+ * rotating buffers; queued: a spin kernel ahead of the start event. *mn and
+ * *mx get the fastest and slowest repeat. Returns the call's rc. */
+static int s_time(const codec_spec_t *spec, codec_shape_t shape, int dir, int queued, float *const dx[],
+                  uint8_t *const dp[], float *const dy[], void *scratch, cudaEvent_t e0, cudaEvent_t e1, float *t,
+                  int reps, double *ms, double *mn, double *mx, char *err, size_t errlen)
+{
+    int rc = 0;
+    for (int i = -5; i < reps && rc == 0; i++) {
+        const int b = (i + 5) % NBUF;
+        if (queued && cu_bench_spin(0, SPIN_US) != 0) {
+            snprintf(err, errlen, "spin kernel launch failed");
+            return -1;
+        }
+        CU(cudaEventRecord(e0, 0));
+        if (dir == 0)
+            rc = cu_codec_encode(spec, shape, dx[b], dp[b], scratch, 0, err, errlen);
+        else
+            rc = cu_codec_decode(spec, shape, dp[b], dy[b], scratch, 0, err, errlen);
+        CU(cudaEventRecord(e1, 0));
+        CU(cudaEventSynchronize(e1));
+        if (i >= 0)
+            CU(cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    if (rc == 0)
+        rc = cu_codec_status(scratch, 0, err, errlen);
+    if (rc == 0) {
+        *ms = s_median(t, reps); /* sorts t */
+        if (mn)
+            *mn = t[0];
+        if (mx)
+            *mx = t[reps - 1];
+    }
+    return rc;
+}
+
 typedef struct s_row {
     char codec[64];
     const char *dir;
     double ms, gbs_in, gbs_moved, pct;
+    double ms_idle, pct_idle, us_fixed, ms_min, ms_max;
     uint64_t moved;
 } s_row_t;
 
@@ -115,6 +166,38 @@ int main(int argc, char **argv)
 
     const double copy_bw = s_copy_bw(20);
     printf("device-to-device copy: %.1f GB/s (bytes read + written)\n", copy_bw / 1e9);
+
+    /* what an empty timed region and the status memset cost, queued */
+    char base_note[160];
+    {
+        cudaEvent_t b0, b1;
+        void *w = NULL;
+        CU(cudaEventCreate(&b0));
+        CU(cudaEventCreate(&b1));
+        CU(cudaMalloc(&w, 256));
+        float te[20], tm[20];
+        for (int i = -3; i < 20; i++) {
+            for (int which = 0; which < 2; which++) {
+                if (cu_bench_spin(0, SPIN_US) != 0) {
+                    fprintf(stderr, "bench_cu_codec: spin kernel launch failed\n");
+                    return 1;
+                }
+                CU(cudaEventRecord(b0, 0));
+                if (which)
+                    CU(cudaMemsetAsync(w, 0, 8, 0));
+                CU(cudaEventRecord(b1, 0));
+                CU(cudaEventSynchronize(b1));
+                if (i >= 0)
+                    CU(cudaEventElapsedTime(which ? &tm[i] : &te[i], b0, b1));
+            }
+        }
+        snprintf(base_note, sizeof base_note, "queued empty region %.1f us, 8-byte memset %.1f us",
+                 1e3 * s_median(te, 20), 1e3 * s_median(tm, 20));
+        printf("%s\n", base_note);
+        cudaFree(w);
+        cudaEventDestroy(b0);
+        cudaEventDestroy(b1);
+    }
 
     const codec_shape_t shape = { 8, 1024, 1600 };
     const uint64_t n = (uint64_t)shape.b * shape.s * shape.c;
@@ -164,21 +247,21 @@ int main(int argc, char **argv)
                         failed = 1;
                     }
             }
-            int rc = 0;
-            for (int i = -5; i < reps && rc == 0; i++) {
-                const int b = (i + 5) % NBUF;
-                CU(cudaEventRecord(e0, 0));
-                if (dir == 0)
-                    rc = cu_codec_encode(&spec, shape, dx[b], dp[b], scratch, 0, err, sizeof err);
-                else
-                    rc = cu_codec_decode(&spec, shape, dp[b], dy[b], scratch, 0, err, sizeof err);
-                CU(cudaEventRecord(e1, 0));
-                CU(cudaEventSynchronize(e1));
-                if (i >= 0)
-                    CU(cudaEventElapsedTime(&t[i], e0, e1));
-            }
+            double ms = 0, ms_idle = 0, ms_fixed = 0, mn = 0, mx = 0;
+            int rc = s_time(&spec, shape, dir, 1, dx, dp, dy, scratch, e0, e1, t, reps, &ms, &mn, &mx, err,
+                            sizeof err);
             if (rc == 0)
-                rc = cu_codec_status(scratch, 0, err, sizeof err);
+                rc = s_time(&spec, shape, dir, 0, dx, dp, dy, scratch, e0, e1, t, reps, &ms_idle, NULL, NULL, err,
+                            sizeof err);
+            if (rc == 0) { /* fixed cost: the same call on a (1,1,256) tensor (payloads from a tiny encode) */
+                const codec_shape_t tiny = { 1, 1, 256 };
+                if (dir == 1)
+                    for (int b = 0; b < NBUF && rc == 0; b++)
+                        rc = cu_codec_encode(&spec, tiny, dx[b], dp[b], scratch, 0, err, sizeof err);
+                if (rc == 0)
+                    rc = s_time(&spec, tiny, dir, 1, dx, dp, dy, scratch, e0, e1, t, reps, &ms_fixed, NULL, NULL,
+                                err, sizeof err);
+            }
             if (rc != 0) {
                 fprintf(stderr, "bench_cu_codec: %s %s: %s\n", specs[k], dir ? "decode" : "encode", err);
                 failed = 1;
@@ -187,31 +270,42 @@ int main(int argc, char **argv)
             s_row_t *r = &rows[nrows++];
             snprintf(r->codec, sizeof r->codec, "%s", specs[k]);
             r->dir = dir ? "decode" : "encode";
-            r->ms = s_median(t, reps);
+            r->ms = ms;
+            r->ms_min = mn;
+            r->ms_max = mx;
+            r->ms_idle = ms_idle;
+            r->us_fixed = 1e3 * ms_fixed;
             r->moved = 4 * n + payload;
             r->gbs_in = 4.0 * (double)n / (r->ms * 1e-3) / 1e9;
             r->gbs_moved = (double)r->moved / (r->ms * 1e-3) / 1e9;
             r->pct = 100.0 * r->gbs_moved * 1e9 / copy_bw;
+            r->pct_idle = 100.0 * ((double)r->moved / (ms_idle * 1e-3)) / copy_bw;
         }
     }
 
     FILE *f = fopen(csv, "w");
     if (f) {
-        fprintf(f, "device,codec,direction,shape,ms,gbs_fp32,bytes_moved,gbs_moved,copy_gbs,pct_copy\n");
+        fprintf(f, "device,codec,direction,shape,ms,gbs_fp32,bytes_moved,gbs_moved,copy_gbs,pct_copy,"
+                   "ms_min,ms_max,ms_idle,pct_copy_idle,us_fixed\n");
         for (int i = 0; i < nrows; i++)
-            fprintf(f, "\"%s\",\"%s\",%s,8x1024x1600,%.5f,%.1f,%llu,%.1f,%.1f,%.1f\n", prop.name, rows[i].codec,
-                    rows[i].dir, rows[i].ms, rows[i].gbs_in, (unsigned long long)rows[i].moved, rows[i].gbs_moved,
-                    copy_bw / 1e9, rows[i].pct);
+            fprintf(f, "\"%s\",\"%s\",%s,8x1024x1600,%.5f,%.1f,%llu,%.1f,%.1f,%.1f,%.5f,%.5f,%.5f,%.1f,%.2f\n",
+                    prop.name, rows[i].codec, rows[i].dir, rows[i].ms, rows[i].gbs_in,
+                    (unsigned long long)rows[i].moved, rows[i].gbs_moved, copy_bw / 1e9, rows[i].pct,
+                    rows[i].ms_min, rows[i].ms_max, rows[i].ms_idle, rows[i].pct_idle, rows[i].us_fixed);
         fclose(f);
     } else {
         fprintf(stderr, "bench_cu_codec: cannot write %s\n", csv);
     }
-    printf("\n%-28s %-7s %9s %11s %12s %11s %7s\n", "codec (8x1024x1600 fp32)", "dir", "ms", "GB/s fp32",
-           "bytes moved", "GB/s moved", "% copy");
+    printf("\n%-28s %-7s %8s %8s %12s %10s %7s %8s %9s\n", "codec (8x1024x1600 fp32)", "dir", "ms", "min-max%",
+           "bytes moved", "GB/s moved", "% copy", "idle %", "fixed us");
     for (int i = 0; i < nrows; i++)
-        printf("%-28s %-7s %9.4f %11.1f %12llu %11.1f %6.1f%%\n", rows[i].codec, rows[i].dir, rows[i].ms,
-               rows[i].gbs_in, (unsigned long long)rows[i].moved, rows[i].gbs_moved, rows[i].pct);
-    printf("copy roofline %.1f GB/s; CSV: %s\n", copy_bw / 1e9, csv);
+        printf("%-28s %-7s %8.4f %8.1f %12llu %10.1f %6.1f%% %7.1f%% %9.1f\n", rows[i].codec, rows[i].dir,
+               rows[i].ms, 100.0 * (rows[i].ms_max - rows[i].ms_min) / rows[i].ms, (unsigned long long)rows[i].moved,
+               rows[i].gbs_moved, rows[i].pct, rows[i].pct_idle, rows[i].us_fixed);
+    printf("ms/%% copy: queued device time (spin kernel ahead of the start event), median of %d; idle %%: GPU idle\n"
+           "at the start event (host enqueue inside); fixed us: queued time of a (1,1,256) call; min-max%%: spread\n"
+           "of the queued repeats; copy roofline %.1f GB/s (%s); CSV: %s\n",
+           reps, copy_bw / 1e9, base_note, csv);
 
     for (int b = 0; b < NBUF; b++) {
         cudaFree(dx[b]);

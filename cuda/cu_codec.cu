@@ -3,6 +3,7 @@
 // codec's work area), dispatch to the per-codec kernels, and the status
 // read-back.
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cu_common.cuh"
@@ -13,6 +14,32 @@ int cu_fail(cudaError_t e, const char *what, const char *file, int line, char *e
         snprintf(err, errlen, "%s:%d: %s failed: %s (%s)", file, line, what, cudaGetErrorString(e),
                  cudaGetErrorName(e));
     return TAH_EDEVICE;
+}
+
+bool cu_legacy(void)
+{
+    static int v = -1; // benign race: every thread computes the same value
+    if (v < 0) {
+        const char *e = getenv("TAH_CU_LEGACY");
+        v = e && *e && strcmp(e, "0") != 0;
+    }
+    return v != 0;
+}
+
+size_t cu_smem_optin(size_t reserve)
+{
+    int dev = 0, bytes = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return 0;
+    return (size_t)bytes > reserve ? (size_t)bytes - reserve : 0;
+}
+
+cudaError_t cu_smem_allow(const void *kernel, size_t bytes)
+{
+    if (bytes <= 48 * 1024)
+        return cudaSuccess;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
 static int s_fail(int code, char *err, size_t errlen, const char *fmt, ...)

@@ -343,6 +343,15 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
 int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *payload, float *out,
                   cu_head *head, void *work, cudaStream_t st, char *err, size_t errlen);
 
+// TAH_CU_LEGACY=1 in the environment: the first GPU version's kernels
+// (bisecting a mismatch on the GPU in one run; scripts/gpu-check uses it).
+bool cu_legacy(void);
+// Dynamic shared memory a block of the current device may opt in to, less
+// `reserve` bytes for the kernel's static shared memory (0 on error).
+size_t cu_smem_optin(size_t reserve);
+// Raise `kernel`'s dynamic shared-memory limit to `bytes` (no-op <= 48 KB).
+cudaError_t cu_smem_allow(const void *kernel, size_t bytes);
+
 // Grid for `units` work items handled `per_block` at a time (grid-stride loops cover any excess).
 static inline unsigned int cu_grid(uint64_t units, uint64_t per_block)
 {

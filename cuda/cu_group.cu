@@ -31,6 +31,7 @@ enum { M_FIX_NEAR = 0, M_FIX_STOCH = 1, M_INT_ASYM = 2, M_INT_SYM = 3 };
 
 #define S_GAMMA 0x9e3779b97f4a7c15ull
 #define S_CTA 256u
+#define S_ROWS 4 // rows of groups per warp iteration in the segment kernels
 
 struct s_gp {
     uint64_t n, ng;      // elements, groups
@@ -297,19 +298,290 @@ __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ 
         d_flag(head, CU_ST_RANGE);
 }
 
+// ---- the segment path, U rows of groups per warp iteration ----
+// Same segments as k_group_encode (tpg lanes per group, lane tl holds chunk
+// tl: tpg >= cpg, so one chunk per lane), but a warp takes U rows of 32/tpg
+// groups per iteration and issues all U rows' 16-byte loads before the
+// first use (U x 32 bytes in flight per lane instead of 32). BITS > 0 makes
+// the code width a compile-time constant (the default specs: fixpt 8,
+// int 4) so the packing is a few shifts; BITS = 0 reads g.bits.
+// Per group, the arithmetic is k_group_encode's, in the same order.
+
+template <int MODE>
+__device__ __forceinline__ void d_group_stats(const float v[8], uint32_t len, uint32_t j, s_gs &s, uint32_t &bad)
+{
+    const uint32_t m = len > 8u * j ? (len - 8u * j < 8u ? len - 8u * j : 8u) : 0u;
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        if ((uint32_t)r < m) {
+            bad |= (uint32_t)d_nonfinite(v[r]);
+            if (MODE <= M_FIX_STOCH) {
+                s.a = fmaxf(s.a, fabsf(v[r]));
+            } else {
+                s.a = fminf(s.a, v[r]);
+                s.b = fmaxf(s.b, v[r]);
+                if (v[r] == 0.0f)
+                    s.z = min(s.z, d_int_zkey(8u * j + (uint32_t)r, len, __float_as_uint(v[r]) >> 31));
+            }
+        }
+    }
+}
+
+template <int MODE, int BITS, int U>
+__global__ void __launch_bounds__(256) k_group_enc_seg(const float *__restrict__ x, uint8_t *__restrict__ p,
+                                                       cu_head *head, s_gp g)
+{
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
+    const uint32_t bits = BITS > 0 ? (uint32_t)BITS : g.bits;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
+    const uint32_t mask = (1u << bits) - 1u;
+    const float qmaxf = (float)g.qmax, Lf = (float)g.L;
+    int32_t e = 0;
+    float pdown = 1.0f;
+    if (MODE >= M_INT_ASYM) {
+        e = d_int_exp(head->absmax_bits);
+        pdown = d_pow2f(-e);
+    }
+    uint32_t bad = 0, range = 0;
+    if (MODE >= M_INT_ASYM && blockIdx.x == 0 && threadIdx.x == 0)
+        d_put_u32(p, (uint32_t)e);
+    const uint64_t rows_per_it = (uint64_t)U * spw;
+    for (uint64_t base = warp * rows_per_it; base < g.ng; base += nwarps * rows_per_it) { // uniform per warp
+        float v[U][8];
+        uint64_t gi[U];
+        uint32_t len[U];
+        bool valid[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) { // all loads first
+            const uint64_t gi_raw = base + (uint64_t)u * spw + lane / tpg;
+            valid[u] = gi_raw < g.ng;
+            gi[u] = MODE >= M_INT_ASYM ? g.ng - 1 - (valid[u] ? gi_raw : 0) : (valid[u] ? gi_raw : 0);
+            const uint64_t off = gi[u] * g.group;
+            len[u] = valid[u] ? (uint32_t)(g.n - off < g.group ? g.n - off : g.group) : 0u;
+            const uint64_t end = 8u * tl < len[u] ? off + len[u] : off; // lanes past the group read nothing
+            d_load8(x, off + 8u * tl, end, g.vec, v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            s_gs s;
+            s.a = MODE <= M_FIX_STOCH ? 0.0f : __uint_as_float(0x7f800000u);
+            s.b = -__uint_as_float(0x7f800000u);
+            s.z = 0xffffffffu;
+            d_group_stats<MODE>(v[u], len[u], tl, s, bad);
+            for (uint32_t o = 1; o < tpg; o *= 2)
+                d_gs_merge<MODE>(s, d_gs_shfl<MODE>(s, o));
+            s_gq q;
+            q.mn = 0.0f;
+            q.pdown = pdown;
+            const bool ok = valid[u];
+            if (MODE <= M_FIX_STOCH) {
+                const float ymax = __fmul_rn(g.c, s.a);
+                if (!(ymax <= FLT_MAX))
+                    range |= (uint32_t)ok;
+                float d = __fdiv_rn(ymax, qmaxf);
+                if ((double)d * (double)g.qmax < (double)ymax)
+                    d = __uint_as_float(__float_as_uint(d) + 1u);
+                const uint16_t dh = d_half_from_f32_up(d);
+                if ((dh & 0x7c00u) == 0x7c00u)
+                    range |= (uint32_t)ok;
+                const float df = d_half_to_f32(dh);
+                q.inv = df > 0.0f ? __fdiv_rn(1.0f, df) : 0.0f;
+                if (ok && tl == 0)
+                    d_put_u16(p + g.meta_off + 2 * gi[u], dh);
+            } else if (MODE == M_INT_SYM) {
+                const float lo = __fmul_rn(s.a, pdown), hi = __fmul_rn(s.b, pdown);
+                const float amax = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
+                const uint16_t sh = d_step_up((double)amax, (uint32_t)g.qmax);
+                const float step = d_half_to_f32(sh);
+                q.inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+                if (ok && tl == 0)
+                    d_put_u16(p + g.meta_off + 2 * gi[u], sh);
+            } else {
+                float lo_raw = s.a;
+                if (lo_raw == 0.0f)
+                    lo_raw = (s.z & 1u) ? -0.0f : 0.0f;
+                const float lo = __fmul_rn(lo_raw, pdown), hi = __fmul_rn(s.b, pdown);
+                const uint16_t mh = d_half_from_f32_down(lo);
+                q.mn = d_half_to_f32(mh);
+                const uint16_t sh = d_step_up((double)hi - (double)q.mn, g.L);
+                const float step = d_half_to_f32(sh);
+                q.inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+                if (ok && tl == 0) {
+                    d_put_u16(p + g.meta_off + 4 * gi[u], mh);
+                    d_put_u16(p + g.meta_off + 4 * gi[u] + 2, sh);
+                }
+            }
+            if (!ok || 8u * tl >= len[u])
+                continue;
+            const uint32_t m = len[u] - 8u * tl < 8u ? len[u] - 8u * tl : 8u;
+            const uint64_t off = gi[u] * g.group;
+            uint32_t code[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                float t;
+                int32_t c;
+                const float xv = v[u][r];
+                if (MODE == M_FIX_NEAR) {
+                    t = __fmul_rn(__fmul_rn(g.c, xv), q.inv);
+                    t = t < -qmaxf ? -qmaxf : t;
+                    t = t > qmaxf ? qmaxf : t;
+                    c = (int32_t)rintf(t) + g.qmax;
+                } else if (MODE == M_FIX_STOCH) {
+                    t = __fmul_rn(__fmul_rn(g.c, xv), q.inv);
+                    t = t < -qmaxf ? -qmaxf : t;
+                    t = t > qmaxf ? qmaxf : t;
+                    int32_t fl = (int32_t)t;
+                    fl -= (int32_t)((float)fl > t);
+                    const float frac = __fsub_rn(t, (float)fl);
+                    const uint64_t idx = off + 8u * tl + (uint32_t)r;
+                    const uint64_t h = d_mix64(g.key + (idx + 1u) * S_GAMMA);
+                    const float uu = __fmul_rn((float)(uint32_t)(h >> 40), 0x1p-24f);
+                    c = fl + (int32_t)(uu < frac) + g.qmax;
+                } else if (MODE == M_INT_ASYM) {
+                    t = __fmul_rn(__fsub_rn(__fmul_rn(xv, q.pdown), q.mn), q.inv);
+                    t = t < 0.0f ? 0.0f : t;
+                    t = t > Lf ? Lf : t;
+                    c = (int32_t)rintf(t);
+                } else {
+                    t = __fmul_rn(__fmul_rn(xv, q.pdown), q.inv);
+                    t = t < -qmaxf ? -qmaxf : t;
+                    t = t > qmaxf ? qmaxf : t;
+                    c = (int32_t)rintf(t) + g.qmax;
+                }
+                code[r] = (uint32_t)r < m ? ((uint32_t)c & mask) : 0u;
+            }
+            uint64_t lo, hi;
+            d_pack8(code, bits, lo, hi);
+            d_store_bytes(p + g.codes_off + gi[u] * g.gbytes + (uint64_t)tl * bits, lo, hi, (m * bits + 7u) / 8u);
+        }
+    }
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+    if (range)
+        d_flag(head, CU_ST_RANGE);
+}
+
+// Decode on the same segments: lane tl of a group's segment decodes its
+// chunk tl (tl < cpg); U rows of groups per warp iteration, every row's
+// metadata and code loads issued before the first use. No 64-bit division
+// per chunk (k_group_decode's id / cpg). Same checks, same float ops.
+template <int MODE, int BITS, int U>
+__global__ void __launch_bounds__(256) k_group_dec_seg(const uint8_t *__restrict__ p, float *__restrict__ out,
+                                                       cu_head *head, s_gp g)
+{
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
+    const uint32_t bits = BITS > 0 ? (uint32_t)BITS : g.bits;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
+    const uint32_t bad_code = (1u << bits) - 1u;
+    uint32_t corrupt = 0, bad = 0;
+    float pup = 1.0f;
+    if (MODE >= M_INT_ASYM) {
+        const int32_t e = (int32_t)d_get_u32(p);
+        corrupt |= (uint32_t)(e < -126 || e > 114);
+        pup = (e < -126 || e > 114) ? 1.0f : d_pow2f(e);
+    }
+    const uint64_t rows_per_it = (uint64_t)U * spw;
+    for (uint64_t base = warp * rows_per_it; base < g.ng; base += nwarps * rows_per_it) {
+        uint64_t lo[U], hi[U], gi[U];
+        uint32_t m[U], meta[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) { // all loads first
+            gi[u] = base + (uint64_t)u * spw + lane / tpg;
+            const bool valid = gi[u] < g.ng;
+            const uint64_t off = gi[u] * g.group;
+            const uint32_t len = valid ? (uint32_t)(g.n - off < g.group ? g.n - off : g.group) : 0u;
+            m[u] = 8u * tl < len ? (len - 8u * tl < 8u ? len - 8u * tl : 8u) : 0u;
+            lo[u] = 0;
+            hi[u] = 0;
+            meta[u] = 0;
+            if (m[u] != 0) {
+                if (MODE == M_INT_ASYM)
+                    meta[u] = d_get_u32(p + g.meta_off + 4 * gi[u]);
+                else
+                    meta[u] = d_get_u16(p + g.meta_off + 2 * gi[u]);
+                d_load_bytes(p + g.codes_off + gi[u] * g.gbytes + (uint64_t)tl * bits, (m[u] * bits + 7u) / 8u,
+                             lo[u], hi[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (m[u] == 0)
+                continue;
+            float k = 0.0f, step = 0.0f, bias = 0.0f;
+            if (MODE <= M_FIX_STOCH) {
+                const uint16_t dh = (uint16_t)meta[u];
+                corrupt |= (uint32_t)((dh & 0x8000u) || (dh & 0x7c00u) == 0x7c00u);
+                k = __fdiv_rn(d_half_to_f32(dh), g.c);
+            } else {
+                uint16_t sh;
+                float mn = 0.0f;
+                if (MODE == M_INT_SYM) {
+                    sh = (uint16_t)meta[u];
+                } else {
+                    const uint16_t mh = (uint16_t)meta[u];
+                    corrupt |= (uint32_t)((mh & 0x7c00u) == 0x7c00u);
+                    mn = d_half_to_f32(mh);
+                    sh = (uint16_t)(meta[u] >> 16);
+                }
+                corrupt |= (uint32_t)((sh & 0x8000u) || (sh & 0x7c00u) == 0x7c00u);
+                step = d_half_to_f32(sh);
+                bias = MODE == M_INT_SYM ? __fmul_rn(-(float)g.qmax, step) : mn;
+            }
+            const uint32_t pb = m[u] * bits;
+            const uint64_t pad = pb < 64 ? ((lo[u] >> pb) | hi[u]) : (pb < 128 ? hi[u] >> (pb - 64) : 0);
+            corrupt |= (uint32_t)(pad != 0);
+            uint32_t code[8];
+            d_unpack8(lo[u], hi[u], bits, code);
+            float v[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                float y;
+                if (MODE <= M_FIX_STOCH) {
+                    y = __fmul_rn((float)((int32_t)code[r] - g.qmax), k);
+                } else {
+                    y = __fmul_rn(__fadd_rn(__fmul_rn((float)code[r], step), bias), pup);
+                    y = y > FLT_MAX ? FLT_MAX : y;
+                    y = y < -FLT_MAX ? -FLT_MAX : y;
+                }
+                v[r] = y;
+                if ((uint32_t)r < m[u]) {
+                    if (MODE != M_INT_ASYM)
+                        corrupt |= (uint32_t)(code[r] == bad_code);
+                    bad |= (uint32_t)d_nonfinite(y);
+                }
+            }
+            d_store8(out, gi[u] * g.group + 8u * tl, m[u], g.vec, v);
+        }
+    }
+    if (corrupt)
+        d_flag(head, CU_ST_CORRUPT);
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+}
+
 // Frame absmax (int pass 1) and the finite check, as float bits.
 __global__ void __launch_bounds__(256) k_absmax(const float *__restrict__ x, uint64_t n, bool vec, cu_head *head)
 {
     const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint32_t mx = 0, bad = 0;
-    for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c * 8 < n; c += stride) {
-        float v[8];
-        d_load8(x, c * 8, n, vec, v);
+    // 4 chunks of 8 per thread per iteration, all 8 16-byte loads issued first
+    for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c * 8 < n; c += 4 * stride) {
+        float v[4][8];
 #pragma unroll
-        for (int r = 0; r < 8; r++) {
-            uint32_t a = __float_as_uint(v[r]) & 0x7fffffffu;
-            bad |= (uint32_t)(a >= 0x7f800000u);
-            mx = max(mx, a);
+        for (int u = 0; u < 4; u++)
+            d_load8(x, (c + (uint64_t)u * stride) * 8, n, vec, v[u]); // past n: zeros, nothing read
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                uint32_t a = __float_as_uint(v[u][r]) & 0x7fffffffu;
+                bad |= (uint32_t)(a >= 0x7f800000u);
+                mx = max(mx, a);
+            }
         }
     }
     for (int o = 16; o > 0; o /= 2)
@@ -438,6 +710,9 @@ static s_gp s_params(const codec_spec_t *spec, uint64_t n, const void *xy)
     return g;
 }
 
+// The code width compiled in for each mode (the default specs' bits).
+static constexpr int s_fast_bits(int mode) { return mode <= M_FIX_STOCH ? 8 : 4; }
+
 template <int MODE>
 static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_head *head, cudaStream_t st,
                          char *err, size_t errlen)
@@ -449,6 +724,13 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hea
     }
     if (g.tpg == S_CTA) {
         k_group_encode<MODE, true><<<cu_grid(g.ng, 1), S_CTA, 0, st>>>(x, payload, head, g);
+    } else if (!cu_legacy()) {
+        const uint64_t per_block = (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg); // groups per CTA iteration
+        const unsigned int grid = cu_grid(g.ng, per_block);
+        if (g.bits == s_fast_bits(MODE))
+            k_group_enc_seg<MODE, s_fast_bits(MODE), S_ROWS><<<grid, 256, 0, st>>>(x, payload, head, g);
+        else
+            k_group_enc_seg<MODE, 0, S_ROWS><<<grid, 256, 0, st>>>(x, payload, head, g);
     } else {
         const uint64_t per_block = (uint64_t)(256 / 32) * (32 / g.tpg); // groups per CTA
         k_group_encode<MODE, false><<<cu_grid(g.ng, per_block), 256, 0, st>>>(x, payload, head, g);
@@ -473,6 +755,33 @@ int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload
                     cudaStream_t st, char *err, size_t errlen)
 {
     const s_gp g = s_params(spec, n, out);
+    if (g.tpg <= 32 && !cu_legacy()) {
+        const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg));
+        const bool fast = g.bits == (spec->id == CODEC_FIXPT ? 8u : 4u);
+        switch (s_mode(spec)) {
+        case M_FIX_NEAR:
+        case M_FIX_STOCH:
+            if (fast)
+                k_group_dec_seg<M_FIX_NEAR, 8, S_ROWS><<<grid, 256, 0, st>>>(payload, out, head, g);
+            else
+                k_group_dec_seg<M_FIX_NEAR, 0, S_ROWS><<<grid, 256, 0, st>>>(payload, out, head, g);
+            break;
+        case M_INT_ASYM:
+            if (fast)
+                k_group_dec_seg<M_INT_ASYM, 4, S_ROWS><<<grid, 256, 0, st>>>(payload, out, head, g);
+            else
+                k_group_dec_seg<M_INT_ASYM, 0, S_ROWS><<<grid, 256, 0, st>>>(payload, out, head, g);
+            break;
+        default:
+            if (fast)
+                k_group_dec_seg<M_INT_SYM, 4, S_ROWS><<<grid, 256, 0, st>>>(payload, out, head, g);
+            else
+                k_group_dec_seg<M_INT_SYM, 0, S_ROWS><<<grid, 256, 0, st>>>(payload, out, head, g);
+            break;
+        }
+        CU_CHECK_LAUNCH("k_group_dec_seg");
+        return 0;
+    }
     const unsigned int grid = cu_grid(g.ng * g.cpg, 256);
     switch (s_mode(spec)) {
     case M_FIX_NEAR:

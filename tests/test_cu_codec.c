@@ -401,6 +401,23 @@ int main(void)
             s_case(&d, k_specs[k], (codec_shape_t){ 2, 64, 1600 }, IN_SYNTH, 500 + seed, 0, 0);
         printf("  %-58s %s\n", k_specs[k], g_fail == before ? "ok" : "FAILED");
     }
+    /* tah shapes where each thread of the shared-memory select/scan kernels owns
+     * several allocation tiles (n_alloc 8192 and 2500: chunk boundaries, ties of
+     * constant input across chunks), and one too large for shared memory
+     * (n_alloc 64000: the global-memory kernels) */
+    {
+        int before = g_fail;
+        const codec_shape_t mid[] = { { 2, 512, 1000 }, { 3, 100, 1600 } };
+        for (int m = 0; m < 2; m++) {
+            s_case(&d, "tah", mid[m], IN_SYNTH, 600 + (uint64_t)m, 0, 0);
+            s_case(&d, "tah", mid[m], IN_CONST, 610 + (uint64_t)m, 0, 0);
+            s_case(&d, "tah:hi_frac=0.5,tile=32,alloc_tile=96", mid[m], IN_SIGNED_ZEROS, 620 + (uint64_t)m, 0, 0);
+        }
+        s_case(&d, "tah:tile=8,alloc_tile=8,hi_frac=0.37", (codec_shape_t){ 2, 512, 1000 }, IN_SYNTH, 630, 0, 0);
+        s_case(&d, "tah:tile=8,alloc_tile=8,hi_frac=0.37", (codec_shape_t){ 2, 512, 1000 }, IN_CONST, 631, 0, 0);
+        printf("  %-58s %s\n", "tah large n_alloc (select/scan chunking, global path)",
+               g_fail == before ? "ok" : "FAILED");
+    }
     s_test_status(&d);
     printf("  status codes (NaN input, corrupt payloads)               %s\n", g_fail ? "see above" : "ok");
     s_test_e4m3_exhaustive(&d);
