@@ -12,6 +12,14 @@
 
 static inline size_t bitpack_bytes(size_t n, unsigned bits) { return (n * bits + 7) / 8; }
 
+/* 1 if the unused high bits of the last byte of n packed codes are zero
+ * (what bitpack_pack writes; decoders of untrusted streams check it). */
+static inline int bitpack_tail_clear(const uint8_t *src, size_t n, unsigned bits)
+{
+    unsigned used = (unsigned)((n * bits) & 7u);
+    return used == 0 || (src[bitpack_bytes(n, bits) - 1] >> used) == 0;
+}
+
 /* bits in 1..16 */
 void bitpack_pack(uint8_t *dst, const uint16_t *codes, size_t n, unsigned bits);
 void bitpack_unpack(uint16_t *codes, const uint8_t *src, size_t n, unsigned bits);

@@ -184,8 +184,9 @@ static void s_write_header(const codec_spec_t *spec, codec_shape_t shape, uint64
     codec_put_u32(frame + S_OFF_CRC, crc);
 }
 
-int codec_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *frame, size_t cap,
-                 size_t *written, char *err, size_t errlen)
+/* Validate spec and shape for writing a frame; the codec and its payload size. */
+static int s_prepare(const codec_spec_t *spec, codec_shape_t shape, const codec_ops_t **ops, uint64_t *payload,
+                     char *err, size_t errlen)
 {
     int rc = codec_spec_validate(spec, err, errlen);
     if (rc != 0)
@@ -193,9 +194,20 @@ int codec_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, 
     rc = s_check_shape(shape, err, errlen);
     if (rc != 0)
         return rc;
-    const codec_ops_t *ops = s_ops(spec->id);
+    *ops = s_ops(spec->id);
+    *payload = (*ops)->payload_size(spec, shape);
+    return 0;
+}
+
+int codec_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *frame, size_t cap,
+                 size_t *written, char *err, size_t errlen)
+{
+    const codec_ops_t *ops = NULL;
+    uint64_t payload = 0;
+    int rc = s_prepare(spec, shape, &ops, &payload, err, errlen);
+    if (rc != 0)
+        return rc;
     uint64_t n = codec_shape_elems(shape);
-    uint64_t payload = ops->payload_size(spec, shape);
     uint64_t total = CODEC_HEADER_SIZE + payload;
     if (cap < total)
         S_FAIL(TAH_ESPACE, "encode: frame buffer has %zu bytes, %s needs %" PRIu64, cap, ops->name, total);
@@ -215,14 +227,11 @@ int codec_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, 
 int codec_frame_seal(const codec_spec_t *spec, codec_shape_t shape, uint8_t *frame, size_t len, char *err,
                      size_t errlen)
 {
-    int rc = codec_spec_validate(spec, err, errlen);
+    const codec_ops_t *ops = NULL;
+    uint64_t payload = 0;
+    int rc = s_prepare(spec, shape, &ops, &payload, err, errlen);
     if (rc != 0)
         return rc;
-    rc = s_check_shape(shape, err, errlen);
-    if (rc != 0)
-        return rc;
-    const codec_ops_t *ops = s_ops(spec->id);
-    uint64_t payload = ops->payload_size(spec, shape);
     uint64_t total = CODEC_HEADER_SIZE + payload;
     if (!frame || (uint64_t)len != total)
         S_FAIL(TAH_ESIZE, "seal: frame has %zu bytes, %s with shape (%u,%u,%u) is %" PRIu64, frame ? len : 0,

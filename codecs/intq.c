@@ -216,8 +216,7 @@ static int s_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t
         step = half_to_f32(sh);
         const float bias = p->symmetric ? -(float)qmax * step : mn; /* exact: qmax*step fits 24 bits */
         const uint8_t *src = code_base + g * gbytes;
-        uint32_t tail_bits = (uint32_t)(((uint64_t)len * bits) & 7u);
-        if (tail_bits && (src[bitpack_bytes(len, bits) - 1] >> tail_bits) != 0)
+        if (!bitpack_tail_clear(src, len, bits))
             return TAH_ECORRUPT; /* padding bits must be zero */
         for (uint32_t j = 0; j < len; j += S_CHUNK) {
             uint32_t m = len - j < S_CHUNK ? len - j : S_CHUNK;
