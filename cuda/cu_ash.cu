@@ -258,6 +258,231 @@ __global__ void __launch_bounds__(256) k_ash_dec_warp(const uint8_t *__restrict_
         d_flag(head, CU_ST_NONFINITE);
 }
 
+// ---------------------------------------------------------------- block = 256, 4 blocks per warp
+//
+// The default block (n = 256): each warp takes K = 4 consecutive blocks per
+// iteration; all 8 of its 16-byte loads per lane are issued before the
+// first use. The RMS chains are done by all 32 lanes at once:
+//
+//   staged (shared, per warp): block b at sb[b * 264 ..], element i at + i
+//   chain lane 8b + k: acc = 0; for j = 0..31: acc += x_b[8j + k]^2   (double)
+//   then ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)) by __shfl_xor 1, 2, 4
+//
+// which is codecs/ash.c's s_sumsq order (8 chains i % 8, each in ascending
+// i; a double square of a float is exact; each add has the CPU's two
+// operands, IEEE addition commutes). Lane 8b + k reads bank (8b + 8j + k)
+// mod 32: the 8-float pad makes the 32 chain reads of one step conflict-
+// free, and the 16-byte stores of the staging are conflict-free too.
+// Lanes 8b..8b+7 compute block b's alpha (one double sqrt + division per
+// warp iteration instead of one per block); the Hadamard then runs per
+// block on the usual layout (lane l: elements 8l..8l+7).
+#define S_K 4u        // blocks per warp iteration (n = 256)
+#define S_PAD 264u    // floats per staged block
+#define S_WARPS (S_CTA / 32u)
+
+// Hadamard of a 32-lane segment (tpg = 32): d_fwht_seg's butterflies; the
+// upper lane's other - v is computed as other + (-v), the same IEEE value.
+__device__ __forceinline__ void d_fwht32(float v[8], uint32_t lane)
+{
+#pragma unroll
+    for (int h = 1; h < 8; h *= 2) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            if ((i & h) == 0) {
+                float a = v[i], b = v[i + h];
+                v[i] = __fadd_rn(a, b);
+                v[i + h] = __fsub_rn(a, b);
+            }
+        }
+    }
+#pragma unroll
+    for (uint32_t o = 1; o < 32; o *= 2) {
+        const uint32_t neg = (lane & o) ? 0x80000000u : 0u;
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const float other = __shfl_xor_sync(CU_FULL, v[r], (int)o);
+            v[r] = __fadd_rn(other, __uint_as_float(__float_as_uint(v[r]) ^ neg));
+        }
+    }
+}
+
+__device__ __forceinline__ uint32_t d_absbits_max8(const float v[8])
+{
+    uint32_t am = 0;
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        am = max(am, __float_as_uint(v[r]) & 0x7fffffffu);
+    return am;
+}
+
+__global__ void __launch_bounds__(256) k_ash_enc256(const float *__restrict__ x, uint8_t *__restrict__ p,
+                                                    cu_head *head, s_ap a)
+{
+    __shared__ __align__(16) float stage[S_WARPS][S_K * S_PAD];
+    const uint32_t lane = threadIdx.x & 31u, w = threadIdx.x >> 5;
+    const uint32_t cb = lane >> 3, k = lane & 7u; // chain lane: block cb, chain k
+    float *sb = stage[w];
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
+    uint32_t inmax = 0, range = 0;
+    for (uint64_t base = warp * S_K; base < a.nb; base += nwarps * S_K) {
+        float v[S_K][8];
+#pragma unroll
+        for (uint32_t b = 0; b < S_K; b++) {
+            const uint64_t off = (base + b) * 256u;
+            const uint64_t end = base + b < a.nb ? (a.total - off < 256u ? a.total : off + 256u) : off;
+            d_load8(x, off + 8u * lane, end, a.vec_x, v[b]); // beyond end: zeros, nothing read
+        }
+#pragma unroll
+        for (uint32_t b = 0; b < S_K; b++) {
+            inmax = max(inmax, d_absbits_max8(v[b]));
+            float4 *d4 = (float4 *)(sb + b * S_PAD + 8u * lane);
+            d4[0] = make_float4(v[b][0], v[b][1], v[b][2], v[b][3]);
+            d4[1] = make_float4(v[b][4], v[b][5], v[b][6], v[b][7]);
+        }
+        __syncwarp();
+        // chain k of block cb, in ascending element order
+        const uint64_t bb = base + cb;
+        const uint32_t m = bb < a.nb ? (uint32_t)(a.total - bb * 256u < 256u ? a.total - bb * 256u : 256u) : 0u;
+        const float *q = sb + cb * S_PAD;
+        double acc = 0.0;
+        if (m == 256u) {
+#pragma unroll 8
+            for (uint32_t j = 0; j < 32u; j++) {
+                const double f = (double)q[8u * j + k];
+                acc = __dadd_rn(acc, __dmul_rn(f, f));
+            }
+        } else { // the tensor's partial last block: ash.c's tail goes to chain 0
+            const uint32_t mfull = m & ~7u;
+            for (uint32_t i = k; i < mfull; i += 8u) {
+                const double f = (double)q[i];
+                acc = __dadd_rn(acc, __dmul_rn(f, f));
+            }
+            if (k == 0)
+                for (uint32_t i = mfull; i < m; i++) {
+                    const double f = (double)q[i];
+                    acc = __dadd_rn(acc, __dmul_rn(f, f));
+                }
+        }
+        acc = __dadd_rn(acc, __shfl_xor_sync(CU_FULL, acc, 1));
+        acc = __dadd_rn(acc, __shfl_xor_sync(CU_FULL, acc, 2));
+        acc = __dadd_rn(acc, __shfl_xor_sync(CU_FULL, acc, 4));
+        const float alpha_cb = d_alpha(acc, 256u, a.tau, a.eps);
+#pragma unroll
+        for (uint32_t b = 0; b < S_K; b++) {
+            const uint64_t blk = base + b;
+            const float alpha = __shfl_sync(CU_FULL, alpha_cb, 8 * (int)b);
+            if (blk >= a.nb) // warp-uniform
+                break;
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                v[b][r] = __fmul_rn(alpha, v[b][r]);
+            d_fwht32(v[b], lane);
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                v[b][r] = __fmul_rn(v[b][r], a.norm);
+            uint32_t am = d_absbits_max8(v[b]);
+            am = d_seg_maxu(am, 32u);
+            range |= (uint32_t)(am >= 0x7f800000u);
+            uint8_t *dst = p + blk * (uint64_t)(8u + 256u);
+            uint64_t meta = 0, codes = 0;
+            if (am != 0) {
+                float s = __fdiv_rn(__uint_as_float(am), 448.0f);
+                if (s == 0.0f)
+                    s = __uint_as_float(1u); // 2^-149
+                const float inv = __fdiv_rn(1.0f, s);
+                codes = d_codes8(v[b], s, inv);
+                meta = (uint64_t)__float_as_uint(alpha) | ((uint64_t)__float_as_uint(s) << 32);
+            }
+            if (lane == 0)
+                d_store_bytes(dst, meta, 0, 8);
+            d_store_bytes(dst + 8u + 8u * lane, codes, 0, 8);
+        }
+        __syncwarp(); // the chains' reads of sb precede the next iteration's staging
+    }
+    if (inmax >= 0x7f800000u)
+        d_flag(head, CU_ST_NONFINITE);
+    if (range)
+        d_flag(head, CU_ST_RANGE);
+}
+
+// 8 codes -> floats * s: hardware cvt.rn.f16x2.e4m3x2 (exact: every E4M3
+// value is an fp16 value; NaN codes are rejected by the caller), then exact
+// f16 -> f32, then the CPU's one rounding e4m3_to_f32(q) * s.
+__device__ __forceinline__ void d_dequant8(uint64_t q, float s, float v[8])
+{
+#ifdef TAH_CU_SOFT_E4M3
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        v[r] = __fmul_rn(d_e4m3_to_f32((uint32_t)(q >> (8 * r)) & 0xffu), s);
+#else
+#pragma unroll
+    for (int r = 0; r < 8; r += 2) {
+        const unsigned short two = (unsigned short)(q >> (8 * r));
+        unsigned int h2;
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(two));
+        float lo, hi;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"((unsigned short)(h2 & 0xffffu)));
+        asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"((unsigned short)(h2 >> 16)));
+        v[r] = __fmul_rn(lo, s);
+        v[r + 1] = __fmul_rn(hi, s);
+    }
+#endif
+}
+
+// any byte of q with (byte & 0x7f) == 0x7f (E4M3 NaN): SWAR, no carries
+// between bytes (each masked byte + 1 <= 0x80)
+__device__ __forceinline__ uint32_t d_has_nan_code_swar(uint64_t q)
+{
+    const uint64_t t = q & 0x7f7f7f7f7f7f7f7full;
+    return (uint32_t)(((t + 0x0101010101010101ull) & 0x8080808080808080ull) != 0);
+}
+
+__global__ void __launch_bounds__(256) k_ash_dec256(const uint8_t *__restrict__ p, float *__restrict__ out,
+                                                    cu_head *head, s_ap a)
+{
+    const uint32_t lane = threadIdx.x & 31u, cb = lane >> 3;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
+    uint32_t corrupt = 0, outmax = 0;
+    for (uint64_t base = warp * S_K; base < a.nfull; base += nwarps * S_K) {
+        uint64_t q[S_K];
+#pragma unroll
+        for (uint32_t b = 0; b < S_K; b++) {
+            uint64_t hi;
+            q[b] = 0;
+            if (base + b < a.nfull)
+                d_load_bytes(p + (base + b) * 264u + 8u + 8u * lane, 8, q[b], hi);
+        }
+        // lanes 8b..8b+7: block b's scalars
+        float s_cb = 0.0f, ia_cb = 0.0f;
+        if (base + cb < a.nfull) {
+            const uint8_t *src = p + (base + cb) * 264u;
+            corrupt |= d_check_meta(d_get_u32(src), d_get_u32(src + 4), s_cb, ia_cb);
+        }
+#pragma unroll
+        for (uint32_t b = 0; b < S_K; b++) {
+            const float s = __shfl_sync(CU_FULL, s_cb, 8 * (int)b);
+            const float inv_alpha = __shfl_sync(CU_FULL, ia_cb, 8 * (int)b);
+            if (base + b >= a.nfull) // warp-uniform
+                break;
+            corrupt |= d_has_nan_code_swar(q[b]);
+            float v[8];
+            d_dequant8(q[b], s, v);
+            d_fwht32(v, lane);
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                v[r] = s == 0.0f ? 0.0f : d_clampf(__fmul_rn(__fmul_rn(v[r], a.norm), inv_alpha));
+            outmax = max(outmax, d_absbits_max8(v));
+            d_store8(out, (base + b) * 256u + 8u * lane, 8, a.vec_x, v);
+        }
+    }
+    if (corrupt)
+        d_flag(head, CU_ST_CORRUPT);
+    if (outmax >= 0x7f800000u)
+        d_flag(head, CU_ST_NONFINITE);
+}
+
 // ---------------------------------------------------------------- CTA helpers
 
 // In-place orthonormal FWHT of buf[0..n) by the whole CTA (fwht_f32's butterfly order).
@@ -521,7 +746,10 @@ int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t 
                   void *work, cudaStream_t st, char *err, size_t errlen)
 {
     const s_ap a = s_params(spec, n, x);
-    if (a.n <= 256) {
+    if (a.n == 256 && !cu_legacy()) {
+        k_ash_enc256<<<cu_grid(a.nb, S_K * S_WARPS), S_CTA, 0, st>>>(x, payload, head, a);
+        CU_CHECK_LAUNCH("k_ash_enc256");
+    } else if (a.n <= 256) {
         const uint64_t per_block = 8u * (32u / a.tpg);
         k_ash_enc_warp<<<cu_grid(a.nb, per_block), 256, 0, st>>>(x, payload, head, a);
         CU_CHECK_LAUNCH("k_ash_enc_warp");
@@ -541,7 +769,10 @@ int cu_ash_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, 
 {
     const s_ap a = s_params(spec, n, out);
     if (a.nfull > 0) {
-        if (a.n <= 256) {
+        if (a.n == 256 && !cu_legacy()) {
+            k_ash_dec256<<<cu_grid(a.nfull, S_K * S_WARPS), S_CTA, 0, st>>>(payload, out, head, a);
+            CU_CHECK_LAUNCH("k_ash_dec256");
+        } else if (a.n <= 256) {
             const uint64_t per_block = 8u * (32u / a.tpg);
             k_ash_dec_warp<<<cu_grid(a.nfull, per_block), 256, 0, st>>>(payload, out, head, a);
             CU_CHECK_LAUNCH("k_ash_dec_warp");
