@@ -117,8 +117,9 @@ __device__ __forceinline__ float d_clampf(float y)
 // ---------------------------------------------------------------- block <= 256
 
 __global__ void __launch_bounds__(256) k_ash_enc_warp(const float *__restrict__ x, uint8_t *__restrict__ p,
-                                                      cu_head *head, s_ap a)
+                                                      cu_hp head, s_ap a)
 {
+    d_mark(head);
     __shared__ double sq[8][256]; // one warp's squares, segment-major
     __shared__ double cs[8][128]; // the 8 chain sums of each of the warp's blocks
     const uint32_t lane = threadIdx.x & 31u, w = threadIdx.x >> 5;
@@ -219,8 +220,9 @@ __device__ __forceinline__ uint32_t d_has_nan_code(uint64_t q)
 }
 
 __global__ void __launch_bounds__(256) k_ash_dec_warp(const uint8_t *__restrict__ p, float *__restrict__ out,
-                                                      cu_head *head, s_ap a)
+                                                      cu_hp head, s_ap a)
 {
+    d_mark(head);
     const uint32_t lane = threadIdx.x & 31u;
     const uint32_t n = a.n, tpg = a.tpg, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
@@ -316,8 +318,9 @@ __device__ __forceinline__ uint32_t d_absbits_max8(const float v[8])
 }
 
 __global__ void __launch_bounds__(256) k_ash_enc256(const float *__restrict__ x, uint8_t *__restrict__ p,
-                                                    cu_head *head, s_ap a)
+                                                    cu_hp head, s_ap a)
 {
+    d_mark(head);
     __shared__ __align__(16) float stage[S_WARPS][S_K * S_PAD];
     const uint32_t lane = threadIdx.x & 31u, w = threadIdx.x >> 5;
     const uint32_t cb = lane >> 3, k = lane & 7u; // chain lane: block cb, chain k
@@ -439,8 +442,9 @@ __device__ __forceinline__ uint32_t d_has_nan_code_swar(uint64_t q)
 }
 
 __global__ void __launch_bounds__(256) k_ash_dec256(const uint8_t *__restrict__ p, float *__restrict__ out,
-                                                    cu_head *head, s_ap a)
+                                                    cu_hp head, s_ap a)
 {
+    d_mark(head);
     const uint32_t lane = threadIdx.x & 31u, cb = lane >> 3;
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
@@ -519,8 +523,9 @@ __device__ uint32_t d_cta_maxu(uint32_t v, uint32_t *red)
 // ---------------------------------------------------------------- block >= 512
 
 __global__ void __launch_bounds__(256) k_ash_enc_cta(const float *__restrict__ x, uint8_t *__restrict__ p,
-                                                     cu_head *head, s_ap a, float *work)
+                                                     cu_hp head, s_ap a, float *work)
 {
+    d_mark(head);
     extern __shared__ float smem[];
     __shared__ double chains[8];
     __shared__ uint32_t red[S_CTA / 32u];
@@ -587,8 +592,9 @@ __global__ void __launch_bounds__(256) k_ash_enc_cta(const float *__restrict__ x
 }
 
 __global__ void __launch_bounds__(256) k_ash_dec_cta(const uint8_t *__restrict__ p, float *__restrict__ out,
-                                                     cu_head *head, s_ap a, float *work)
+                                                     cu_hp head, s_ap a, float *work)
 {
+    d_mark(head);
     extern __shared__ float smem[];
     const uint32_t n = a.n;
     float *buf = work ? work + (uint64_t)blockIdx.x * n : smem;
@@ -643,9 +649,10 @@ __device__ void d_scale_clamp(float *o, uint32_t m, float k)
     __syncthreads();
 }
 
-__global__ void __launch_bounds__(256) k_ash_dec_partial(const uint8_t *__restrict__ p, float *out, cu_head *head,
+__global__ void __launch_bounds__(256) k_ash_dec_partial(const uint8_t *__restrict__ p, float *out, cu_hp head,
                                                          s_ap a, s_partial c)
 {
+    d_mark(head);
     const uint32_t n = a.n;
     const uint64_t b = a.nb - 1;
     const uint8_t *src = p + b * (uint64_t)(8u + n);
@@ -742,7 +749,7 @@ size_t cu_ash_scratch(const codec_spec_t *spec, uint64_t n)
     return (size_t)(nb < S_BIG_GRID ? nb : S_BIG_GRID) * block * sizeof(float);
 }
 
-int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_head *head,
+int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head,
                   void *work, cudaStream_t st, char *err, size_t errlen)
 {
     const s_ap a = s_params(spec, n, x);
@@ -764,7 +771,7 @@ int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t 
     return 0;
 }
 
-int cu_ash_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_head *head,
+int cu_ash_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,
                   void *work, cudaStream_t st, char *err, size_t errlen)
 {
     const s_ap a = s_params(spec, n, out);

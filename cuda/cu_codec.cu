@@ -5,6 +5,10 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
 
 #include "cu_common.cuh"
 
@@ -40,6 +44,31 @@ cudaError_t cu_smem_allow(const void *kernel, size_t bytes)
     if (bytes <= 48 * 1024)
         return cudaSuccess;
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+// This call's status tag (see cu_head): a per-process random start plus a
+// counter, so no two calls of the process share one and a word left in the
+// scratch by another process matches with probability ~2^-61.
+static unsigned long long s_seed(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    unsigned long long z = (unsigned long long)ts.tv_sec * 1000000007ull + (unsigned long long)ts.tv_nsec;
+    z ^= (unsigned long long)getpid() << 40;
+    z ^= (unsigned long long)(uintptr_t)&ts;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull; // splitmix64 finaliser
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static cu_hp s_head(void *d_scratch)
+{
+    static const unsigned long long seed = s_seed();
+    static std::atomic<unsigned long long> count{ 0 };
+    cu_hp h;
+    h.p = (cu_head *)d_scratch;
+    h.tag = (seed + count.fetch_add(1, std::memory_order_relaxed)) & CU_TAG_MASK;
+    return h;
 }
 
 static int s_fail(int code, char *err, size_t errlen, const char *fmt, ...)
@@ -91,9 +120,10 @@ extern "C" int cu_codec_encode(const codec_spec_t *spec, codec_shape_t shape, co
     int rc = s_check(spec, shape, d_x, d_payload, d_scratch, &n, err, errlen);
     if (rc != 0)
         return rc;
-    cu_head *head = (cu_head *)d_scratch;
+    const cu_hp head = s_head(d_scratch); // no status memset: the kernels tag the status word
     void *work = (uint8_t *)d_scratch + CU_SCRATCH_HEAD;
-    CUDA_CHECK(cudaMemsetAsync(head, 0, sizeof *head, stream));
+    if (spec->id == CODEC_INT || spec->id == CODEC_TAH) // atomicMax of the frame absmax starts at 0
+        CUDA_CHECK(cudaMemsetAsync(&head.p->absmax_bits, 0, sizeof head.p->absmax_bits, stream));
     switch (spec->id) {
     case CODEC_FP32:
     case CODEC_FP16:
@@ -113,9 +143,8 @@ extern "C" int cu_codec_decode(const codec_spec_t *spec, codec_shape_t shape, co
     int rc = s_check(spec, shape, d_payload, d_out, d_scratch, &n, err, errlen);
     if (rc != 0)
         return rc;
-    cu_head *head = (cu_head *)d_scratch;
+    const cu_hp head = s_head(d_scratch);
     void *work = (uint8_t *)d_scratch + CU_SCRATCH_HEAD;
-    CUDA_CHECK(cudaMemsetAsync(head, 0, sizeof *head, stream));
     switch (spec->id) {
     case CODEC_FP32:
     case CODEC_FP16:
@@ -135,13 +164,15 @@ extern "C" int cu_codec_status(const void *d_scratch, cudaStream_t stream, char 
     cu_head h;
     CUDA_CHECK(cudaMemcpyAsync(&h, d_scratch, sizeof h, cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (h.status & CU_ST_CORRUPT)
+    // the condition bits of the last call on this scratch; a word another call tagged reads as none
+    const unsigned int st = (h.status >> CU_ST_BITS) == h.tag ? (unsigned int)(h.status & ((1u << CU_ST_BITS) - 1u)) : 0u;
+    if (st & CU_ST_CORRUPT)
         return s_fail(TAH_ECORRUPT, err, errlen, "cuda decode: payload metadata that no encoder writes "
                                                  "(bad scale, code, flags or tile count)");
-    if (h.status & CU_ST_NONFINITE)
+    if (st & CU_ST_NONFINITE)
         return s_fail(TAH_ENONFINITE, err, errlen, "cuda codec: non-finite value in the input (encode) or "
                                                    "the decoded output (decode)");
-    if (h.status & CU_ST_RANGE)
+    if (st & CU_ST_RANGE)
         return s_fail(TAH_ERANGE, err, errlen, "cuda encode: value out of the codec's range (fixpt: lower "
                                                "scale; fp16: |x| > 65504; ash-fp8: tau*block overflows)");
     return 0;

@@ -22,8 +22,9 @@
  * shape, a CUDA call or launch that failed) are returned at once, with a
  * message in err. Errors only the kernels can see (non-finite input,
  * TAH_ERANGE, corrupt payload metadata, non-finite decoded values) are
- * recorded in the scratch buffer's status word: cu_codec_status()
- * synchronises the stream and returns them. The contents of the output
+ * recorded in the scratch buffer's status word, tagged with the call (no
+ * per-call memset): cu_codec_status() synchronises the stream and returns
+ * those of the last call made with that scratch. The contents of the output
  * are unspecified when the status is an error.
  *
  * Memory: the caller owns every buffer. d_scratch holds at least

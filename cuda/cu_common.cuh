@@ -29,17 +29,30 @@ extern "C" {
 
 #define CU_FULL 0xffffffffu
 
-// Status word at the start of scratch: bit set by any thread that saw it.
+// Status at the start of scratch, without a memset per call: every call
+// gets a fresh 61-bit tag (host counter, cu_codec.cu). Each kernel's thread
+// (0,0) stores the tag in `tag`; a thread that saw a condition sets its bit
+// in `status` = (tag << 3) | bits with a CAS that starts a new word when the
+// stored tag is an older call's. cu_codec_status reports the bits only when
+// status's tag equals `tag` (the last call's): a stale word reads as 0.
 #define CU_ST_NONFINITE 1u
 #define CU_ST_RANGE 2u
 #define CU_ST_CORRUPT 4u
+#define CU_ST_BITS 3u
+#define CU_TAG_MASK ((1ull << 61) - 1u)
 #define CU_SCRATCH_HEAD 256u // status + small per-call scalars; the rest is per-codec
 
 struct cu_head {
-    unsigned int status;
-    unsigned int absmax_bits; // frame absmax (int, tah): atomicMax on non-negative float bits
+    unsigned long long status;  // (tag << CU_ST_BITS) | condition bits
+    unsigned long long tag;     // the last call's tag
+    unsigned int absmax_bits;   // frame absmax (int, tah): atomicMax on non-negative float bits, zeroed per call
 };
 
+// What every kernel gets: the head and this call's tag.
+struct cu_hp {
+    cu_head *p;
+    unsigned long long tag;
+};
 // Host-side failure with the call site: fills err, returns TAH_EDEVICE.
 int cu_fail(cudaError_t e, const char *what, const char *file, int line, char *err, size_t errlen);
 
@@ -58,7 +71,27 @@ int cu_fail(cudaError_t e, const char *what, const char *file, int line, char *e
             return cu_fail(e_, "launch of " name, __FILE__, __LINE__, err, errlen);    \
     } while (0)
 
-__device__ __forceinline__ void d_flag(cu_head *h, unsigned int bit) { atomicOr(&h->status, bit); }
+__device__ __forceinline__ void d_flag(cu_hp h, unsigned int bit)
+{
+    unsigned long long *w = &h.p->status;
+    unsigned long long old = *(volatile unsigned long long *)w;
+    for (;;) {
+        const unsigned long long nw = (old >> CU_ST_BITS) == h.tag ? (old | bit) : ((h.tag << CU_ST_BITS) | bit);
+        if (nw == old)
+            return;
+        const unsigned long long prev = atomicCAS(w, old, nw);
+        if (prev == old)
+            return;
+        old = prev;
+    }
+}
+
+// Every kernel's first statement: this call ran (see cu_head).
+__device__ __forceinline__ void d_mark(cu_hp h)
+{
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        h.p->tag = h.tag;
+}
 
 __device__ __forceinline__ bool d_nonfinite(float f) { return (__float_as_uint(f) & 0x7f800000u) == 0x7f800000u; }
 
@@ -324,24 +357,24 @@ __device__ __forceinline__ uint32_t d_seg_minu(uint32_t v, uint32_t tpg)
 }
 
 // ---- per-codec entry points (cu_codec.cu dispatches; scratch is past the head) ----
-int cu_raw_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_head *head,
+int cu_raw_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head,
                   cudaStream_t st, char *err, size_t errlen);
-int cu_raw_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_head *head,
+int cu_raw_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,
                   cudaStream_t st, char *err, size_t errlen);
-int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_head *head,
+int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head,
                     cudaStream_t st, char *err, size_t errlen);
-int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_head *head,
+int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,
                     cudaStream_t st, char *err, size_t errlen);
 size_t cu_ash_scratch(const codec_spec_t *spec, uint64_t n);
-int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_head *head,
+int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head,
                   void *work, cudaStream_t st, char *err, size_t errlen);
-int cu_ash_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_head *head,
+int cu_ash_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,
                   void *work, cudaStream_t st, char *err, size_t errlen);
 size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape);
-int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload, cu_head *head,
+int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload, cu_hp head,
                   void *work, cudaStream_t st, char *err, size_t errlen);
 int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *payload, float *out,
-                  cu_head *head, void *work, cudaStream_t st, char *err, size_t errlen);
+                  cu_hp head, void *work, cudaStream_t st, char *err, size_t errlen);
 
 // TAH_CU_LEGACY=1 in the environment: the first GPU version's kernels
 // (bisecting a mismatch on the GPU in one run; scripts/gpu-check uses it).

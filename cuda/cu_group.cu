@@ -128,8 +128,9 @@ struct s_gq {
 
 template <int MODE, bool CTA>
 __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ x, uint8_t *__restrict__ p,
-                                                      cu_head *head, s_gp g)
+                                                      cu_hp head, s_gp g)
 {
+    d_mark(head);
     __shared__ s_gs red[S_CTA / 32];
     const uint32_t lane = threadIdx.x & 31u;
     const uint32_t tpg = CTA ? S_CTA : g.tpg;
@@ -142,7 +143,7 @@ __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ 
     int32_t e = 0;
     float pdown = 1.0f;
     if (MODE >= M_INT_ASYM) {
-        e = d_int_exp(head->absmax_bits);
+        e = d_int_exp(head.p->absmax_bits);
         pdown = d_pow2f(-e);
     }
     uint32_t bad = 0, range = 0;
@@ -329,8 +330,9 @@ __device__ __forceinline__ void d_group_stats(const float v[8], uint32_t len, ui
 
 template <int MODE, int BITS, int U>
 __global__ void __launch_bounds__(256) k_group_enc_seg(const float *__restrict__ x, uint8_t *__restrict__ p,
-                                                       cu_head *head, s_gp g)
+                                                       cu_hp head, s_gp g)
 {
+    d_mark(head);
     const uint32_t lane = threadIdx.x & 31u;
     const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
     const uint32_t bits = BITS > 0 ? (uint32_t)BITS : g.bits;
@@ -341,7 +343,7 @@ __global__ void __launch_bounds__(256) k_group_enc_seg(const float *__restrict__
     int32_t e = 0;
     float pdown = 1.0f;
     if (MODE >= M_INT_ASYM) {
-        e = d_int_exp(head->absmax_bits);
+        e = d_int_exp(head.p->absmax_bits);
         pdown = d_pow2f(-e);
     }
     uint32_t bad = 0, range = 0;
@@ -469,8 +471,9 @@ __global__ void __launch_bounds__(256) k_group_enc_seg(const float *__restrict__
 // per chunk (k_group_decode's id / cpg). Same checks, same float ops.
 template <int MODE, int BITS, int U>
 __global__ void __launch_bounds__(256) k_group_dec_seg(const uint8_t *__restrict__ p, float *__restrict__ out,
-                                                       cu_head *head, s_gp g)
+                                                       cu_hp head, s_gp g)
 {
+    d_mark(head);
     const uint32_t lane = threadIdx.x & 31u;
     const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
     const uint32_t bits = BITS > 0 ? (uint32_t)BITS : g.bits;
@@ -564,8 +567,9 @@ __global__ void __launch_bounds__(256) k_group_dec_seg(const uint8_t *__restrict
 }
 
 // Frame absmax (int pass 1) and the finite check, as float bits.
-__global__ void __launch_bounds__(256) k_absmax(const float *__restrict__ x, uint64_t n, bool vec, cu_head *head)
+__global__ void __launch_bounds__(256) k_absmax(const float *__restrict__ x, uint64_t n, bool vec, cu_hp head)
 {
+    d_mark(head);
     const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint32_t mx = 0, bad = 0;
     // 4 chunks of 8 per thread per iteration, all 8 16-byte loads issued first
@@ -587,15 +591,16 @@ __global__ void __launch_bounds__(256) k_absmax(const float *__restrict__ x, uin
     for (int o = 16; o > 0; o /= 2)
         mx = max(mx, __shfl_xor_sync(CU_FULL, mx, o));
     if ((threadIdx.x & 31u) == 0 && mx != 0)
-        atomicMax(&head->absmax_bits, mx);
+        atomicMax(&head.p->absmax_bits, mx);
     if (bad)
         d_flag(head, CU_ST_NONFINITE);
 }
 
 template <int MODE>
 __global__ void __launch_bounds__(256) k_group_decode(const uint8_t *__restrict__ p, float *__restrict__ out,
-                                                      cu_head *head, s_gp g)
+                                                      cu_hp head, s_gp g)
 {
+    d_mark(head);
     const uint64_t nchunks = g.ng * g.cpg, stride = (uint64_t)gridDim.x * blockDim.x;
     const uint32_t bad_code = (1u << g.bits) - 1u;
     uint32_t corrupt = 0, bad = 0;
@@ -714,7 +719,7 @@ static s_gp s_params(const codec_spec_t *spec, uint64_t n, const void *xy)
 static constexpr int s_fast_bits(int mode) { return mode <= M_FIX_STOCH ? 8 : 4; }
 
 template <int MODE>
-static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_head *head, cudaStream_t st,
+static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp head, cudaStream_t st,
                          char *err, size_t errlen)
 {
     if (MODE >= M_INT_ASYM) {
@@ -739,7 +744,7 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hea
     return 0;
 }
 
-int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_head *head,
+int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head,
                     cudaStream_t st, char *err, size_t errlen)
 {
     const s_gp g = s_params(spec, n, x);
@@ -751,7 +756,7 @@ int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_
     }
 }
 
-int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_head *head,
+int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,
                     cudaStream_t st, char *err, size_t errlen)
 {
     const s_gp g = s_params(spec, n, out);

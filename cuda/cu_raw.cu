@@ -20,9 +20,10 @@ __device__ __forceinline__ uint16_t d_bf16(float f)
 }
 
 template <int MODE>
-__global__ void k_raw_encode(const float *__restrict__ x, uint64_t n, uint8_t *__restrict__ p, cu_head *head,
+__global__ void k_raw_encode(const float *__restrict__ x, uint64_t n, uint8_t *__restrict__ p, cu_hp head,
                              bool vec)
 {
+    d_mark(head);
     const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint32_t bad = 0, range = 0;
     for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c * 4 < n; c += stride) {
@@ -71,9 +72,10 @@ __global__ void k_raw_encode(const float *__restrict__ x, uint64_t n, uint8_t *_
 }
 
 template <int MODE>
-__global__ void k_raw_decode(const uint8_t *__restrict__ p, uint64_t n, float *__restrict__ out, cu_head *head,
+__global__ void k_raw_decode(const uint8_t *__restrict__ p, uint64_t n, float *__restrict__ out, cu_hp head,
                              bool vec)
 {
+    d_mark(head);
     const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     uint32_t bad = 0;
     for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c * 4 < n; c += stride) {
@@ -123,7 +125,7 @@ static bool s_aligned16(const void *a, const void *b)
     return (((uintptr_t)a | (uintptr_t)b) & 15u) == 0;
 }
 
-int cu_raw_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_head *head,
+int cu_raw_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head,
                   cudaStream_t st, char *err, size_t errlen)
 {
     const unsigned int grid = cu_grid((n + 3) / 4, 256);
@@ -137,7 +139,7 @@ int cu_raw_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t 
     return 0;
 }
 
-int cu_raw_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_head *head,
+int cu_raw_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,
                   cudaStream_t st, char *err, size_t errlen)
 {
     const unsigned int grid = cu_grid((n + 3) / 4, 256);

@@ -225,8 +225,9 @@ __device__ __forceinline__ void d_tile_minmax(const float v[8], uint32_t tl, uin
 // ---- encode ----
 
 __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x, float *__restrict__ ent,
-                                                     cu_head *head, s_tg g)
+                                                     cu_hp head, s_tg g)
 {
+    d_mark(head);
     const uint32_t lane = threadIdx.x & 31u, u = lane & 3u, sub = lane >> 2;
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
@@ -296,14 +297,15 @@ __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x
     for (int o = 16; o > 0; o /= 2)
         amax = max(amax, __shfl_xor_sync(CU_FULL, amax, o));
     if (lane == 0 && amax != 0)
-        atomicMax(&head->absmax_bits, amax);
+        atomicMax(&head.p->absmax_bits, amax);
     if (bad)
         d_flag(head, CU_ST_NONFINITE);
 }
 
 __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const float *__restrict__ ent, uint32_t *pre,
-                                                              uint8_t *p, cu_head *head, s_tg g)
+                                                              uint8_t *p, cu_hp head, s_tg g)
 {
+    d_mark(head);
     __shared__ uint32_t hist[256];
     __shared__ uint32_t ws[32];
     __shared__ uint32_t sh_prefix, sh_need;
@@ -374,7 +376,7 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const float *__res
     for (uint64_t y = used + threadIdx.x; y < g.code_bytes; y += blockDim.x)
         region[y] = 0;
     if (b == 0 && threadIdx.x == 0) {
-        d_put_u32(p, (uint32_t)d_tah_exp(head->absmax_bits, g.lg));
+        d_put_u32(p, (uint32_t)d_tah_exp(head.p->absmax_bits, g.lg));
         d_put_u32(p + 4, 0);
     }
 }
@@ -424,8 +426,9 @@ __device__ void d_sel_digit(const uint32_t *hist, uint32_t need, uint32_t prefix
 // to the lower index, same prefix sums.
 __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const float *__restrict__ ent,
                                                                  uint32_t *__restrict__ pre, uint8_t *p,
-                                                                 cu_head *head, s_tg g)
+                                                                 cu_hp head, s_tg g)
 {
+    d_mark(head);
     extern __shared__ uint32_t sk[]; // n_alloc keys, then n_alloc packed prefixes
     __shared__ uint32_t hist[256];
     __shared__ uint32_t ws[32];
@@ -527,7 +530,7 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const float *__
     for (uint64_t y = used + tid; y < g.code_bytes; y += bd)
         region[y] = 0;
     if (b == 0 && tid == 0) {
-        d_put_u32(p, (uint32_t)d_tah_exp(head->absmax_bits, g.lg));
+        d_put_u32(p, (uint32_t)d_tah_exp(head.p->absmax_bits, g.lg));
         d_put_u32(p + 4, 0);
     }
 }
@@ -569,12 +572,13 @@ __device__ __forceinline__ void d_swap0(float z[8], uint32_t lane, uint32_t tl, 
 
 __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, const uint32_t *__restrict__ pre,
                                                    uint16_t *__restrict__ flagv,
-                                                   uint8_t *__restrict__ p, cu_head *head, s_tg g)
+                                                   uint8_t *__restrict__ p, cu_hp head, s_tg g)
 {
+    d_mark(head);
     const uint32_t lane = threadIdx.x & 31u, tpg = g.G / 8u, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
-    const int32_t e = d_tah_exp(head->absmax_bits, g.lg);
+    const int32_t e = d_tah_exp(head.p->absmax_bits, g.lg);
     const float down = __uint_as_float((uint32_t)(127 - e) << 23);
     const float rho_down = __fmul_rn(g.rho, down);
     uint32_t range = 0;
@@ -699,8 +703,9 @@ __global__ void __launch_bounds__(256) k_tah_flags(const uint16_t *__restrict__ 
 // ---- decode ----
 
 __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_dscan(const uint8_t *__restrict__ p, uint32_t *pre,
-                                                             cu_head *head, s_tg g)
+                                                             cu_hp head, s_tg g)
 {
+    d_mark(head);
     __shared__ uint32_t ws[32];
     const uint64_t b = blockIdx.x, na = g.n_alloc;
     const uint8_t *flags = p + 8;
@@ -746,8 +751,9 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_dscan(const uint8_t *__re
 // contiguous run of allocation tiles per thread: one batch of loads, two
 // block scans, coalesced stores of the packed prefixes. Same checks.
 __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_dscan_sm(const uint8_t *__restrict__ p,
-                                                                uint32_t *__restrict__ pre, cu_head *head, s_tg g)
+                                                                uint32_t *__restrict__ pre, cu_hp head, s_tg g)
 {
+    d_mark(head);
     extern __shared__ uint32_t sk[]; // n_alloc packed prefixes, then the flag bytes (+4 zero bytes)
     __shared__ uint32_t ws[32];
     const uint64_t b = blockIdx.x;
@@ -818,8 +824,9 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_dscan_sm(const uint8_t *_
 
 __global__ void __launch_bounds__(256) k_tah_dtile(const uint8_t *__restrict__ p, const uint32_t *__restrict__ pre,
                                                    float *__restrict__ out,
-                                                   cu_head *head, s_tg g)
+                                                   cu_hp head, s_tg g)
 {
+    d_mark(head);
     const uint32_t lane = threadIdx.x & 31u, tpg = g.G / 8u, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
@@ -905,7 +912,7 @@ static int s_check_tile(const s_tg &g, char *err, size_t errlen)
     return 0;
 }
 
-int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload, cu_head *head,
+int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload, cu_hp head,
                   void *work, cudaStream_t st, char *err, size_t errlen)
 {
     const s_tg g = s_geometry(spec, shape, x);
@@ -933,7 +940,7 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
 }
 
 int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *payload, float *out,
-                  cu_head *head, void *work, cudaStream_t st, char *err, size_t errlen)
+                  cu_hp head, void *work, cudaStream_t st, char *err, size_t errlen)
 {
     const s_tg g = s_geometry(spec, shape, out);
     int rc = s_check_tile(g, err, errlen);

@@ -327,6 +327,45 @@ static void s_test_status(s_dev_t *d)
         CHECK(rc == TAH_ENONFINITE, "%s: NaN input gives %d, want TAH_ENONFINITE", k_specs[k], rc);
         x[777] = saved;
     }
+    /* The status word is tagged per call, not zeroed by a memset: garbage in
+     * the scratch head and an earlier call's unread error must not show in a
+     * later clean call's status; an error after a clean call must. */
+    {
+        static const char *const tagged[] = { "fp16", "fixpt", "int", "ash-fp8", "tah" };
+        float *xn = malloc(n * sizeof *xn);
+        memcpy(xn, x, n * sizeof *xn);
+        xn[123] = NAN;
+        for (size_t k = 0; k < sizeof tagged / sizeof tagged[0]; k++) {
+            codec_spec_t spec;
+            codec_spec_parse(tagged[k], &spec, err, sizeof err);
+            s_reserve(d, n, (size_t)codec_frame_size(&spec, shape), cu_codec_scratch_bytes(&spec, shape));
+            CU(cudaMemset(d->scratch, 0xff, 256)); /* garbage head: status, tag, absmax */
+            CU(cudaMemcpy(d->x, x, n * sizeof *x, cudaMemcpyHostToDevice));
+            int rc = cu_codec_encode(&spec, shape, d->x, d->payload, d->scratch, 0, err, sizeof err);
+            if (rc == 0)
+                rc = cu_codec_status(d->scratch, 0, err, sizeof err);
+            CHECK(rc == 0, "%s: clean input after a garbage head gives %d (%s)", tagged[k], rc, err);
+            CU(cudaMemcpy(d->x, xn, n * sizeof *x, cudaMemcpyHostToDevice));
+            rc = cu_codec_encode(&spec, shape, d->x, d->payload, d->scratch, 0, err, sizeof err);
+            CHECK(rc == 0, "%s: NaN encode call: %d", tagged[k], rc);
+            CU(cudaMemcpy(d->x, x, n * sizeof *x, cudaMemcpyHostToDevice));
+            rc = cu_codec_encode(&spec, shape, d->x, d->payload, d->scratch, 0, err, sizeof err);
+            if (rc == 0)
+                rc = cu_codec_status(d->scratch, 0, err, sizeof err);
+            CHECK(rc == 0, "%s: clean input after an unread NaN call gives %d (%s)", tagged[k], rc, err);
+            rc = cu_codec_decode(&spec, shape, d->payload, d->out, d->scratch, 0, err, sizeof err);
+            if (rc == 0)
+                rc = cu_codec_status(d->scratch, 0, err, sizeof err);
+            CHECK(rc == 0, "%s: decode of a clean frame gives %d (%s)", tagged[k], rc, err);
+            CU(cudaMemcpy(d->x, xn, n * sizeof *x, cudaMemcpyHostToDevice));
+            rc = cu_codec_encode(&spec, shape, d->x, d->payload, d->scratch, 0, err, sizeof err);
+            if (rc == 0)
+                rc = cu_codec_status(d->scratch, 0, err, sizeof err);
+            CHECK(rc == TAH_ENONFINITE, "%s: NaN input after clean calls gives %d, want TAH_ENONFINITE",
+                  tagged[k], rc);
+        }
+        free(xn);
+    }
     /* corrupt payloads the CPU decoder rejects: the GPU decoder must too */
     struct {
         const char *spec;
