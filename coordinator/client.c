@@ -57,6 +57,30 @@ out:
     return rep;
 }
 
+int coord_submit_ini(const coord_client_opts_t *o, const char *ini, const char *base_dir, const char *fname,
+                     uint64_t *job)
+{
+    Tah__SubmitReq sr = TAH__SUBMIT_REQ__INIT;
+    sr.ini = (char *)ini;
+    sr.base_dir = (char *)base_dir;
+    sr.file_name = (char *)fname;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_SUBMIT;
+    env.submit = &sr;
+    Tah__Envelope *rep = s_request(o, &env);
+    if (!rep)
+        return TAH_EIO;
+    int rc = TAH_EIO;
+    if (rep->body_case == TAH__ENVELOPE__BODY_SUBMIT_REP) {
+        *job = rep->submit_rep->job;
+        rc = 0;
+    } else {
+        fprintf(stderr, "tah-coord: unexpected answer '%s'\n", wire_body_name(rep));
+    }
+    wire_envelope_free(&rep);
+    return rc;
+}
+
 int coord_submit(const coord_client_opts_t *o, const char *job_file)
 {
     uint8_t *text = NULL;
@@ -95,23 +119,11 @@ int coord_submit(const coord_client_opts_t *o, const char *job_file)
         fprintf(stderr, "tah-coord: %s: %s\n", job_file, err);
         goto out;
     }
-    Tah__SubmitReq sr = TAH__SUBMIT_REQ__INIT;
-    sr.ini = ini;
-    sr.base_dir = base;
-    sr.file_name = (char *)job_file;
-    Tah__Envelope env = TAH__ENVELOPE__INIT;
-    env.body_case = TAH__ENVELOPE__BODY_SUBMIT;
-    env.submit = &sr;
-    Tah__Envelope *rep = s_request(o, &env);
-    if (!rep)
-        goto out;
-    if (rep->body_case == TAH__ENVELOPE__BODY_SUBMIT_REP) {
-        printf("%llu\n", (unsigned long long)rep->submit_rep->job);
+    uint64_t id = 0;
+    if (coord_submit_ini(o, ini, base, job_file, &id) == 0) {
+        printf("%llu\n", (unsigned long long)id);
         rc = 0;
-    } else {
-        fprintf(stderr, "tah-coord: unexpected answer '%s'\n", wire_body_name(rep));
     }
-    wire_envelope_free(&rep);
 out:
     free(text);
     free(spec);
@@ -152,6 +164,8 @@ static void s_print_json(const Tah__StatusRep *r)
             fprintf(f, "\"loss\":null,");
         fprintf(f, "\"tokens_per_s\":%.1f,\"metrics\":", j->tokens_per_s);
         s_json_str(f, j->metrics_path);
+        fprintf(f, ",\"link_shaping\":");
+        s_json_str(f, j->link_shaping);
         fprintf(f, ",\"submitted\":%.3f,\"finished\":%.3f,\"nodes\":[", j->submitted, j->finished);
         for (size_t k = 0; k < j->n_nodes; k++) {
             fprintf(f, "%s", k ? "," : "");
@@ -208,6 +222,8 @@ static void s_print_text(const Tah__StatusRep *r)
         if (j->has_loss)
             printf(", loss %.4f, %.0f tokens/s", j->loss, j->tokens_per_s);
         printf("\n  metrics %s\n", j->metrics_path);
+        if (j->link_shaping[0])
+            printf("  links: %s\n", j->link_shaping);
         if (j->n_nodes) {
             printf("  stages:");
             for (size_t k = 0; k < j->n_nodes; k++)
@@ -237,7 +253,7 @@ static void s_print_text(const Tah__StatusRep *r)
         printf("coordinator: %llu malformed control messages rejected\n", (unsigned long long)r->rejected);
 }
 
-static Tah__Envelope *s_status(const coord_client_opts_t *o, uint64_t job)
+Tah__Envelope *coord_status_get(const coord_client_opts_t *o, uint64_t job)
 {
     Tah__StatusReq sr = TAH__STATUS_REQ__INIT;
     sr.job = job;
@@ -254,7 +270,7 @@ static Tah__Envelope *s_status(const coord_client_opts_t *o, uint64_t job)
 
 int coord_status(const coord_client_opts_t *o, uint64_t job)
 {
-    Tah__Envelope *rep = s_status(o, job);
+    Tah__Envelope *rep = coord_status_get(o, job);
     if (!rep)
         return 1;
     if (o->json)
@@ -285,7 +301,7 @@ int coord_cancel(const coord_client_opts_t *o, uint64_t job)
 int coord_wait(const coord_client_opts_t *o, uint64_t job)
 {
     for (;;) {
-        Tah__Envelope *rep = s_status(o, job);
+        Tah__Envelope *rep = coord_status_get(o, job);
         if (!rep)
             return 1;
         const Tah__StatusRep *r = rep->status_rep;

@@ -7,6 +7,8 @@
 
 #include <stdint.h>
 
+#include "wire.h" /* Tah__Envelope */
+
 typedef struct coord_client_opts {
     const char *coordinator; /* HOST:PORT */
     int timeout_ms;
@@ -17,5 +19,13 @@ int coord_submit(const coord_client_opts_t *o, const char *job_file);
 int coord_status(const coord_client_opts_t *o, uint64_t job);
 int coord_cancel(const coord_client_opts_t *o, uint64_t job);
 int coord_wait(const coord_client_opts_t *o, uint64_t job);
+
+/* Library forms (for `tah-coord experiment`): submit ini text whose
+ * relative paths start at base_dir (absolute) -> 0 and *job, or a negative
+ * TAH_E* code after printing why; status of one job (0: all) -> the reply
+ * (free with wire_envelope_free), or NULL after printing why. */
+int coord_submit_ini(const coord_client_opts_t *o, const char *ini, const char *base_dir, const char *fname,
+                     uint64_t *job);
+Tah__Envelope *coord_status_get(const coord_client_opts_t *o, uint64_t job);
 
 #endif

@@ -61,6 +61,15 @@ static int s_handler(void *user, const char *section, const char *name, const ch
         c->j->t.ckpt_every = (int)v;
         return 1;
     }
+    if (!strcmp(name, "link_rate_mbps") || !strcmp(name, "link_delay_ms")) {
+        int rate = name[5] == 'r';
+        char lerr[400];
+        if (linkspec_parse(value, rate ? 1e5 : 6e4, rate ? &c->j->link_rate : &c->j->link_delay, lerr, sizeof lerr)) {
+            snprintf(c->msg, sizeof c->msg, "%s = %s", name, lerr);
+            return 0;
+        }
+        return 1;
+    }
     if (!strcmp(name, "save")) {
         snprintf(c->msg, sizeof c->msg,
                  "save is not supported by the distributed runtime (stages live on different machines); "
@@ -69,8 +78,8 @@ static int s_handler(void *user, const char *section, const char *name, const ch
     }
     if (!trainopts_known(name)) {
         snprintf(c->msg, sizeof c->msg,
-                 "unknown key '%s'; HINT: keys are tah-train's long options with underscores, plus name and "
-                 "checkpoint_every",
+                 "unknown key '%s'; HINT: keys are tah-train's long options with underscores, plus name, "
+                 "checkpoint_every, link_rate_mbps and link_delay_ms",
                  name);
         return 0;
     }
@@ -128,6 +137,13 @@ int jobfile_parse(const char *text, const char *fname, job_spec_t *j, char *err,
         rc = TAH_EINVAL;
     } else if (trainopts_check(&j->t, c->msg, sizeof c->msg) != 0) {
         snprintf(err, errlen, "%s: %s", fname, c->msg);
+        rc = TAH_EINVAL;
+    } else if (linkspec_max_stage(&j->link_rate) >= j->t.stages || linkspec_max_stage(&j->link_delay) >= j->t.stages) {
+        snprintf(err, errlen, "%s: link_rate_mbps/link_delay_ms name stage %d; the job has stages 0..%d", fname,
+                 linkspec_max_stage(&j->link_rate) > linkspec_max_stage(&j->link_delay)
+                     ? linkspec_max_stage(&j->link_rate)
+                     : linkspec_max_stage(&j->link_delay),
+                 j->t.stages - 1);
         rc = TAH_EINVAL;
     }
     if (!rc && !j->name[0]) {

@@ -9,6 +9,13 @@
  *                     job file's directory); 0 = off (default). Same as
  *                     tah-train's ckpt_every, except that save_ckpt may be
  *                     left out.
+ *   link_rate_mbps    in-process token bucket on this job's data links, in
+ *                     Mbit/s (headers included): "50", "50/20" (forward /
+ *                     backward) or "0>1:50,1>0:20,..." per directed link
+ *                     (linkspec.h); unset or 0 = not shaped
+ *   link_delay_ms     one-way delay the sender adds to every data message
+ *                     on a link, same grammar (ms); the node's I/O thread
+ *                     holds the message, compute goes on
  * Relative paths are relative to the job file's directory (base_dir).
  * `save` (a whole llm.c model file) is refused: stages live on different
  * machines; use save_ckpt, then tah-train --resume PREFIX --save F.
@@ -22,12 +29,15 @@
 
 #include <stddef.h>
 
+#include "linkspec.h"  /* linkspec_t */
 #include "trainopts.h" /* trainopts_t */
 
 typedef struct job_spec {
     trainopts_t t;
     char name[128];
     int checkpoint_every;
+    linkspec_t link_rate;  /* Mbit/s per directed link (0: unshaped) */
+    linkspec_t link_delay; /* ms per directed link (0: none) */
 } job_spec_t;
 
 /* 0, or TAH_EINVAL with "FNAME:LINE: message" in err. */

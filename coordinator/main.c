@@ -5,6 +5,7 @@
  *   tah-coord status --coordinator HOST:PORT [JOB] [--json]
  *   tah-coord cancel --coordinator HOST:PORT JOB
  *   tah-coord wait   --coordinator HOST:PORT JOB
+ *   tah-coord experiment --coordinator HOST:PORT EXPERIMENT.ini [--out DIR]
  *
  * Exit status: 0 ok, 1 runtime error (or, for wait, a job that did not
  * succeed), 2 usage. */
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #include "client.h" /* coord_submit, coord_status, coord_cancel, coord_wait */
+#include "experiment.h" /* coord_experiment */
 #include "log.h"
 #include "server.h" /* coord_serve */
 
@@ -25,6 +27,7 @@ static const char *s_usage =
     "       tah-coord status --coordinator HOST:PORT [JOB] [--json]\n"
     "       tah-coord cancel --coordinator HOST:PORT JOB\n"
     "       tah-coord wait   --coordinator HOST:PORT JOB\n"
+    "       tah-coord experiment --coordinator HOST:PORT EXPERIMENT.ini [--out DIR]\n"
     "\n"
     "  serve          run the coordinator; state (jobs, nodes, metrics) in DIR/coord.db,\n"
     "                 the bound endpoint in DIR/endpoint (PORT 0 picks a free port)\n"
@@ -35,6 +38,10 @@ static const char *s_usage =
     "  cancel         stop a queued or running job\n"
     "  wait           block until the job ends; exit 0 when it succeeded; prints the\n"
     "                 path of its metrics.jsonl\n"
+    "  experiment     run a [job] over a [sweep] of link bandwidths, delays, codec pairs and\n"
+    "                 micro-batch sizes (links shaped by scripts/netlab or in-process);\n"
+    "                 writes results.csv, table.md, throughput.png, loss.png to --out DIR\n"
+    "                 (default EXPERIMENT.out); see docs/netlab.md\n"
     "  --timeout MS   how long a command waits for the coordinator's answer (10000)\n";
 
 static int s_usage_error(const char *what, const char *arg)
@@ -63,7 +70,7 @@ int main(int argc, char **argv)
         fputs(s_usage, stdout);
         return 0;
     }
-    const char *listen = NULL, *state = NULL, *coordinator = NULL, *positional = NULL;
+    const char *listen = NULL, *state = NULL, *coordinator = NULL, *positional = NULL, *out_dir = NULL;
     double node_timeout = 10.0;
     int json = 0, timeout_ms = 10000;
     for (int i = 2; i < argc; i++) {
@@ -90,6 +97,8 @@ int main(int argc, char **argv)
                 state = v;
             else if (!strcmp(a, "--coordinator"))
                 coordinator = v;
+            else if (!strcmp(a, "--out") && !strcmp(cmd, "experiment"))
+                out_dir = v;
             else if (!strcmp(a, "--node-timeout")) {
                 char *end = NULL;
                 node_timeout = strtod(v, &end);
@@ -116,11 +125,17 @@ int main(int argc, char **argv)
         coord_serve_opts_t o = { .listen = listen, .state_dir = state, .node_timeout = node_timeout };
         return coord_serve(&o);
     }
-    if (strcmp(cmd, "submit") && strcmp(cmd, "status") && strcmp(cmd, "cancel") && strcmp(cmd, "wait"))
+    if (strcmp(cmd, "submit") && strcmp(cmd, "status") && strcmp(cmd, "cancel") && strcmp(cmd, "wait") &&
+        strcmp(cmd, "experiment"))
         return s_usage_error("unknown command", cmd);
     if (!coordinator)
         return s_usage_error(cmd, "needs --coordinator HOST:PORT");
     coord_client_opts_t o = { .coordinator = coordinator, .timeout_ms = timeout_ms, .json = json };
+    if (!strcmp(cmd, "experiment")) {
+        if (!positional)
+            return s_usage_error("experiment needs an experiment file", NULL);
+        return coord_experiment(&o, positional, out_dir);
+    }
     if (!strcmp(cmd, "submit")) {
         if (!positional)
             return s_usage_error("submit needs a job file", NULL);

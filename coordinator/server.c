@@ -55,7 +55,24 @@ typedef struct cjob {
     int ndone;
     FILE *mf;              /* metrics.jsonl while running */
     cagg_t agg[S_AGG];
+    char link_note[512];   /* the job's in-process link emulation, for status ("" if none) */
 } cjob_t;
+
+/* What status says about a job's link settings: rate, delay and which
+ * mechanism applies them ("delay: in-process (no netem)"). */
+static void s_link_note(const job_spec_t *spec, char *buf, size_t n)
+{
+    char r[96], d[96];
+    buf[0] = 0;
+    if (!linkspec_any(&spec->link_rate) && !linkspec_any(&spec->link_delay))
+        return;
+    linkspec_format(&spec->link_rate, r, sizeof r);
+    linkspec_format(&spec->link_delay, d, sizeof d);
+    snprintf(buf, n, "rate %s Mbit/s (in-process token bucket); delay %s ms; delay: %s", r, d,
+             !linkspec_any(&spec->link_delay) ? "none"
+             : linkspec_netem_available() ? "in-process (netem exists but the job asks for the node's delay)"
+                                          : "in-process (no netem)");
+}
 
 typedef struct coord {
     void *ctx, *router;
@@ -569,6 +586,7 @@ static void s_on_submit(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Su
         c->capjobs = cap;
     }
     j->spec = spec;
+    s_link_note(spec, j->link_note, sizeof j->link_note);
     j->j.ini = strdup(r->ini);
     snprintf(j->j.name, sizeof j->j.name, "%s", spec->name);
     snprintf(j->j.base_dir, sizeof j->j.base_dir, "%s", r->base_dir);
@@ -703,6 +721,7 @@ static void s_on_status(coord_t *c, const uint8_t *rid, size_t rl, const Tah__St
         x->loss = j->j.loss;
         x->tokens_per_s = j->j.tokens_per_s;
         x->metrics_path = (char *)j->j.metrics_path;
+        x->link_shaping = (char *)j->link_note;
         x->submitted = j->j.submitted;
         x->finished = j->j.finished;
         store_links_each(c->store, j->j.id, s_collect_link, &links[rep.n_jobs]);
@@ -897,6 +916,13 @@ static void s_load_job(void *arg, store_job_t *sj)
         j->j.finished = s_now();
         s_job_save(c, j);
         log_warn("job %lld: marked failed: %s", (long long)j->j.id, j->j.reason);
+    }
+    {
+        job_spec_t *sp = malloc(sizeof *sp);
+        char err[512];
+        if (sp && jobfile_parse(j->j.ini, j->j.name, sp, err, sizeof err) == 0)
+            s_link_note(sp, j->link_note, sizeof j->link_note);
+        free(sp);
     }
     if (!strcmp(j->j.state, "queued")) {
         char err[512];

@@ -17,7 +17,15 @@
  *   STOPPING    pipe 'X'               -> job event aborted/failed     IDLE (or exit)
  * The data ROUTER is read only while RUNNING: a neighbour's hello that
  * arrives before this node has its assignment waits in ZeroMQ's queue
- * instead of being rejected. */
+ * instead of being rejected.
+ *
+ * Link emulation (job keys link_rate_mbps, link_delay_ms; shape.h): a data
+ * message for a shaped link waits in that link's FIFO until its release
+ * time; the poll timeout wakes the loop for the earliest one. While a FIFO
+ * is full (the sockets' high-water mark) the pipe is not read, so the
+ * runner blocks as it would on a full socket. A runner that finishes while
+ * messages still wait ('X') is handled once they are out: its neighbours
+ * need them. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -30,8 +38,11 @@
 #include <zmq.h>
 
 #include "errors.h"
+#include "jobfile.h" /* jobfile_parse: the job's link settings */
+#include "linkspec.h"
 #include "log.h"
 #include "node.h"
+#include "shape.h" /* shape_link_*, shape_queue_* */
 #include "wire.h"
 
 enum { A_ANNOUNCING, A_IDLE, A_LOADING, A_RUNNING, A_STOPPING };
@@ -71,6 +82,9 @@ typedef struct agent {
     char last_reject[512];
     int exiting;
     int hello_after_stop;   /* the coordinator forgot us: announce once the job is stopped */
+    shape_link_t shp[4];    /* per NODE_DEST_*: in-process rate and delay */
+    shape_queue_t *q[4];    /* messages waiting for their release time (NULL: link not shaped) */
+    int exit_pending;       /* the runner sent 'X' while messages still waited */
 } agent_t;
 
 static volatile sig_atomic_t s_signal = 0;
@@ -155,6 +169,10 @@ static void s_reject(agent_t *a, const char *peer, const char *why)
 
 static void s_close_links(agent_t *a)
 {
+    for (int d = 0; d < 4; d++)
+        shape_queue_destroy(&a->q[d]);
+    memset(a->shp, 0, sizeof a->shp);
+    a->exit_pending = 0;
     if (a->down)
         zmq_close(a->down);
     if (a->tied)
@@ -263,6 +281,52 @@ static void *s_dealer(agent_t *a, const char *ep)
     return s;
 }
 
+/* The job's in-process link settings for this stage's outgoing links. */
+static void s_setup_shaping(agent_t *a)
+{
+    node_job_t *j = a->job;
+    char err[1024];
+    job_spec_t *spec = malloc(sizeof *spec);
+    if (!spec)
+        return;
+    if (jobfile_parse(j->ini, "job", spec, err, sizeof err) != 0) { /* the runner parsed it already */
+        log_warn("job %llu: link settings not applied: %s", (unsigned long long)j->id, err);
+        free(spec);
+        return;
+    }
+    const int k = j->stage, S = j->S;
+    const int to[4] = { -1, k + 1, k - 1, k == 0 ? S - 1 : 0 };
+    const int has[4] = { 0, k < S - 1, k > 0, j->x.tied && S > 1 && (k == 0 || k == S - 1) };
+    const size_t cap = (size_t)(2 * j->x.M + 2 * j->x.val_batches + 16);
+    int delayed = 0;
+    for (int d = 1; d < 4; d++) {
+        if (!has[d])
+            continue;
+        shape_link_init(&a->shp[d], linkspec_value(&spec->link_rate, k, to[d]),
+                        linkspec_value(&spec->link_delay, k, to[d]));
+        if (!shape_link_active(&a->shp[d]))
+            continue;
+        a->q[d] = shape_queue_new(cap);
+        if (!a->q[d]) {
+            log_error("job %llu: out of memory for the link queue; link %d>%d not shaped", (unsigned long long)j->id,
+                      k, to[d]);
+            continue;
+        }
+        delayed |= a->shp[d].delay_s > 0;
+        log_info("job %llu: link %d>%d (%s): rate %s, delay %s", (unsigned long long)j->id, k, to[d],
+                 d == NODE_DEST_DOWN ? "downstream" : d == NODE_DEST_UP ? "upstream" : "tied",
+                 a->shp[d].bits_per_s > 0 ? "in-process token bucket" : "unlimited",
+                 a->shp[d].delay_s > 0 ? "in-process" : "none");
+        log_info("job %llu: link %d>%d: %.6g Mbit/s, %.6g ms one-way", (unsigned long long)j->id, k, to[d],
+                 a->shp[d].bits_per_s / 1e6, a->shp[d].delay_s * 1e3);
+    }
+    if (delayed)
+        log_info("job %llu: delay: in-process (%s)", (unsigned long long)j->id,
+                 linkspec_netem_available() ? "netem exists on this machine; the job asks for the node's own delay"
+                                            : "no netem");
+    free(spec);
+}
+
 /* Runner is ready: open the links. */
 static void s_on_ready(agent_t *a)
 {
@@ -282,6 +346,7 @@ static void s_on_ready(agent_t *a)
             return;
         }
     }
+    s_setup_shaping(a);
     double now = s_now();
     a->heard[0] = a->heard[1] = a->heard[2] = now;
     a->state = A_RUNNING;
@@ -546,13 +611,13 @@ static const s_peer_t *s_peer_of_stage(const agent_t *a, int stage)
     return NULL;
 }
 
-/* Forward a runner message [dest][hdr][payload] to its socket. Blocking
- * send with a timeout: a full queue (high-water mark) waits here, which
- * stops us reading the pipe and so blocks the runner (back-pressure). */
-static void s_forward(agent_t *a, zmq_msg_t *parts)
+/* Send [hdr][payload] to dest's socket. Blocking send with a timeout: a
+ * full queue (high-water mark) waits here, which stops us reading the pipe
+ * and so blocks the runner (back-pressure). The parts are sent or left for
+ * the caller to close. */
+static void s_send_now(agent_t *a, int dest, zmq_msg_t *hdr, zmq_msg_t *payload)
 {
     node_job_t *j = a->job;
-    int dest = *(uint8_t *)zmq_msg_data(&parts[0]);
     void *sock = NULL;
     const s_peer_t *p = NULL;
     if (dest == NODE_DEST_DOWN)
@@ -573,7 +638,7 @@ static void s_forward(agent_t *a, zmq_msg_t *parts)
         if (zmq_send(sock, p->rid, p->rid_len, ZMQ_SNDMORE) < 0)
             return;
     }
-    if (zmq_msg_send(&parts[1], sock, ZMQ_SNDMORE) < 0 || zmq_msg_send(&parts[2], sock, 0) < 0) {
+    if (zmq_msg_send(hdr, sock, ZMQ_SNDMORE) < 0 || zmq_msg_send(payload, sock, 0) < 0) {
         int to = dest == NODE_DEST_DOWN ? j->stage + 1 : dest == NODE_DEST_UP ? j->stage - 1
                  : j->stage == 0 ? j->S - 1 : 0;
         char reason[256];
@@ -581,6 +646,64 @@ static void s_forward(agent_t *a, zmq_msg_t *parts)
                  zmq_strerror(errno));
         s_abort(a, NODE_FAILED, to, reason);
     }
+}
+
+/* A runner message [dest][hdr][payload]: send it, or queue it until its
+ * release time when the link is shaped. */
+static void s_forward(agent_t *a, zmq_msg_t *parts)
+{
+    int dest = zmq_msg_size(&parts[0]) == 1 ? *(uint8_t *)zmq_msg_data(&parts[0]) : 0;
+    if (dest < NODE_DEST_DOWN || dest > NODE_DEST_TIED) {
+        log_error("job %llu: internal: runner message for destination %d", (unsigned long long)a->job->id, dest);
+        return;
+    }
+    shape_queue_t *q = a->q[dest];
+    if (q && !shape_queue_full(q)) {
+        size_t bytes = zmq_msg_size(&parts[1]) + zmq_msg_size(&parts[2]);
+        double release = shape_link_release(&a->shp[dest], s_now(), bytes);
+        if (shape_queue_push(q, release, &parts[1], &parts[2]) == 0)
+            return;
+    }
+    s_send_now(a, dest, &parts[1], &parts[2]);
+}
+
+/* Send every queued message whose time has come; seconds until the next
+ * one (-1: none waits). */
+static double s_flush(agent_t *a)
+{
+    double now = s_now(), next = -1.0;
+    for (int d = 1; d < 4; d++) {
+        shape_item_t *it;
+        while (a->job && a->q[d] && (it = shape_queue_head(a->q[d]))) {
+            if (it->release > now) {
+                if (next < 0 || it->release - now < next)
+                    next = it->release - now;
+                break;
+            }
+            if (a->state == A_RUNNING)
+                s_send_now(a, d, &it->hdr, &it->payload);
+            zmq_msg_close(&it->hdr);
+            zmq_msg_close(&it->payload);
+            shape_queue_pop(a->q[d]);
+        }
+    }
+    return next;
+}
+
+static int s_queued(const agent_t *a)
+{
+    size_t n = 0;
+    for (int d = 1; d < 4; d++)
+        n += a->q[d] ? a->q[d]->n : 0;
+    return n > 0;
+}
+
+static int s_any_full(const agent_t *a)
+{
+    for (int d = 1; d < 4; d++)
+        if (a->q[d] && shape_queue_full(a->q[d]))
+            return 1;
+    return 0;
 }
 
 static void s_on_pipe(agent_t *a)
@@ -605,7 +728,10 @@ static void s_on_pipe(agent_t *a)
             zmq_send(a->coord, zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]), ZMQ_DONTWAIT);
         break;
     case 'X':
-        s_on_exit(a);
+        if (a->state == A_RUNNING && s_queued(a))
+            a->exit_pending = 1; /* after the queued messages are out */
+        else
+            s_on_exit(a);
         break;
     default:
         break;
@@ -766,10 +892,19 @@ int node_agent_run(const node_opts_t *o)
         }
         if (a->exiting && !a->job)
             break;
+        double next = a->job ? s_flush(a) : -1.0;
+        if (a->exit_pending && (!s_queued(a) || a->state != A_RUNNING)) {
+            s_on_exit(a);
+            next = -1.0;
+        }
+        int timeout = 100;
+        if (next >= 0 && next * 1e3 < timeout)
+            timeout = (int)ceil(next * 1e3);
         zmq_pollitem_t it[5];
         int ni = 0;
         it[ni++] = (zmq_pollitem_t){ a->coord, 0, ZMQ_POLLIN, 0 };
-        it[ni++] = (zmq_pollitem_t){ a->pipe, 0, ZMQ_POLLIN, 0 };
+        /* a full link queue stops the runner (back-pressure); so does a finished runner's */
+        it[ni++] = (zmq_pollitem_t){ a->pipe, 0, (short)(s_any_full(a) || a->exit_pending ? 0 : ZMQ_POLLIN), 0 };
         int i_router = -1, i_down = -1, i_tied = -1;
         if (a->state == A_RUNNING || a->state == A_STOPPING) {
             i_router = ni;
@@ -783,7 +918,7 @@ int node_agent_run(const node_opts_t *o)
                 it[ni++] = (zmq_pollitem_t){ a->tied, 0, ZMQ_POLLIN, 0 };
             }
         }
-        int n = zmq_poll(it, ni, 100);
+        int n = zmq_poll(it, ni, timeout);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
