@@ -11,7 +11,7 @@
  *      queued: a 60 us spin kernel (cuda/cu_bench.cu, no memory traffic)
  *              runs before the start event, so the host has enqueued the
  *              whole call before the GPU reaches it: device time only
- *              (kernels, the status memset, the gaps between them), as in
+ *              (kernels, memsets if any, the gaps between them), as in
  *              a pipeline where the call waits behind other work;
  *      idle:   the GPU idles at the start event, so the host's enqueue
  *              time of the memset and launches is inside (the first
