@@ -48,6 +48,7 @@ typedef struct x_res {     /* one finished point */
     int n;                 /* steps read */
     double *loss, *time;   /* per step (owned) */
     double tps, loss_tail, val_loss;
+    int have_val;
     double wire, fwd, bwd, fp32; /* bytes per step (means) */
     double wall;
     double util_mean, util_max;  /* -1: no shaped link */
@@ -686,6 +687,7 @@ static int s_read_metrics(const x_exp_t *x, const char *path, x_res_t *res)
         ms_all += m;
         if (!s_json_num(line, "val_loss", &v)) {
             res->val_loss = v;
+            res->have_val = 1;
             continue; /* a validation step: not a throughput sample */
         }
         if (step <= x->warmup)
@@ -921,7 +923,7 @@ static void s_write_csv(const x_exp_t *x)
                    "%.0f,%.0f,%.4f,%.4f,%.4f,%.2f\n",
                 p, (unsigned long long)r->job, r->state, x->fwd[ci], x->bwd[ci], x->bw_s[bi], x->dl_s[di], x->mb[mi],
                 x->steps, s_shaping_name[x->shaping], s_delay_mech(x, di), r->tps, s_speedup(x, p),
-                s_share_unthrottled(x, p), r->loss_tail, r->val_loss, gtail, gmax, r->wire, r->fwd, r->bwd, r->fp32,
+                s_share_unthrottled(x, p), r->loss_tail, r->have_val ? r->val_loss : NAN, gtail, gmax, r->wire, r->fwd, r->bwd, r->fp32,
                 s_bytes_ratio(x, p), r->util_mean, r->util_max, r->wall);
     }
     fclose(f);
@@ -1005,9 +1007,11 @@ static void s_write_table(const x_exp_t *x)
                 const x_res_t *r = &x->res[p];
                 double gmax = -1, gtail = -1;
                 s_loss_gap(x, p, &gmax, &gtail);
-                fprintf(f, "| %s / %s | %.3f | %.2f× | %.4f | %.4f | %.2f %% / %.2f %% |\n", x->fwd[ci], x->bwd[ci],
-                        (r->fwd + r->bwd) / 1e6, s_bytes_ratio(x, p), r->loss_tail, r->val_loss, 100 * gtail,
-                        100 * gmax);
+                char val[32] = "–";
+                if (r->have_val)
+                    snprintf(val, sizeof val, "%.4f", r->val_loss);
+                fprintf(f, "| %s / %s | %.3f | %.2f× | %.4f | %s | %.2f %% / %.2f %% |\n", x->fwd[ci], x->bwd[ci],
+                        (r->fwd + r->bwd) / 1e6, s_bytes_ratio(x, p), r->loss_tail, val, 100 * gtail, 100 * gmax);
             }
         }
     }
