@@ -46,12 +46,26 @@ struct s_tg {
 };
 
 // Scratch past the head: ent f32[B*n_alloc] | pre u32[B*n_alloc] | hi u8[B*n_alloc] (8-aligned) | flagv u16[T]
+// (8-aligned) | cnt u64[B*cps] (decode: per-chunk high counts, see k_tah_dcount)
 struct s_tw {
     float *ent;
     uint32_t *pre;
     uint8_t *hi;
     uint16_t *flagv;
+    unsigned long long *cnt;
 };
+
+// Decode chunks: one CTA of S_DEC_WARPS warps decodes S_DEC_U passes of
+// 32/tpg tiles per warp, a run of consecutive quant tiles of one sample.
+#define S_DEC_WARPS 8u
+#define S_DEC_U 4u
+#define S_DEC_MAXCH (S_DEC_WARPS * S_DEC_U * 32u) // tile 8: one lane per tile
+static uint32_t s_dec_chunk(const s_tg &g) { return S_DEC_WARPS * S_DEC_U * (g.G >= 256u ? 1u : 32u / (g.G / 8u)); }
+static uint64_t s_dec_cps(const s_tg &g) // chunks per sample
+{
+    const uint64_t ch = s_dec_chunk(g);
+    return (g.S * g.Q + ch - 1) / ch;
+}
 
 static uint32_t s_log2u(uint32_t v)
 {
@@ -106,6 +120,7 @@ static s_tw s_carve(void *work, const s_tg &g)
     t.pre = (uint32_t *)(w + 4 * na);
     t.hi = w + 8 * na;
     t.flagv = (uint16_t *)(w + 8 * na + ((na + 7) & ~7ull));
+    t.cnt = (unsigned long long *)(w + 8 * na + ((na + 7) & ~7ull) + ((2 * g.T + 7) & ~7ull));
     return t;
 }
 
@@ -113,7 +128,7 @@ size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape)
 {
     const s_tg g = s_geometry(spec, shape, NULL);
     const uint64_t na = g.B * g.n_alloc;
-    return (size_t)(8 * na + ((na + 7) & ~7ull) + 2 * g.T);
+    return (size_t)(8 * na + ((na + 7) & ~7ull) + ((2 * g.T + 7) & ~7ull) + 8 * g.B * s_dec_cps(g));
 }
 
 // ---- shared pieces ----
@@ -243,7 +258,8 @@ __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x
         const float *row = x + token * g.C + c0;
         const uint32_t nfull = w / 16u;
         float s1[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, sl[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, mx = 0.0f;
-        for (uint32_t st = 0; st < nfull; st++) {
+#pragma unroll 2
+        for (uint32_t st = 0; st < nfull; st++) { // 2 loads in flight per lane (unroll 4 spills)
             float f[4];
             const float *src = row + 16u * st + 4u * u;
             if (g.vec) {
@@ -539,10 +555,19 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const float *__
 __device__ __forceinline__ void d_tile_geom(const s_tg &g, uint64_t tile, uint64_t &token, uint32_t &q,
                                             uint64_t &b, uint64_t &s, uint32_t &w)
 {
-    token = tile / g.Q;
-    q = (uint32_t)(tile - token * g.Q);
-    b = token / g.S;
-    s = token - b * g.S;
+    if (g.T <= 0xffffffffull) { // 32-bit divisions (a 64-bit one is a ~70-instruction call)
+        const uint32_t t32 = (uint32_t)tile, tok = t32 / g.Q, S32 = (uint32_t)g.S;
+        const uint32_t b32 = tok / S32;
+        token = tok;
+        q = t32 - tok * g.Q;
+        b = b32;
+        s = tok - b32 * S32;
+    } else {
+        token = tile / g.Q;
+        q = (uint32_t)(tile - token * g.Q);
+        b = token / g.S;
+        s = token - b * g.S;
+    }
     const uint32_t c0 = q * g.G;
     w = g.C - c0 < g.G ? g.C - c0 : g.G;
 }
@@ -572,7 +597,7 @@ __device__ __forceinline__ void d_swap0(float z[8], uint32_t lane, uint32_t tl, 
 
 __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, const uint32_t *__restrict__ pre,
                                                    uint16_t *__restrict__ flagv,
-                                                   uint8_t *__restrict__ p, cu_hp head, s_tg g)
+                                                   uint8_t *__restrict__ p, cu_hp head, s_tg g, bool flag_bytes)
 {
     d_mark(head);
     const uint32_t lane = threadIdx.x & 31u, tpg = g.G / 8u, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
@@ -674,9 +699,12 @@ __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, 
         d_pack8(code, bits, lo, hi);
         d_store_bytes(p + g.codes_off + b * g.code_bytes + off + (uint64_t)tl * bits, lo, hi, bits);
         if (tl == 0) {
-            d_put_u16(p + g.meta_off + 4 * tile, min16);
-            d_put_u16(p + g.meta_off + 4 * tile + 2, step16);
-            flagv[tile] = (uint16_t)(is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2));
+            d_put_u32(p + g.meta_off + 4 * tile, (uint32_t)min16 | ((uint32_t)step16 << 16));
+            const uint32_t fv = is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2);
+            if (flag_bytes)
+                p[8 + tile] = (uint8_t)fv; // fbits == 8: tile t's field is byte t (no k_tah_flags)
+            else
+                flagv[tile] = (uint16_t)fv;
         }
     }
     if (range)
@@ -899,6 +927,216 @@ __global__ void __launch_bounds__(256) k_tah_dtile(const uint8_t *__restrict__ p
         d_flag(head, CU_ST_NONFINITE);
 }
 
+// ---- decode, chunked (default; TAH_CU_LEGACY=1: k_tah_dscan + k_tah_dtile) ----
+//
+// The code offset of quant tile t of sample b is G/8 * (bl * t + (bh - bl) * H(t)),
+// H(t) = the high quant tiles before t in the sample (tah.c's layout; equal
+// to the legacy prefix-per-allocation-tile form whenever the flags pass the
+// checks). Two launches, both over the whole GPU:
+//   k_tah_dcount: one warp per chunk of CH consecutive quant tiles of a
+//     sample: its high quant tiles (low word) and high allocation tiles
+//     (high word) -> cnt[chunk]; every flag check of k_tah_dscan (reserved
+//     pivot bits, one high bit per allocation tile, e and the reserved word).
+//   k_tah_dchunk: one CTA per chunk. Warp 0 sums the sample's earlier chunk
+//     counts (the last chunk also checks the sample's high allocation tiles
+//     against n_hi); one block scan of the chunk's flags gives H per tile
+//     (shared memory); then each warp decodes S_DEC_U passes of 32/tpg tiles,
+//     all passes' meta and code loads issued before the first use:
+//
+//       CTA (chunk of CH tiles) | warp 0: tiles 0..U*spw-1 | warp 1: ... |
+//       warp pass u             | seg 0: tile u*spw | seg 1: tile u*spw+1 | ...
+//       segment (tpg lanes)     | lane tl: elements 8tl..8tl+7 (as k_tah_dtile)
+
+// n (<= 8) bytes at src, little-endian, from the aligned words that hold
+// them (1-3 32-bit loads; the words never leave the 4-byte-aligned span
+// around the bytes, so they stay inside the allocation).
+__device__ __forceinline__ uint64_t d_load_upto8(const uint8_t *src, uint32_t n)
+{
+    const uintptr_t a = (uintptr_t)src;
+    const uint32_t *w = (const uint32_t *)(a & ~(uintptr_t)3);
+    const uint32_t sh = (uint32_t)(a & 3u) * 8u;
+    const uint32_t nw = ((uint32_t)(a & 3u) + n + 3u) / 4u;
+    const uint32_t w0 = w[0];
+    const uint32_t w1 = nw > 1u ? w[1] : 0u;
+    const uint32_t w2 = nw > 2u ? w[2] : 0u;
+    uint64_t v = ((uint64_t)w0 | ((uint64_t)w1 << 32)) >> sh;
+    if (sh != 0u)
+        v |= (uint64_t)w2 << (64u - sh);
+    return n < 8u ? v & ((1ull << (8u * n)) - 1ull) : v;
+}
+
+__global__ void __launch_bounds__(256) k_tah_dcount(const uint8_t *__restrict__ p, unsigned long long *__restrict__ cnt,
+                                                    cu_hp head, s_tg g, uint32_t CH, uint32_t cps)
+{
+    d_mark(head);
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
+    const uint8_t *flags = p + 8;
+    const uint32_t SQ = (uint32_t)(g.S * g.Q);
+    uint32_t corrupt = 0;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        const int32_t e = (int32_t)d_get_u32(p);
+        corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
+    }
+    for (uint64_t c = warp; c < g.B * cps; c += nwarps) {
+        const uint64_t b = c / cps;
+        const uint32_t t0 = (uint32_t)(c - b * cps) * CH;
+        const uint32_t n = min(CH, SQ - t0);
+        const uint64_t tb = b * SQ + t0;
+        uint32_t hq = 0, ha = 0;
+#pragma unroll 4
+        for (uint32_t i = lane; i < n; i += 32u) {
+            const uint64_t tile = tb + i;
+            const uint32_t f = d_get_bits(flags, tile * g.fbits, g.fbits);
+            const uint32_t qk = ((t0 + i) % g.Q) % g.k; // quant tile within its allocation tile
+            corrupt |= (uint32_t)(!(f & 2u) && (f >> 2) != 0);
+            if (qk != 0u)
+                corrupt |= (d_get_bits(flags, (tile - qk) * g.fbits, g.fbits) ^ f) & 1u;
+            hq += f & 1u;
+            ha += (f & 1u) & (uint32_t)(qk == 0u);
+        }
+        hq = __reduce_add_sync(CU_FULL, hq);
+        ha = __reduce_add_sync(CU_FULL, ha);
+        if (lane == 0)
+            cnt[c] = (unsigned long long)hq | ((unsigned long long)ha << 32);
+    }
+    if (corrupt)
+        d_flag(head, CU_ST_CORRUPT);
+}
+
+// BH, BL: the code widths when known at compile time (0: g.bh, g.bl)
+template <uint32_t BH, uint32_t BL>
+__global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ p,
+                                                    const unsigned long long *__restrict__ cnt,
+                                                    float *__restrict__ out, cu_hp head, s_tg g, uint32_t CH,
+                                                    uint32_t cps)
+{
+    d_mark(head);
+    __shared__ uint32_t s_h[S_DEC_MAXCH];  // H(tile): high quant tiles of the sample before it
+    __shared__ uint16_t s_f[S_DEC_MAXCH];  // the tile's flag field
+    __shared__ uint32_t ws[32];
+    __shared__ uint32_t s_base;
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid / 32u;
+    const uint32_t bh = BH ? BH : g.bh, bl = BH ? BL : g.bl;
+    const uint64_t b = blockIdx.x / cps;
+    const uint32_t ci = (uint32_t)(blockIdx.x - b * cps);
+    const uint32_t SQ = (uint32_t)(g.S * g.Q), t0 = ci * CH, n = min(CH, SQ - t0);
+    const uint8_t *flags = p + 8;
+    uint32_t corrupt = 0, bad = 0;
+    int32_t e = (int32_t)d_get_u32(p);
+    e = e < -200 ? -200 : (e > 200 ? 200 : e); // a bad e is reported by k_tah_dcount
+    if (wid == 0) { // the sample's high quant tiles before this chunk
+        const unsigned long long *cb = cnt + b * cps;
+        unsigned long long acc = 0;
+#pragma unroll 4
+        for (uint32_t j = lane; j < ci; j += 32u)
+            acc += cb[j];
+        for (int o = 16; o > 0; o /= 2)
+            acc += __shfl_xor_sync(CU_FULL, acc, o);
+        if (lane == 0) {
+            s_base = (uint32_t)acc;
+            if (ci == cps - 1u && ((acc + cb[ci]) >> 32) != g.n_hi)
+                corrupt = 1; // the sample's high allocation tiles
+        }
+    }
+    // flags of the chunk; thread tid owns tiles tid*per .. tid*per+per-1
+    const uint32_t per = (CH + blockDim.x - 1u) / blockDim.x; // <= 4
+    uint32_t fl[4], hq = 0;
+#pragma unroll
+    for (uint32_t j = 0; j < 4u; j++) {
+        const uint32_t i = tid * per + j;
+        fl[j] = (j < per && i < n) ? d_get_bits(flags, (b * SQ + t0 + i) * g.fbits, g.fbits) : 0u;
+        hq += fl[j] & 1u;
+    }
+    uint32_t hq_total;
+    uint32_t run = d_block_scan(hq, ws, &hq_total);
+    run += s_base; // after the scan's barriers, which publish warp 0's store
+#pragma unroll
+    for (uint32_t j = 0; j < 4u; j++) {
+        const uint32_t i = tid * per + j;
+        if (j < per && i < CH) {
+            s_h[i] = run;
+            s_f[i] = (uint16_t)fl[j];
+            run += fl[j] & 1u;
+        }
+    }
+    __syncthreads();
+
+    const uint32_t tpg = g.G / 8u, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
+    const uint32_t i_w = wid * S_DEC_U * spw + seg; // this lane's tile in pass 0
+    const uint8_t *codes = p + g.codes_off + b * g.code_bytes;
+    uint32_t meta[S_DEC_U], fv[S_DEC_U];
+    uint64_t word[S_DEC_U];
+#pragma unroll
+    for (uint32_t u = 0; u < S_DEC_U; u++) { // every pass's loads first
+        const uint32_t i = i_w + u * spw;
+        const bool valid = i < n;
+        const uint32_t f = valid ? s_f[i] : 0u;
+        const uint32_t bits = (f & 1u) ? bh : bl;
+        const uint64_t off = (uint64_t)tpg * ((uint64_t)bl * (t0 + i) + (uint64_t)(bh - bl) * (valid ? s_h[i] : 0u));
+        const bool in = valid && off + (uint64_t)tpg * bits <= g.code_bytes;
+        corrupt |= (uint32_t)(valid && !in); // offsets from flags that failed k_tah_dcount's checks
+        fv[u] = f;
+        meta[u] = valid ? d_get_u32(p + g.meta_off + 4 * (b * SQ + t0 + i)) : 0u;
+        word[u] = in ? d_load_upto8(codes + off + (uint64_t)tl * bits, bits) : 0ull;
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < S_DEC_U; u++) {
+        const uint32_t i = i_w + u * spw;
+        const bool valid = i < n;
+        const uint32_t f = fv[u];
+        const uint16_t min16 = (uint16_t)meta[u], step16 = (uint16_t)(meta[u] >> 16);
+        corrupt |= (uint32_t)(valid && ((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u ||
+                                        (step16 & 0x8000u)));
+        const float minf = ldexpf(d_half_to_f32(min16), e);
+        const float step = ldexpf(d_half_to_f32(step16), e);
+        uint32_t code[8];
+        if (BH) {
+            if (f & 1u)
+                d_unpack8(word[u], 0ull, BH, code);
+            else
+                d_unpack8(word[u], 0ull, BL, code);
+        } else {
+            d_unpack8(word[u], 0ull, (f & 1u) ? bh : bl, code);
+        }
+        float v[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            v[r] = __fadd_rn(minf, __fmul_rn((float)code[r], step));
+        const bool rot = valid && (f & 2u);
+        if (__any_sync(CU_FULL, rot)) {
+            float z[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                z[r] = v[r];
+            d_fwht_seg(z, lane, tpg);
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                z[r] = __fmul_rn(z[r], g.norm);
+            d_swap0(z, lane, tl, tpg, rot ? f >> 2 : 0u);
+            if (rot) {
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+                    v[r] = z[r];
+            }
+        }
+        const uint32_t ts = t0 + i, s = ts / g.Q, q = ts - s * g.Q;
+        const uint32_t w = g.C - q * g.G < g.G ? g.C - q * g.G : g.G;
+        if (valid && 8u * tl < w) {
+            const uint32_t m = w - 8u * tl < 8u ? w - 8u * tl : 8u;
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                bad |= (uint32_t)((uint32_t)r < m && d_nonfinite(v[r]));
+            d_store8(out, (b * g.S + s) * g.C + (uint64_t)q * g.G + 8u * tl, m, g.vec, v);
+        }
+    }
+    if (corrupt)
+        d_flag(head, CU_ST_CORRUPT);
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+}
+
 // ---- host ----
 
 static int s_check_tile(const s_tg &g, char *err, size_t errlen)
@@ -932,10 +1170,13 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
         CU_CHECK_LAUNCH("k_tah_select");
     }
     const uint64_t per_block = 8u * (32u / (g.G / 8u));
-    k_tah_quant<<<cu_grid(g.T, per_block), 256, 0, st>>>(x, t.pre, t.flagv, payload, head, g);
+    const bool flag_bytes = g.fbits == 8 && !cu_legacy();
+    k_tah_quant<<<cu_grid(g.T, per_block), 256, 0, st>>>(x, t.pre, t.flagv, payload, head, g, flag_bytes);
     CU_CHECK_LAUNCH("k_tah_quant");
-    k_tah_flags<<<cu_grid(g.flags_bytes, 256), 256, 0, st>>>(t.flagv, payload, g);
-    CU_CHECK_LAUNCH("k_tah_flags");
+    if (!flag_bytes) {
+        k_tah_flags<<<cu_grid(g.flags_bytes, 256), 256, 0, st>>>(t.flagv, payload, g);
+        CU_CHECK_LAUNCH("k_tah_flags");
+    }
     return 0;
 }
 
@@ -947,6 +1188,20 @@ int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *
     if (rc != 0)
         return rc;
     const s_tw t = s_carve(work, g);
+    const uint64_t cps = s_dec_cps(g);
+    if (!cu_legacy() && g.S * g.Q < 0x80000000ull && g.B * cps <= 0x7fffffffull) {
+        const uint32_t CH = s_dec_chunk(g);
+        k_tah_dcount<<<cu_grid(g.B * cps, 8), 256, 0, st>>>(payload, t.cnt, head, g, CH, (uint32_t)cps);
+        CU_CHECK_LAUNCH("k_tah_dcount");
+        if (g.bh == 4 && g.bl == 3)
+            k_tah_dchunk<4, 3><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+                                                                          (uint32_t)cps);
+        else
+            k_tah_dchunk<0, 0><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+                                                                          (uint32_t)cps);
+        CU_CHECK_LAUNCH("k_tah_dchunk");
+        return 0;
+    }
     const uint64_t flag_span = (g.S * g.Q * g.fbits + 7) / 8 + 1; // a sample's flag bytes, at most
     const size_t scan_smem = 4 * (size_t)g.n_alloc + (size_t)flag_span + 8;
     if (!cu_legacy() && flag_span < 0x7fffffffull && scan_smem <= cu_smem_optin(4096)) {
