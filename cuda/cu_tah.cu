@@ -23,9 +23,12 @@
 //      __shfl_xor_sync), fp16 metadata rounded down/up, b-bit codes packed
 //      into b bytes per lane. Tiles go in reverse order so the second read
 //      of x starts with what pass 1 left in L2.
-//   4. k_tah_flags: the (2+lg)-bit flag fields, gathered into bytes.
-// Decode: k_tah_dscan (per sample: flags checked, high tile count checked,
-// offsets) then k_tah_dtile (segment per tile, as in 3).
+//   4. k_tah_flags: the (2+lg)-bit flag fields, gathered into bytes (not
+//      launched for tile 64: k_tah_quant writes flag byte t itself).
+// Decode: k_tah_dcount (per chunk of a sample's quant tiles: high counts,
+// flags checked) then k_tah_dchunk (per chunk: offsets from the counts and
+// a block scan, segment per tile as in 3, 4 tiles per segment in flight);
+// TAH_CU_LEGACY=1: k_tah_dscan (per sample) then k_tah_dtile.
 //
 // Which zero is a tile's minimum (+0 or -0 changes the fp16 min's sign bit)
 // follows tah.c's reduction order; see d_zkey.
