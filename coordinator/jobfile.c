@@ -2,6 +2,7 @@
 #include "jobfile.h"
 
 #include <ini.h> /* ini_parse_string */
+#include <math.h>  /* isfinite */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,27 @@ static int s_handler(void *user, const char *section, const char *name, const ch
         c->j->t.ckpt_every = (int)v;
         return 1;
     }
+    if (!strcmp(name, "max_norm_ratio")) {
+        char *end = NULL;
+        double v = strtod(value, &end);
+        if (end == value || *end || !isfinite(v) || (v != 0 && v < 1) || v > 1e30) {
+            snprintf(c->msg, sizeof c->msg, "max_norm_ratio = '%s' is not 0 (off) or a number in range 1..1e30",
+                     value);
+            return 0;
+        }
+        c->j->max_norm_ratio = v;
+        return 1;
+    }
+    if (!strcmp(name, "max_bad_frames")) {
+        char *end = NULL;
+        long v = strtol(value, &end, 10);
+        if (end == value || *end || v < 0 || v > (1L << 30)) {
+            snprintf(c->msg, sizeof c->msg, "max_bad_frames = '%s' is not an integer in range 0..1073741824", value);
+            return 0;
+        }
+        c->j->max_bad_frames = (int)v;
+        return 1;
+    }
     if (!strcmp(name, "link_rate_mbps") || !strcmp(name, "link_delay_ms")) {
         int rate = name[5] == 'r';
         char lerr[400];
@@ -79,7 +101,7 @@ static int s_handler(void *user, const char *section, const char *name, const ch
     if (!trainopts_known(name)) {
         snprintf(c->msg, sizeof c->msg,
                  "unknown key '%s'; HINT: keys are tah-train's long options with underscores, plus name, "
-                 "checkpoint_every, link_rate_mbps and link_delay_ms",
+                 "checkpoint_every, link_rate_mbps, link_delay_ms, max_norm_ratio and max_bad_frames",
                  name);
         return 0;
     }
@@ -98,6 +120,8 @@ int jobfile_parse(const char *text, const char *fname, job_spec_t *j, char *err,
     }
     memset(j, 0, sizeof *j);
     trainopts_defaults(&j->t);
+    j->max_norm_ratio = JOB_DEFAULT_MAX_NORM_RATIO;
+    j->max_bad_frames = JOB_DEFAULT_MAX_BAD_FRAMES;
     c->j = j;
     int rc = 0;
     int line = ini_parse_string(text, s_handler, c);

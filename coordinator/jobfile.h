@@ -16,6 +16,13 @@
  *   link_delay_ms     one-way delay the sender adds to every data message
  *                     on a link, same grammar (ms); the node's I/O thread
  *                     holds the message, compute goes on
+ *   max_norm_ratio    a received activation/gradient whose L2 norm exceeds
+ *                     this times the running estimate for its kind is
+ *                     rejected (node/guard.h); default 1000, 0 = off
+ *   max_bad_frames    a neighbour whose rejected data messages reach this
+ *                     count (as reported by the node receiving them) is
+ *                     evicted: the coordinator fails the job naming it;
+ *                     default 10, 0 = never
  * Relative paths are relative to the job file's directory (base_dir).
  * `save` (a whole llm.c model file) is refused: stages live on different
  * machines; use save_ckpt, then tah-train --resume PREFIX --save F.
@@ -38,7 +45,12 @@ typedef struct job_spec {
     int checkpoint_every;
     linkspec_t link_rate;  /* Mbit/s per directed link (0: unshaped) */
     linkspec_t link_delay; /* ms per directed link (0: none) */
+    double max_norm_ratio; /* 0: no norm bound */
+    int max_bad_frames;    /* 0: never evict */
 } job_spec_t;
+
+#define JOB_DEFAULT_MAX_NORM_RATIO 1000.0
+#define JOB_DEFAULT_MAX_BAD_FRAMES 10
 
 /* 0, or TAH_EINVAL with "FNAME:LINE: message" in err. */
 int jobfile_parse(const char *text, const char *fname, job_spec_t *j, char *err, size_t errlen);

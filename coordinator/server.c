@@ -551,6 +551,34 @@ static void s_on_job_event(coord_t *c, cnode_t *n, const Tah__JobEvent *e)
     s_try_place(c);
 }
 
+/* A node rejected data messages from a neighbour of its job: log it, and
+ * evict the sender (fail the job naming its node) once the count reaches
+ * the job's max_bad_frames. The count is the reporter's own; a report about
+ * a stage the reporter does not share the job with is ignored. */
+static void s_on_peer_report(coord_t *c, cnode_t *n, const Tah__PeerReport *r)
+{
+    cjob_t *j = s_job(c, (int64_t)r->job);
+    if (n->state != N_BUSY || n->job != (int64_t)r->job || !j || strcmp(j->j.state, "running") != 0 || !j->spec ||
+        !j->nodes || r->stage >= (uint32_t)j->j.stages || (int)r->stage == n->stage) {
+        log_info("node %s: report about stage %u of job %llu it is not running with; ignored", n->name, r->stage,
+                 (unsigned long long)r->job);
+        return;
+    }
+    const char *bad = j->nodes[r->stage];
+    log_warn("job %lld step %d: node %s rejected %llu data message%s from stage %u (node %s): %.300s",
+             (long long)j->j.id, r->step, n->name, (unsigned long long)r->count, r->count == 1 ? "" : "s", r->stage,
+             bad, r->reason);
+    int limit = j->spec->max_bad_frames;
+    if (limit > 0 && r->count >= (uint64_t)limit) {
+        char reason[1024];
+        snprintf(reason, sizeof reason,
+                 "node %s (stage %u) evicted at step %d: %llu bad data messages rejected by node %s "
+                 "(max_bad_frames %d; latest: %.300s)",
+                 bad, r->stage, r->step, (unsigned long long)r->count, n->name, limit, r->reason);
+        s_job_finish(c, j, "failed", reason, NULL);
+    }
+}
+
 static void s_on_submit(coord_t *c, const uint8_t *rid, size_t rl, const Tah__SubmitReq *r)
 {
     char err[1024];
@@ -830,6 +858,7 @@ static void s_on_message(coord_t *c)
     case TAH__ENVELOPE__BODY_HEARTBEAT:
     case TAH__ENVELOPE__BODY_JOB_EVENT:
     case TAH__ENVELOPE__BODY_STEP_REPORT:
+    case TAH__ENVELOPE__BODY_PEER_REPORT:
         if (!n || n->state == N_LOST) {
             Tah__Error er = TAH__ERROR__INIT;
             er.code = TAH_EINVAL;
@@ -849,6 +878,8 @@ static void s_on_message(coord_t *c)
                           (unsigned long long)n->rejected, e->heartbeat->last_reject);
         } else if (e->body_case == TAH__ENVELOPE__BODY_JOB_EVENT) {
             s_on_job_event(c, n, e->job_event);
+        } else if (e->body_case == TAH__ENVELOPE__BODY_PEER_REPORT) {
+            s_on_peer_report(c, n, e->peer_report);
         } else {
             s_step_report(c, n, e->step_report);
         }

@@ -38,6 +38,7 @@
 #include <zmq.h>
 
 #include "errors.h"
+#include "guard.h"   /* guard_admit: replays, norm bound */
 #include "jobfile.h" /* jobfile_parse: the job's link settings */
 #include "linkspec.h"
 #include "log.h"
@@ -85,6 +86,9 @@ typedef struct agent {
     shape_link_t shp[4];    /* per NODE_DEST_*: in-process rate and delay */
     shape_queue_t *q[4];    /* messages waiting for their release time (NULL: link not shaped) */
     int exit_pending;       /* the runner sent 'X' while messages still waited */
+    guard_t *guard;         /* replay window and norm bound of the running job */
+    uint64_t bad[3];        /* rejected messages per neighbour, indexed like heard[] */
+    double last_report[3];  /* when the latest PeerReport about it went out */
 } agent_t;
 
 static volatile sig_atomic_t s_signal = 0;
@@ -165,6 +169,43 @@ static void s_reject(agent_t *a, const char *peer, const char *why)
              n, peer, why);
 }
 
+static int s_peer_index(const node_job_t *j, int from)
+{
+    if (from == j->stage - 1)
+        return 0;
+    if (from == j->stage + 1)
+        return 1;
+    return 2;
+}
+
+/* A message from the authenticated neighbour `from` was rejected: count it
+ * against that neighbour and report it to the coordinator (every time up to
+ * max_bad_frames, then at most once a second), which evicts the sender when
+ * the count reaches max_bad_frames. */
+static void s_strike(agent_t *a, int from, const char *peer, const char *why)
+{
+    s_reject(a, peer, why);
+    node_job_t *j = a->job;
+    if (!j || from < 0 || from >= j->S)
+        return;
+    int i = s_peer_index(j, from);
+    uint64_t n = ++a->bad[i];
+    double now = s_now();
+    if ((j->x.max_bad_frames > 0 && n <= (uint64_t)j->x.max_bad_frames) || now - a->last_report[i] >= 1.0) {
+        Tah__PeerReport pr = TAH__PEER_REPORT__INIT;
+        pr.job = j->id;
+        pr.stage = (uint32_t)from;
+        pr.count = n;
+        pr.step = atomic_load(&j->cur_step);
+        pr.reason = (char *)why;
+        Tah__Envelope env = TAH__ENVELOPE__INIT;
+        env.body_case = TAH__ENVELOPE__BODY_PEER_REPORT;
+        env.peer_report = &pr;
+        s_send_coord(a, &env);
+        a->last_report[i] = now;
+    }
+}
+
 /* ---- job life cycle ---- */
 
 static void s_close_links(agent_t *a)
@@ -173,6 +214,9 @@ static void s_close_links(agent_t *a)
         shape_queue_destroy(&a->q[d]);
     memset(a->shp, 0, sizeof a->shp);
     a->exit_pending = 0;
+    guard_destroy(&a->guard);
+    memset(a->bad, 0, sizeof a->bad);
+    memset(a->last_report, 0, sizeof a->last_report);
     if (a->down)
         zmq_close(a->down);
     if (a->tied)
@@ -346,6 +390,11 @@ static void s_on_ready(agent_t *a)
             return;
         }
     }
+    a->guard = guard_new(j->x.M, j->x.val_batches, j->x.max_norm_ratio);
+    if (!a->guard) {
+        s_abort(a, NODE_FAILED, -1, "out of memory for the data-plane guard");
+        return;
+    }
     s_setup_shaping(a);
     double now = s_now();
     a->heard[0] = a->heard[1] = a->heard[2] = now;
@@ -474,15 +523,6 @@ static int s_recv_parts(void *sock, zmq_msg_t *parts, int nmax, int *nparts)
     return total;
 }
 
-static int s_peer_index(const node_job_t *j, int from)
-{
-    if (from == j->stage - 1)
-        return 0;
-    if (from == j->stage + 1)
-        return 1;
-    return 2;
-}
-
 /* A data message [hdr][payload] from stage `from` (authenticated). */
 static void s_deliver(agent_t *a, int from, const char *peer, zmq_msg_t *hdr, zmq_msg_t *payload)
 {
@@ -490,11 +530,11 @@ static void s_deliver(agent_t *a, int from, const char *peer, zmq_msg_t *hdr, zm
     char err[512];
     Tah__DataHeader *h = wire_header_unpack(zmq_msg_data(hdr), zmq_msg_size(hdr), err, sizeof err);
     if (!h) {
-        s_reject(a, peer, err);
+        s_strike(a, from, peer, err);
         return;
     }
     if (h->kind == TAH__DATA_KIND__DATA_HELLO) {
-        s_reject(a, peer, "second hello on an established link");
+        s_strike(a, from, peer, "second hello on an established link");
         wire_header_free(&h);
         return;
     }
@@ -504,8 +544,13 @@ static void s_deliver(agent_t *a, int from, const char *peer, zmq_msg_t *hdr, zm
     zmq_msg_init_size(&out, nbytes);
     int rc = link_check(&j->x, from, atomic_load(&j->cur_step), h, zmq_msg_data(payload), zmq_msg_size(payload),
                         zmq_msg_data(&out), nbytes, err, sizeof err);
+    if (rc == 0 && h->kind != TAH__DATA_KIND__DATA_PING) {
+        int tensor = h->kind != TAH__DATA_KIND__DATA_NORM_PARTIAL && h->kind != TAH__DATA_KIND__DATA_NORM;
+        rc = guard_admit(a->guard, h->kind, h->step, h->mb, tensor ? zmq_msg_data(&out) : NULL,
+                         tensor ? nelem : 0, err, sizeof err);
+    }
     if (rc) {
-        s_reject(a, peer, err);
+        s_strike(a, from, peer, err);
         zmq_msg_close(&out);
         wire_header_free(&h);
         return;
@@ -547,7 +592,11 @@ static void s_on_router(agent_t *a)
     else
         snprintf(peer, sizeof peer, "unauthenticated connection");
     if (total != 3 || n != 3) {
-        s_reject(a, peer, total == 1 ? "empty message" : "data messages are exactly [header][payload]");
+        const char *why = total == 1 ? "empty message" : "data messages are exactly [header][payload]";
+        if (p)
+            s_strike(a, p->stage, peer, why);
+        else
+            s_reject(a, peer, why);
         goto out;
     }
     if (!p) {
@@ -596,7 +645,7 @@ static void s_on_dealer(agent_t *a, void *sock, int from)
     char peer[96];
     snprintf(peer, sizeof peer, "stage %d (%s)", from, a->job->names[from]);
     if (total != 2 || n != 2)
-        s_reject(a, peer, "data messages are exactly [header][payload]");
+        s_strike(a, from, peer, "data messages are exactly [header][payload]");
     else
         s_deliver(a, from, peer, &parts[0], &parts[1]);
     for (int i = 0; i < n; i++)

@@ -44,6 +44,8 @@ typedef struct link_expect {
     int tied;              /* tied embeddings (first and last stage exchange TIED) */
     codec_spec_t fwd, bwd; /* the job's codecs */
     size_t nnorm;          /* norm slots (stage_norm_nslots) */
+    double max_norm_ratio; /* job key max_norm_ratio (node/guard.h; 0: off) */
+    int max_bad_frames;    /* job key max_bad_frames (reports to the coordinator) */
 } link_expect_t;
 
 /* Roles stage `from` holds for the receiver (0: none, it may not talk to us). */

@@ -537,6 +537,8 @@ static int s_setup(runner_t *r, int *start)
     x->Vp = cfg->Vp;
     x->tied = !t->untied;
     x->nnorm = stage_norm_nslots(cfg);
+    x->max_norm_ratio = r->spec->max_norm_ratio;
+    x->max_bad_frames = r->spec->max_bad_frames;
     if (codec_spec_parse(t->fwd_codec, &x->fwd, err, sizeof err) != 0 ||
         codec_spec_parse(t->bwd_codec, &x->bwd, err, sizeof err) != 0)
         goto fail;
@@ -670,6 +672,7 @@ void *node_runner_main(void *arg)
     j->result = NODE_FAILED;
     if (s_setup(r, &start) != 0)
         goto out;
+    atomic_store(&j->cur_step, start + 1); /* before 'Y': the agent checks steps against it */
     s_send_cmd(r, 'Y', NULL, 0);
     r->t_start = s_now();
     const trainopts_t *t = &r->spec->t;

@@ -53,6 +53,7 @@ const char *wire_body_name(const Tah__Envelope *e)
     case TAH__ENVELOPE__BODY_JOB_EVENT: return "job_event";
     case TAH__ENVELOPE__BODY_STEP_REPORT: return "step_report";
     case TAH__ENVELOPE__BODY_ABORT: return "abort";
+    case TAH__ENVELOPE__BODY_PEER_REPORT: return "peer_report";
     case TAH__ENVELOPE__BODY_SUBMIT: return "submit";
     case TAH__ENVELOPE__BODY_SUBMIT_REP: return "submit_rep";
     case TAH__ENVELOPE__BODY_STATUS: return "status";

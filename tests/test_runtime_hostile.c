@@ -1,0 +1,229 @@
+/* test_runtime_hostile.c — a neighbour that authenticated with the job's
+ * token and then sends poison (node/guard.h, node/link.c):
+ *   the test joins the coordinator as node "rogue" over the real control
+ *   protocol, gets stage 0 of a 2-stage job, connects to stage 1 (a real
+ *   tah-node) with the token from its assignment and sends one good
+ *   activation, then a replay of it, a NaN frame (valid checksums), a frame
+ *   with 1e9 x the norm, and a frame of the wrong shape. Each is rejected
+ *   and counted; with max_bad_frames = 4 the coordinator evicts the rogue:
+ *   the job fails naming it, the honest node is idle again. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include <cmocka.h>
+
+#include "codec.h"  /* codec_encode, codec_frame_seal */
+#include "crc32c.h" /* crc32c_update */
+#include "rt_harness.h"
+
+enum { BATCH = 2, SEQ = 16, C = 64 };
+
+static double s_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void s_heartbeat(void *c)
+{
+    Tah__Heartbeat hb = TAH__HEARTBEAT__INIT;
+    hb.state = TAH__NODE_STATE__NODE_IDLE;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    assert_int_equal(wire_send_envelope(c, NULL, 0, &env, 0), 0);
+}
+
+/* Wait for a control message of this body (heartbeating meanwhile). */
+static Tah__Envelope *s_expect(void *c, int body, double timeout)
+{
+    double t0 = s_now();
+    while (s_now() - t0 < timeout) {
+        s_heartbeat(c);
+        int to = 0;
+        char err[256];
+        Tah__Envelope *e = wire_recv_envelope(c, 300, &to, err, sizeof err);
+        if (e && (int)e->body_case == body)
+            return e;
+        wire_envelope_free(&e);
+    }
+    fail_msg("no '%d' message from the coordinator in %.0f s", body, timeout);
+    return NULL;
+}
+
+/* [DataHeader][payload] from stage 0. */
+static void s_send_data(void *d, uint64_t job, uint32_t kind, int step, int mb, uint64_t token,
+                        const uint8_t *payload, size_t len, codec_shape_t shape)
+{
+    Tah__DataHeader h = TAH__DATA_HEADER__INIT;
+    h.version = TAH_PROTO_VERSION;
+    h.job = job;
+    h.kind = kind;
+    h.from_stage = 0;
+    h.step = step;
+    h.mb = mb;
+    h.token = token;
+    h.codec = CODEC_FP32;
+    h.b = shape.b;
+    h.t = shape.s;
+    h.c = shape.c;
+    h.crc = crc32c_update(0, payload, len);
+    uint8_t hb[WIRE_MAX_HEADER];
+    size_t hl = tah__data_header__pack(&h, hb);
+    zmq_send(d, hb, hl, ZMQ_SNDMORE);
+    zmq_send(d, payload, len, 0);
+}
+
+/* An fp32 frame of x scaled by `scale`, with x[poke] replaced by `poison`
+ * when poke >= 0; header and frame checksum valid either way. */
+static uint8_t *s_frame(codec_shape_t shape, float scale, int poke, float poison, size_t *len)
+{
+    codec_spec_t spec;
+    codec_spec_default(CODEC_FP32, &spec);
+    size_t n = (size_t)shape.b * shape.s * shape.c;
+    float *x = malloc(n * sizeof *x);
+    assert_non_null(x);
+    uint32_t seed = 12345;
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = scale * ((float)(seed >> 8) / (float)(1u << 24) - 0.5f);
+    }
+    int64_t fs = codec_frame_size(&spec, shape);
+    uint8_t *f = malloc((size_t)fs);
+    assert_non_null(f);
+    assert_int_equal(codec_encode(&spec, shape, x, f, (size_t)fs, len, NULL, 0), 0);
+    if (poke >= 0) {
+        memcpy(f + CODEC_HEADER_SIZE + 4 * (size_t)poke, &poison, 4);
+        assert_int_equal(codec_frame_seal(&spec, shape, f, *len, NULL, 0), 0);
+    }
+    free(x);
+    return f;
+}
+
+static void test_rogue_stage_evicted(void **state)
+{
+    (void)state;
+    rt_t r;
+    rt_init(&r, "rt_hostile");
+    rt_start_coord(&r, 10.0, 0);
+
+    /* the rogue joins first, so it gets stage 0 */
+    void *ctx = zmq_ctx_new();
+    void *c = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(c, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_connect(c, r.ep), 0);
+    Tah__Hello hello = TAH__HELLO__INIT;
+    hello.name = "rogue";
+    hello.endpoint = "tcp://127.0.0.1:1";
+    hello.backend = "cpu";
+    hello.threads = 1;
+    hello.gflops = 1.0;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_HELLO;
+    env.hello = &hello;
+    assert_int_equal(wire_send_envelope(c, NULL, 0, &env, 0), 0);
+    Tah__Envelope *e = s_expect(c, TAH__ENVELOPE__BODY_WELCOME, 10);
+    wire_envelope_free(&e);
+    rt_start_nodes(&r, 1); /* returns once one node is idle: maybe only the rogue so far */
+    s_heartbeat(c);
+    assert_true(rt_wait_nodes(&r, "idle", 2, 20));
+
+    char ini[1024], out[4096], st[64], reason[1024];
+    snprintf(ini, sizeof ini,
+             "[job]\nmodel = 4,2,%d,32,256\ntrain_data = train.txt\nbatch = %d\nseq = %d\nsteps = 50\n"
+             "lr = 1e-3\nstages = 2\nmicro_batches = 4\nfwd_codec = fp32\nmax_norm_ratio = 1000\n"
+             "max_bad_frames = 4\n",
+             C, BATCH, SEQ);
+    uint64_t job = rt_submit(&r, rt_write(&r, "job.ini", ini), out, sizeof out);
+    if (job == 0)
+        fail_msg("submit: %s", out);
+    e = s_expect(c, TAH__ENVELOPE__BODY_ASSIGN, 20);
+    assert_int_equal(e->assign->job, job);
+    assert_int_equal(e->assign->stage, 0);
+    assert_int_equal(e->assign->n_endpoints, 2);
+    uint64_t token = e->assign->token;
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", e->assign->endpoints[1]);
+    wire_envelope_free(&e);
+
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 5000;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_connect(d, ep), 0);
+    const codec_shape_t shape = { BATCH, SEQ, C };
+    s_send_data(d, job, TAH__DATA_KIND__DATA_HELLO, 0, 0, token, NULL, 0, shape);
+    size_t len = 0, blen = 0, hlen = 0, wlen = 0;
+    uint8_t *good = s_frame(shape, 1.0f, -1, 0.0f, &len);
+    uint8_t *nan = s_frame(shape, 1.0f, 17, NAN, &blen);
+    uint8_t *huge = s_frame(shape, 1e9f, -1, 0.0f, &hlen);
+    const codec_shape_t narrow = { BATCH, SEQ, C / 2 };
+    uint8_t *wrong = s_frame(narrow, 1.0f, -1, 0.0f, &wlen);
+    s_send_data(d, job, TAH__DATA_KIND__DATA_ACT, 1, 0, 0, good, len, shape);   /* accepted */
+    s_send_data(d, job, TAH__DATA_KIND__DATA_ACT, 1, 0, 0, good, len, shape);   /* 1: replay */
+    s_send_data(d, job, TAH__DATA_KIND__DATA_ACT, 1, 1, 0, nan, blen, shape);   /* 2: NaN */
+    s_send_data(d, job, TAH__DATA_KIND__DATA_ACT, 1, 2, 0, huge, hlen, shape);  /* 3: norm */
+    s_send_data(d, job, TAH__DATA_KIND__DATA_ACT, 1, 3, 0, wrong, wlen, narrow); /* 4: shape */
+
+    /* keep the rogue alive on the control plane until the verdict */
+    double t0 = s_now();
+    st[0] = 0;
+    while (s_now() - t0 < 30) {
+        s_heartbeat(c);
+        int to = 0;
+        char err[256];
+        e = wire_recv_envelope(c, 200, &to, err, sizeof err);
+        wire_envelope_free(&e);
+        Tah__Envelope *s = rt_status(&r, job);
+        if (s && s->status_rep->n_jobs == 1 && strcmp(s->status_rep->jobs[0]->state, "running") != 0) {
+            snprintf(st, sizeof st, "%s", s->status_rep->jobs[0]->state);
+            snprintf(reason, sizeof reason, "%s", s->status_rep->jobs[0]->reason);
+            wire_envelope_free(&s);
+            break;
+        }
+        wire_envelope_free(&s);
+    }
+    assert_string_equal(st, "failed");
+    if (!strstr(reason, "node rogue (stage 0) evicted at step 1: 4 bad data messages rejected by node n0"))
+        fail_msg("reason: %s", reason);
+    if (!strstr(reason, "wrong") && !strstr(reason, "expected")) /* the latest: the shape */
+        fail_msg("latest rejection not named: %s", reason);
+    /* the honest node: idle again, its count (heartbeats) includes the four */
+    assert_true(rt_wait_nodes(&r, "idle", 1, 20));
+    uint64_t rej = 0;
+    for (int tries = 0; tries < 50 && rej < 4; tries++) {
+        Tah__Envelope *s = rt_status(&r, 0);
+        for (size_t i = 0; s && i < s->status_rep->n_nodes; i++)
+            if (!strcmp(s->status_rep->nodes[i]->name, "n0"))
+                rej = s->status_rep->nodes[i]->rejected;
+        wire_envelope_free(&s);
+        struct timespec ts = { 0, 100000000 };
+        nanosleep(&ts, NULL);
+    }
+    if (rej < 4)
+        fail_msg("node n0 counted %llu rejected messages (expected >= 4)", (unsigned long long)rej);
+    free(good);
+    free(nan);
+    free(huge);
+    free(wrong);
+    zmq_close(d);
+    zmq_close(c);
+    zmq_ctx_term(ctx);
+    assert_int_equal(rt_stop(&r), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rogue_stage_evicted),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
