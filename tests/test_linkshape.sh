@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_linkshape.sh BUILD DATA — the node's in-process link emulation does
+# test_linkshape.sh BUILD [DATA] — the node's in-process link emulation does
 # what the job asks, measured: a coordinator and 4 nodes on loopback run
 # `tah-coord experiment` (shaping = inprocess, fp32, one micro-batch, so a
 # step is a chain of transfers: ACT 0>1>2>3, GRAD 3>2>1>0, then the norm's
@@ -12,8 +12,10 @@
 # is refused with FILE:LINE and exit 2. No root needed.
 set -u
 B=$(cd "$1" && pwd)
-DATA=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
+DATA=${2:-} # optional: training text or token file; generated when absent
 W=$(mktemp -d /tmp/tah-linkshape.XXXXXX)
+case $DATA in /*|"") ;; *) DATA=$PWD/$DATA ;; esac
+[ -n "$DATA" ] && [ -s "$DATA" ] || { DATA=$W/train.txt; bash "$(dirname "$0")/gen_text.sh" "$DATA"; }
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$W"; }
 trap cleanup EXIT

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_netlab_train.sh BUILD SCRIPTS DATA — the slow-network claim, in
+# test_netlab_train.sh BUILD SCRIPTS [DATA] — the slow-network claim, in
 # kernel-shaped namespaces: 4 nodes (one netlab namespace each, coordinator
 # in the hub) train a small GPT-2 (L4 C64 T64, 16 x 64 tokens per step, one
 # micro-batch, untied) with fp32 and with TAH-Quant forward + 8-bit
@@ -20,10 +20,12 @@
 set -u
 B=$(cd "$1" && pwd)
 S=$(cd "$2" && pwd)
-DATA=$(cd "$(dirname "$3")" && pwd)/$(basename "$3")
+DATA=${3:-} # optional: training text or token file; generated when absent
 [ "$(id -u)" -eq 0 ] || { echo "test_netlab_train: not root, skipped"; exit 77; }
 export NETLAB_PREFIX="tt$$" TAH_NETLAB=$S/netlab
 W=$(mktemp -d /tmp/tah-nltrain.XXXXXX)
+case $DATA in /*|"") ;; *) DATA=$PWD/$DATA ;; esac
+[ -n "$DATA" ] && [ -s "$DATA" ] || { DATA=$W/train.txt; bash "$(dirname "$0")/gen_text.sh" "$DATA"; }
 trap '$S/netlab down >/dev/null 2>&1; rm -rf "$W"' EXIT
 pass=0
 fail=0
