@@ -92,6 +92,8 @@ extern "C" size_t cu_codec_scratch_bytes(const codec_spec_t *spec, codec_shape_t
         work = cu_ash_scratch(spec, n);
     else if (spec->id == CODEC_TAH)
         work = cu_tah_scratch(spec, shape);
+    else if (spec->id == CODEC_INT)
+        work = cu_group_scratch(spec, n);
     return CU_SCRATCH_HEAD + work;
 }
 
@@ -129,7 +131,7 @@ extern "C" int cu_codec_encode(const codec_spec_t *spec, codec_shape_t shape, co
     case CODEC_FP16:
     case CODEC_BF16: return cu_raw_encode(spec, n, d_x, d_payload, head, stream, err, errlen);
     case CODEC_FIXPT:
-    case CODEC_INT: return cu_group_encode(spec, n, d_x, d_payload, head, stream, err, errlen);
+    case CODEC_INT: return cu_group_encode(spec, n, d_x, d_payload, head, work, stream, err, errlen);
     case CODEC_ASH_FP8: return cu_ash_encode(spec, n, d_x, d_payload, head, work, stream, err, errlen);
     case CODEC_TAH: return cu_tah_encode(spec, shape, d_x, d_payload, head, work, stream, err, errlen);
     }

@@ -361,7 +361,8 @@ int cu_raw_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t 
                   cudaStream_t st, char *err, size_t errlen);
 int cu_raw_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,
                   cudaStream_t st, char *err, size_t errlen);
-int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head,
+size_t cu_group_scratch(const codec_spec_t *spec, uint64_t n);
+int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head, void *work,
                     cudaStream_t st, char *err, size_t errlen);
 int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,
                     cudaStream_t st, char *err, size_t errlen);

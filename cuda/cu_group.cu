@@ -20,6 +20,10 @@
 // float/double operations, so the metadata is bit-identical. The int
 // encoder walks groups in reverse order so its second read of x finds the
 // end of the tensor, read last by the absmax pass, still in L2.
+// int with 4 <= tpg <= 32 (round 4, not under TAH_CU_LEGACY=1): pass 1
+// (k_int_stats) writes every group's (min, max) to scratch with the frame
+// absmax, pass 2 (k_int_codes) computes each group's metadata on one lane
+// and only quantises (see the comment above k_int_stats).
 //
 // Decode: a flat grid, one thread per 8-code chunk (b bytes in, 8 floats
 // out), checking the metadata and codes exactly as the CPU decoder does.
@@ -596,6 +600,162 @@ __global__ void __launch_bounds__(256) k_absmax(const float *__restrict__ x, uin
         d_flag(head, CU_ST_NONFINITE);
 }
 
+// ---- int encode, round 4: statistics pass + codes pass (4 <= tpg <= 32) ----
+// Pass 1 (k_int_stats) reads x once in enc_seg's segments and writes each
+// group's (min, max) as a float2 to scratch, the min's zero sign already
+// resolved as the CPU's s_minmax picks it (d_int_zkey), and the frame absmax
+// (max of |min|, |max| bits: the same value as k_absmax for finite x) by
+// one atomicMax per warp; it replaces k_absmax. Pass 2 (k_int_codes) no
+// longer reduces anything: per warp iteration it handles U*spw <= 32 groups
+// (slot k = u*spw + segment, group base + k, reverse order as before) and
+// lane k alone computes slot k's metadata (the double division of
+// d_step_up once per group, not on all tpg lanes of the segment) and stores
+// it as one u32 (asym) / u16 (sym); each row's lanes fetch (mn, 1/step) by
+// two shuffles. Per element the float operations are enc_seg's, in the same
+// order, on the same metadata values, so the frame is unchanged.
+template <int MODE, int U>
+__global__ void __launch_bounds__(256) k_int_stats(const float *__restrict__ x, float2 *__restrict__ st,
+                                                   cu_hp head, s_gp g)
+{
+    d_mark(head);
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
+    uint32_t bad = 0, amax = 0;
+    const uint64_t rows_per_it = (uint64_t)U * spw;
+    for (uint64_t base = warp * rows_per_it; base < g.ng; base += nwarps * rows_per_it) { // uniform per warp
+        float v[U][8];
+        uint64_t gi[U];
+        uint32_t len[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) { // all loads first
+            const uint64_t gi_raw = base + (uint64_t)u * spw + lane / tpg;
+            const bool valid = gi_raw < g.ng;
+            gi[u] = valid ? gi_raw : 0;
+            const uint64_t off = gi[u] * g.group;
+            len[u] = valid ? (uint32_t)(g.n - off < g.group ? g.n - off : g.group) : 0u;
+            const uint64_t end = 8u * tl < len[u] ? off + len[u] : off;
+            d_load8(x, off + 8u * tl, end, g.vec, v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            s_gs s;
+            s.a = __uint_as_float(0x7f800000u);
+            s.b = -__uint_as_float(0x7f800000u);
+            s.z = 0xffffffffu;
+            d_group_stats<MODE>(v[u], len[u], tl, s, bad);
+            for (uint32_t o = 1; o < tpg; o *= 2)
+                d_gs_merge<MODE>(s, d_gs_shfl<MODE>(s, o));
+            if (len[u] != 0) {
+                float lo = s.a;
+                if (lo == 0.0f) // which zero: the CPU's (sign of the winning zero key)
+                    lo = (s.z & 1u) ? -0.0f : 0.0f;
+                amax = max(amax, max(__float_as_uint(lo) & 0x7fffffffu, __float_as_uint(s.b) & 0x7fffffffu));
+                if (tl == 0)
+                    st[gi[u]] = make_float2(lo, s.b);
+            }
+        }
+    }
+    for (int o = 16; o > 0; o /= 2)
+        amax = max(amax, __shfl_xor_sync(CU_FULL, amax, o));
+    if (lane == 0 && amax != 0)
+        atomicMax(&head.p->absmax_bits, amax);
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+}
+
+template <int MODE, int BITS, int U>
+__global__ void __launch_bounds__(256) k_int_codes(const float *__restrict__ x, const float2 *__restrict__ st,
+                                                   uint8_t *__restrict__ p, cu_hp head, s_gp g)
+{
+    d_mark(head);
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
+    const uint32_t bits = BITS > 0 ? (uint32_t)BITS : g.bits;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
+    const uint32_t mask = (1u << bits) - 1u;
+    const float qmaxf = (float)g.qmax, Lf = (float)g.L;
+    const int32_t e = d_int_exp(head.p->absmax_bits);
+    const float pdown = d_pow2f(-e);
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        d_put_u32(p, (uint32_t)e);
+    const uint32_t nslot = (uint32_t)U * spw; // <= 32 (tpg >= 4)
+    for (uint64_t base = warp * nslot; base < g.ng; base += nwarps * nslot) { // uniform per warp
+        // this lane's slot: its group's statistics first (L2: pass 1 wrote them)
+        const uint64_t mraw = base + lane;
+        const bool mvalid = lane < nslot && mraw < g.ng;
+        const uint64_t mgi = g.ng - 1 - (mvalid ? mraw : 0);
+        const float2 sv = mvalid ? st[mgi] : make_float2(0.0f, 0.0f);
+        float v[U][8];
+        uint64_t gi[U];
+        uint32_t len[U];
+        bool valid[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) { // all loads first
+            const uint64_t gi_raw = base + (uint64_t)u * spw + lane / tpg;
+            valid[u] = gi_raw < g.ng;
+            gi[u] = g.ng - 1 - (valid[u] ? gi_raw : 0); // reverse order
+            const uint64_t off = gi[u] * g.group;
+            len[u] = valid[u] ? (uint32_t)(g.n - off < g.group ? g.n - off : g.group) : 0u;
+            const uint64_t end = 8u * tl < len[u] ? off + len[u] : off;
+            d_load8(x, off + 8u * tl, end, g.vec, v[u]);
+        }
+        // slot `lane`'s metadata, exactly as the CPU computes it
+        float mn = 0.0f, inv;
+        {
+            const float lo = __fmul_rn(sv.x, pdown), hi = __fmul_rn(sv.y, pdown);
+            if (MODE == M_INT_SYM) {
+                const float am = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
+                const uint16_t sh = d_step_up((double)am, (uint32_t)g.qmax);
+                const float step = d_half_to_f32(sh);
+                inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+                if (mvalid)
+                    d_put_u16(p + g.meta_off + 2 * mgi, sh);
+            } else {
+                const uint16_t mh = d_half_from_f32_down(lo);
+                mn = d_half_to_f32(mh);
+                const uint16_t sh = d_step_up((double)hi - (double)mn, g.L);
+                const float step = d_half_to_f32(sh);
+                inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+                if (mvalid)
+                    d_put_u32(p + g.meta_off + 4 * mgi, (uint32_t)mh | ((uint32_t)sh << 16));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int slot = (int)((uint32_t)u * spw + lane / tpg);
+            const float q_inv = __shfl_sync(CU_FULL, inv, slot);
+            const float q_mn = MODE == M_INT_SYM ? 0.0f : __shfl_sync(CU_FULL, mn, slot);
+            if (!valid[u] || 8u * tl >= len[u])
+                continue;
+            const uint32_t m = len[u] - 8u * tl < 8u ? len[u] - 8u * tl : 8u;
+            uint32_t code[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                float t;
+                int32_t c;
+                if (MODE == M_INT_ASYM) {
+                    t = __fmul_rn(__fsub_rn(__fmul_rn(v[u][r], pdown), q_mn), q_inv);
+                    t = t < 0.0f ? 0.0f : t;
+                    t = t > Lf ? Lf : t;
+                    c = (int32_t)rintf(t);
+                } else {
+                    t = __fmul_rn(__fmul_rn(v[u][r], pdown), q_inv);
+                    t = t < -qmaxf ? -qmaxf : t;
+                    t = t > qmaxf ? qmaxf : t;
+                    c = (int32_t)rintf(t) + g.qmax;
+                }
+                code[r] = (uint32_t)r < m ? ((uint32_t)c & mask) : 0u;
+            }
+            uint64_t lo, hi;
+            d_pack8(code, bits, lo, hi);
+            d_store_bytes(p + g.codes_off + gi[u] * g.gbytes + (uint64_t)tl * bits, lo, hi, (m * bits + 7u) / 8u);
+        }
+    }
+}
+
 template <int MODE>
 __global__ void __launch_bounds__(256) k_group_decode(const uint8_t *__restrict__ p, float *__restrict__ out,
                                                       cu_hp head, s_gp g)
@@ -718,10 +878,35 @@ static s_gp s_params(const codec_spec_t *spec, uint64_t n, const void *xy)
 // The code width compiled in for each mode (the default specs' bits).
 static constexpr int s_fast_bits(int mode) { return mode <= M_FIX_STOCH ? 8 : 4; }
 
+// int: the round-4 two-pass path (k_int_stats + k_int_codes) for 4 <= tpg <= 32.
+static bool s_int_split(const s_gp &g) { return g.tpg >= 4 && g.tpg <= 32 && !cu_legacy(); }
+
+size_t cu_group_scratch(const codec_spec_t *spec, uint64_t n)
+{
+    if (spec->id != CODEC_INT)
+        return 0;
+    const uint64_t group = spec->p.intq.group;
+    return (size_t)((n + group - 1) / group) * sizeof(float2); // per-group (min, max) of k_int_stats
+}
+
 template <int MODE>
-static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp head, cudaStream_t st,
+static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp head, void *work, cudaStream_t st,
                          char *err, size_t errlen)
 {
+    if constexpr (MODE >= M_INT_ASYM) {
+        if (s_int_split(g)) {
+            float2 *stats = (float2 *)work;
+            const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg));
+            k_int_stats<MODE, S_ROWS><<<grid, 256, 0, st>>>(x, stats, head, g);
+            CU_CHECK_LAUNCH("k_int_stats");
+            if (g.bits == s_fast_bits(MODE))
+                k_int_codes<MODE, s_fast_bits(MODE), S_ROWS><<<grid, 256, 0, st>>>(x, stats, payload, head, g);
+            else
+                k_int_codes<MODE, 0, S_ROWS><<<grid, 256, 0, st>>>(x, stats, payload, head, g);
+            CU_CHECK_LAUNCH("k_int_codes");
+            return 0;
+        }
+    }
     if (MODE >= M_INT_ASYM) {
         const bool vec = ((uintptr_t)x & 15u) == 0;
         k_absmax<<<cu_grid((g.n + 7) / 8, 256 * 4), 256, 0, st>>>(x, g.n, vec, head);
@@ -744,15 +929,15 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
     return 0;
 }
 
-int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head,
+int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head, void *work,
                     cudaStream_t st, char *err, size_t errlen)
 {
     const s_gp g = s_params(spec, n, x);
     switch (s_mode(spec)) {
-    case M_FIX_NEAR: return s_encode_mode<M_FIX_NEAR>(g, x, payload, head, st, err, errlen);
-    case M_FIX_STOCH: return s_encode_mode<M_FIX_STOCH>(g, x, payload, head, st, err, errlen);
-    case M_INT_ASYM: return s_encode_mode<M_INT_ASYM>(g, x, payload, head, st, err, errlen);
-    default: return s_encode_mode<M_INT_SYM>(g, x, payload, head, st, err, errlen);
+    case M_FIX_NEAR: return s_encode_mode<M_FIX_NEAR>(g, x, payload, head, work, st, err, errlen);
+    case M_FIX_STOCH: return s_encode_mode<M_FIX_STOCH>(g, x, payload, head, work, st, err, errlen);
+    case M_INT_ASYM: return s_encode_mode<M_INT_ASYM>(g, x, payload, head, work, st, err, errlen);
+    default: return s_encode_mode<M_INT_SYM>(g, x, payload, head, work, st, err, errlen);
     }
 }
 
