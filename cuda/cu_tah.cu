@@ -17,6 +17,8 @@
 //      keys equal to the threshold), then a block scan of the high quant
 //      tile counts: each allocation tile's offset into the sample's code
 //      region. Also zeroes the unused end of that region and writes e.
+//      (k_tah_select_sm, round 4: rounds 3 and 4 histogram only the keys
+//      that share round 2's 16-bit prefix, compacted in shared memory.)
 //   3. k_tah_quant: one segment of G/8 lanes per quant tile (G <= 256),
 //      8 elements per lane in registers; top-2 magnitudes with the pivot,
 //      min/max, the rotation test, pivot swap + Hadamard (registers and
@@ -451,10 +453,11 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const float *__
     extern __shared__ uint32_t sk[]; // n_alloc keys, then n_alloc packed prefixes
     __shared__ uint32_t hist[256];
     __shared__ uint32_t ws[32];
-    __shared__ uint32_t sh_prefix, sh_need;
+    __shared__ uint32_t sh_prefix, sh_need, sh_nc;
     const uint64_t b = blockIdx.x;
     const uint32_t na = (uint32_t)g.n_alloc, bd = blockDim.x, tid = threadIdx.x, lane = tid & 31u;
     const uint32_t *keys = (const uint32_t *)(ent + b * g.n_alloc);
+    uint32_t *cand = sk + na; // round-4 candidates (the prefix area, unused until the scans)
     const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
     for (uint32_t i0 = 0; i0 < na; i0 += 8u * bd) { // 8 independent loads in flight per thread
         uint32_t v[8];
@@ -473,18 +476,21 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const float *__
     if (tid == 0) {
         sh_prefix = 0;
         sh_need = (uint32_t)g.n_hi;
+        sh_nc = 0;
     }
     if (!all) {
         uint32_t mask = 0;
+        const uint32_t *src = sk; // rounds 1-2: every key; rounds 3-4: the keys with round 2's prefix
+        uint32_t cnt = na;
         for (int shift = 24; shift >= 0; shift -= 8) {
             for (uint32_t i = tid; i < 256; i += bd)
                 hist[i] = 0;
             __syncthreads(); // keys staged, hist zeroed, sh_prefix/sh_need current
             const uint32_t prefix = sh_prefix, need = sh_need;
-            for (uint32_t i0 = 0; i0 < na; i0 += bd) { // bounds uniform: whole warps iterate together
+            for (uint32_t i0 = 0; i0 < cnt; i0 += bd) { // bounds uniform: whole warps iterate together
                 const uint32_t i = i0 + tid;
-                const uint32_t key = i < na ? sk[i] : 0u;
-                const uint32_t bin = (i < na && (key & mask) == prefix) ? (key >> shift) & 0xffu : 0x100u;
+                const uint32_t key = i < cnt ? src[i] : 0u;
+                const uint32_t bin = (i < cnt && (key & mask) == prefix) ? (key >> shift) & 0xffu : 0x100u;
                 const uint32_t peers = __match_any_sync(CU_FULL, bin);
                 if (bin != 0x100u && lane == (uint32_t)(__ffs((int)peers) - 1))
                     atomicAdd(&hist[bin], (uint32_t)__popc((int)peers));
@@ -494,6 +500,27 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const float *__
                 d_sel_digit(hist, need, prefix, shift, &sh_prefix, &sh_need);
             mask |= 0xffu << shift;
             __syncthreads();
+            if (shift == 16) {
+                // Compact the keys with the top-16-bit prefix into cand (any order: a histogram
+                // does not depend on it). Rounds 3 and 4 count exactly the keys they counted over
+                // all of sk, since every key matching their longer prefix is among these; the
+                // entropies share the top byte, so round 2 is the first that filters much.
+                const uint32_t pf = sh_prefix;
+                for (uint32_t i0 = 0; i0 < na; i0 += bd) {
+                    const uint32_t i = i0 + tid;
+                    const bool keep = i < na && (sk[i] & mask) == pf;
+                    const uint32_t bal = __ballot_sync(CU_FULL, keep);
+                    uint32_t at = 0;
+                    if (lane == 0 && bal != 0)
+                        at = atomicAdd(&sh_nc, (uint32_t)__popc((int)bal));
+                    at = __shfl_sync(CU_FULL, at, 0);
+                    if (keep)
+                        cand[at + (uint32_t)__popc((int)(bal & ((1u << lane) - 1u)))] = sk[i];
+                }
+                __syncthreads();
+                src = cand;
+                cnt = sh_nc;
+            }
         }
     } else {
         __syncthreads();
