@@ -23,7 +23,8 @@
 // int with 4 <= tpg <= 32 (round 4, not under TAH_CU_LEGACY=1): pass 1
 // (k_int_stats) writes every group's (min, max) to scratch with the frame
 // absmax, pass 2 (k_int_codes) computes each group's metadata on one lane
-// and only quantises (see the comment above k_int_stats).
+// and only quantises (see the comment above k_int_stats). fixpt with
+// 4 <= tpg <= 32: k_fix_enc, the step once per group on one lane.
 //
 // Decode: a flat grid, one thread per 8-code chunk (b bytes in, 8 floats
 // out), checking the metadata and codes exactly as the CPU decoder does.
@@ -756,6 +757,113 @@ __global__ void __launch_bounds__(256) k_int_codes(const float *__restrict__ x, 
     }
 }
 
+// fixpt encode, round 4 (4 <= tpg <= 32): k_group_enc_seg with the step
+// computed once per group. After the U rows' segment reductions, lane k
+// gathers slot k's max|x| (slot k = u*spw + segment, group base + k) and
+// computes that group's step alone (two IEEE divisions, a double compare,
+// the fp16 rounding up: once per group, not on all tpg lanes); each row's
+// lanes fetch 1/d by one shuffle. Same operations on the same values as
+// k_group_enc_seg, so the same payload.
+template <int MODE, int BITS, int U>
+__global__ void __launch_bounds__(256, BITS > 0 ? 4 : 3) k_fix_enc(const float *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
+                                                 s_gp g)
+{
+    d_mark(head);
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
+    const uint32_t bits = BITS > 0 ? (uint32_t)BITS : g.bits;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
+    const uint32_t mask = (1u << bits) - 1u;
+    const float qmaxf = (float)g.qmax;
+    uint32_t bad = 0, range = 0;
+    const uint32_t nslot = (uint32_t)U * spw; // <= 32 (tpg >= 4)
+    for (uint64_t base = warp * nslot; base < g.ng; base += nwarps * nslot) { // uniform per warp
+        float v[U][8];
+        uint32_t len[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) { // all loads first
+            const uint64_t gi = base + (uint64_t)u * spw + lane / tpg;
+            const bool valid = gi < g.ng;
+            const uint64_t off = (valid ? gi : 0) * g.group;
+            len[u] = valid ? (uint32_t)(g.n - off < g.group ? g.n - off : g.group) : 0u;
+            const uint64_t end = 8u * tl < len[u] ? off + len[u] : off;
+            d_load8(x, off + 8u * tl, end, g.vec, v[u]);
+        }
+        // segment maxima, then slot `lane`'s maximum: row lane / spw, segment lane % spw
+        float amax = 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            s_gs s;
+            s.a = 0.0f;
+            s.b = 0.0f;
+            s.z = 0u;
+            d_group_stats<MODE>(v[u], len[u], tl, s, bad);
+            for (uint32_t o = 1; o < tpg; o *= 2)
+                s.a = fmaxf(s.a, __shfl_xor_sync(CU_FULL, s.a, (int)o));
+            const float a = __shfl_sync(CU_FULL, s.a, (int)((lane % spw) * tpg));
+            if (lane / spw == (uint32_t)u)
+                amax = a;
+        }
+        // slot `lane`'s step, exactly as the CPU computes it
+        const uint64_t mgi = base + lane;
+        const bool mvalid = lane < nslot && mgi < g.ng;
+        float inv;
+        {
+            const float ymax = __fmul_rn(g.c, amax);
+            if (!(ymax <= FLT_MAX))
+                range |= (uint32_t)mvalid;
+            float d = __fdiv_rn(ymax, qmaxf);
+            if ((double)d * (double)g.qmax < (double)ymax)
+                d = __uint_as_float(__float_as_uint(d) + 1u);
+            const uint16_t dh = d_half_from_f32_up(d);
+            if ((dh & 0x7c00u) == 0x7c00u)
+                range |= (uint32_t)mvalid;
+            const float df = d_half_to_f32(dh);
+            inv = df > 0.0f ? __fdiv_rn(1.0f, df) : 0.0f;
+            if (mvalid)
+                d_put_u16(p + g.meta_off + 2 * mgi, dh);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const uint32_t slot = (uint32_t)u * spw + lane / tpg;
+            const float q_inv = __shfl_sync(CU_FULL, inv, (int)slot);
+            if (8u * tl >= len[u]) // also every lane of an invalid group (len 0)
+                continue;
+            const uint64_t gi = base + slot;
+            const uint32_t m = len[u] - 8u * tl < 8u ? len[u] - 8u * tl : 8u;
+            const uint64_t off = gi * g.group;
+            uint32_t code[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                float t = __fmul_rn(__fmul_rn(g.c, v[u][r]), q_inv);
+                t = t < -qmaxf ? -qmaxf : t;
+                t = t > qmaxf ? qmaxf : t;
+                int32_t c;
+                if (MODE == M_FIX_NEAR) {
+                    c = (int32_t)rintf(t) + g.qmax;
+                } else {
+                    int32_t fl = (int32_t)t;
+                    fl -= (int32_t)((float)fl > t);
+                    const float frac = __fsub_rn(t, (float)fl);
+                    const uint64_t idx = off + 8u * tl + (uint32_t)r;
+                    const uint64_t h = d_mix64(g.key + (idx + 1u) * S_GAMMA);
+                    const float uu = __fmul_rn((float)(uint32_t)(h >> 40), 0x1p-24f);
+                    c = fl + (int32_t)(uu < frac) + g.qmax;
+                }
+                code[r] = (uint32_t)r < m ? ((uint32_t)c & mask) : 0u;
+            }
+            uint64_t lo, hi;
+            d_pack8(code, bits, lo, hi);
+            d_store_bytes(p + g.codes_off + gi * g.gbytes + (uint64_t)tl * bits, lo, hi, (m * bits + 7u) / 8u);
+        }
+    }
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+    if (range)
+        d_flag(head, CU_ST_RANGE);
+}
+
 template <int MODE>
 __global__ void __launch_bounds__(256) k_group_decode(const uint8_t *__restrict__ p, float *__restrict__ out,
                                                       cu_hp head, s_gp g)
@@ -904,6 +1012,17 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
             else
                 k_int_codes<MODE, 0, S_ROWS><<<grid, 256, 0, st>>>(x, stats, payload, head, g);
             CU_CHECK_LAUNCH("k_int_codes");
+            return 0;
+        }
+    }
+    if constexpr (MODE <= M_FIX_STOCH) {
+        if (g.tpg >= 4 && g.tpg <= 32 && !cu_legacy()) {
+            const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg));
+            if (g.bits == s_fast_bits(MODE))
+                k_fix_enc<MODE, s_fast_bits(MODE), S_ROWS><<<grid, 256, 0, st>>>(x, payload, head, g);
+            else
+                k_fix_enc<MODE, 0, S_ROWS><<<grid, 256, 0, st>>>(x, payload, head, g);
+            CU_CHECK_LAUNCH("k_fix_enc");
             return 0;
         }
     }
