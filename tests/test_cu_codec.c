@@ -58,7 +58,8 @@ static int g_fail, g_checks;
 static const char *const k_specs[] = {
     "fp32", "fp16", "bf16",
     "fixpt", "fixpt:bits=3,group=7", "fixpt:bits=12,stochastic=1,seed=5", "fixpt:bits=16,group=1000,scale=1",
-    "fixpt:group=300,stochastic=1,seed=77", "fixpt:bits=2,group=1",
+    "fixpt:group=300,stochastic=1,seed=77", "fixpt:bits=2,group=1", "fixpt:stochastic=1,seed=3",
+    "fixpt:bits=6,group=40",
     "int", "int:symmetric=1", "int:bits=3,group=10,symmetric=1", "int:bits=8,group=512", "int:bits=5,group=33",
     "int:bits=2,group=1", "int:bits=6,group=256,symmetric=1",
     "ash-fp8", "ash-fp8:block=16", "ash-fp8:block=64,tau=2.5", "ash-fp8:block=1024", "ash-fp8:block=16384,tau=3",
