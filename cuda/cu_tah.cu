@@ -24,7 +24,9 @@
 //      min/max, the rotation test, pivot swap + Hadamard (registers and
 //      __shfl_xor_sync), fp16 metadata rounded down/up, b-bit codes packed
 //      into b bytes per lane. Tiles go in reverse order so the second read
-//      of x starts with what pass 1 left in L2.
+//      of x starts with what pass 1 left in L2. Round 4: S_QUANT_U = 2
+//      tiles per segment per iteration, both tiles' x and prefix loads
+//      issued first (the prefix load no longer waits for the rotation).
 //   4. k_tah_flags: the (2+lg)-bit flag fields, gathered into bytes (not
 //      launched for tile 64: k_tah_quant writes flag byte t itself).
 // Decode: k_tah_dcount (per chunk of a sample's quant tiles: high counts,
@@ -41,6 +43,7 @@
 #define S_SEL_THREADS 1024u
 #define S_ENT_EPS 1e-12f
 #define S_MAX_TILE 256u
+#define S_QUANT_U 2 // tiles per segment per k_tah_quant iteration (round 4)
 
 struct s_tg {
     uint32_t C, G, lg, k, Q, nA, r, A, bh, bl, fbits;
@@ -625,6 +628,7 @@ __device__ __forceinline__ void d_swap0(float z[8], uint32_t lane, uint32_t tl, 
     }
 }
 
+template <int U>
 __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, const uint32_t *__restrict__ pre,
                                                    uint16_t *__restrict__ flagv,
                                                    uint8_t *__restrict__ p, cu_hp head, s_tg g, bool flag_bytes)
@@ -637,104 +641,124 @@ __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, 
     const float down = __uint_as_float((uint32_t)(127 - e) << 23);
     const float rho_down = __fmul_rn(g.rho, down);
     uint32_t range = 0;
-    for (uint64_t base = warp * spw; base < g.T; base += nwarps * spw) {
-        const uint64_t traw = base + seg;
-        const bool valid = traw < g.T;
-        const uint64_t tile = valid ? g.T - 1 - traw : 0; // reverse: pass 1 left the end in L2
-        uint64_t token, b, s;
-        uint32_t q, w;
-        d_tile_geom(g, tile, token, q, b, s, w);
-        if (!valid)
-            w = 0;
-        const uint64_t a_idx = b * g.n_alloc + s * g.nA + q / g.k;
-        float v[8];
-        const uint64_t x0 = token * g.C + (uint64_t)q * g.G;
-        d_load8(x, x0 + 8u * tl, x0 + w, g.vec, v);
-        // scale; top-2 magnitudes (multiset) with the first index of the largest
-        float m1 = 0.0f, m2 = 0.0f;
-        uint32_t i1 = 0;
+    // U tiles per segment per iteration: every tile's x and prefix loads issued before the first use
+    for (uint64_t base = warp * spw * U; base < g.T; base += nwarps * spw * U) { // uniform per warp
+        float vv[U][8];
+        uint32_t phv[U];
 #pragma unroll
-        for (int r = 0; r < 8; r++) {
-            v[r] = __fmul_rn(v[r], down);
-            const float m = fabsf(v[r]);
-            if (m > m1) {
-                m2 = m1;
-                m1 = m;
-                i1 = 8u * tl + (uint32_t)r;
-            } else if (m > m2) {
-                m2 = m;
-            }
+        for (int u = 0; u < U; u++) {
+            const uint64_t traw = base + (uint64_t)u * spw + seg;
+            const bool valid = traw < g.T;
+            const uint64_t tile = valid ? g.T - 1 - traw : 0; // reverse: pass 1 left the end in L2
+            uint64_t token, b, s;
+            uint32_t q, w;
+            d_tile_geom(g, tile, token, q, b, s, w);
+            if (!valid)
+                w = 0;
+            const uint64_t x0 = token * g.C + (uint64_t)q * g.G;
+            d_load8(x, x0 + 8u * tl, x0 + w, g.vec, vv[u]);
+            phv[u] = valid ? pre[b * g.n_alloc + s * g.nA + q / g.k] : 0u; // prefix | is_hi << 31
         }
-        for (uint32_t o = 1; o < tpg; o *= 2) {
-            const float b1 = __shfl_xor_sync(CU_FULL, m1, (int)o);
-            const float b2 = __shfl_xor_sync(CU_FULL, m2, (int)o);
-            const uint32_t bi = __shfl_xor_sync(CU_FULL, i1, (int)o);
-            if (b1 > m1 || (b1 == m1 && bi < i1)) {
-                m2 = fmaxf(b2, m1);
-                m1 = b1;
-                i1 = bi;
-            } else {
-                m2 = fmaxf(m2, b1);
-            }
-        }
-        const uint32_t piv = m1 > 0.0f ? i1 : 0u;
-        float mn, mx;
-        const bool full = w == g.G;
-        d_tile_minmax(v, tl, tpg, g.G, full ? g.G : w, !full, mn, mx);
-        const bool rot = valid && __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau;
-        if (__any_sync(CU_FULL, rot)) {
-            float z[8];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const uint64_t traw = base + (uint64_t)u * spw + seg;
+            const bool valid = traw < g.T;
+            const uint64_t tile = valid ? g.T - 1 - traw : 0;
+            uint64_t token, b, s;
+            uint32_t q, w;
+            d_tile_geom(g, tile, token, q, b, s, w);
+            if (!valid)
+                w = 0;
+            float v[8];
 #pragma unroll
             for (int r = 0; r < 8; r++)
-                z[r] = v[r];
-            d_swap0(z, lane, tl, tpg, piv);
-            d_fwht_seg(z, lane, tpg);
+                v[r] = vv[u][r];
+            // scale; top-2 magnitudes (multiset) with the first index of the largest
+            float m1 = 0.0f, m2 = 0.0f;
+            uint32_t i1 = 0;
 #pragma unroll
-            for (int r = 0; r < 8; r++)
-                z[r] = __fmul_rn(z[r], g.norm);
-            float rmn, rmx;
-            d_tile_minmax(z, tl, tpg, g.G, g.G, false, rmn, rmx);
-            if (rot) {
+            for (int r = 0; r < 8; r++) {
+                v[r] = __fmul_rn(v[r], down);
+                const float m = fabsf(v[r]);
+                if (m > m1) {
+                    m2 = m1;
+                    m1 = m;
+                    i1 = 8u * tl + (uint32_t)r;
+                } else if (m > m2) {
+                    m2 = m;
+                }
+            }
+            for (uint32_t o = 1; o < tpg; o *= 2) {
+                const float b1 = __shfl_xor_sync(CU_FULL, m1, (int)o);
+                const float b2 = __shfl_xor_sync(CU_FULL, m2, (int)o);
+                const uint32_t bi = __shfl_xor_sync(CU_FULL, i1, (int)o);
+                if (b1 > m1 || (b1 == m1 && bi < i1)) {
+                    m2 = fmaxf(b2, m1);
+                    m1 = b1;
+                    i1 = bi;
+                } else {
+                    m2 = fmaxf(m2, b1);
+                }
+            }
+            const uint32_t piv = m1 > 0.0f ? i1 : 0u;
+            float mn, mx;
+            const bool full = w == g.G;
+            d_tile_minmax(v, tl, tpg, g.G, full ? g.G : w, !full, mn, mx);
+            const bool rot = valid && __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau;
+            if (__any_sync(CU_FULL, rot)) {
+                float z[8];
 #pragma unroll
                 for (int r = 0; r < 8; r++)
-                    v[r] = z[r];
-                mn = rmn;
-                mx = rmx;
-            }
-        }
-        if (!valid)
-            continue;
-        const uint32_t ph = pre[a_idx]; // high-quant-tile prefix | is_hi << 31
-        const uint32_t is_hi = ph >> 31;
-        const uint32_t bits = is_hi ? g.bh : g.bl;
-        const float levels = (float)((1u << bits) - 1u);
-        const uint16_t min16 = d_half_from_f32_down(mn);
-        const float minf = d_half_to_f32(min16);
-        const uint16_t step16 = d_half_from_f32_up(__fdiv_rn(__fsub_rn(mx, minf), levels));
-        const float step = d_half_to_f32(step16);
-        const float inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
-        range |= (uint32_t)((step16 & 0x7c00u) == 0x7c00u || (min16 & 0x7c00u) == 0x7c00u);
-        uint32_t code[8];
+                    z[r] = v[r];
+                d_swap0(z, lane, tl, tpg, piv);
+                d_fwht_seg(z, lane, tpg);
 #pragma unroll
-        for (int r = 0; r < 8; r++) {
-            float t = __fadd_rn(__fmul_rn(__fsub_rn(v[r], minf), inv), 0.5f);
-            t = t < levels ? t : levels;
-            t = t > 0.0f ? t : 0.0f;
-            code[r] = (uint32_t)t;
-        }
-        const uint64_t qidx = s * g.Q + q;
-        const uint64_t hiq_before = (ph & 0x7fffffffu) + (is_hi ? q % g.k : 0u);
-        const uint64_t off = (uint64_t)(g.G / 8u) * ((uint64_t)g.bl * qidx + (uint64_t)(g.bh - g.bl) * hiq_before);
-        uint64_t lo, hi;
-        d_pack8(code, bits, lo, hi);
-        d_store_bytes(p + g.codes_off + b * g.code_bytes + off + (uint64_t)tl * bits, lo, hi, bits);
-        if (tl == 0) {
-            d_put_u32(p + g.meta_off + 4 * tile, (uint32_t)min16 | ((uint32_t)step16 << 16));
-            const uint32_t fv = is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2);
-            if (flag_bytes)
-                p[8 + tile] = (uint8_t)fv; // fbits == 8: tile t's field is byte t (no k_tah_flags)
-            else
-                flagv[tile] = (uint16_t)fv;
+                for (int r = 0; r < 8; r++)
+                    z[r] = __fmul_rn(z[r], g.norm);
+                float rmn, rmx;
+                d_tile_minmax(z, tl, tpg, g.G, g.G, false, rmn, rmx);
+                if (rot) {
+#pragma unroll
+                    for (int r = 0; r < 8; r++)
+                        v[r] = z[r];
+                    mn = rmn;
+                    mx = rmx;
+                }
+            }
+            if (!valid)
+                continue;
+            const uint32_t ph = phv[u]; // high-quant-tile prefix | is_hi << 31
+            const uint32_t is_hi = ph >> 31;
+            const uint32_t bits = is_hi ? g.bh : g.bl;
+            const float levels = (float)((1u << bits) - 1u);
+            const uint16_t min16 = d_half_from_f32_down(mn);
+            const float minf = d_half_to_f32(min16);
+            const uint16_t step16 = d_half_from_f32_up(__fdiv_rn(__fsub_rn(mx, minf), levels));
+            const float step = d_half_to_f32(step16);
+            const float inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+            range |= (uint32_t)((step16 & 0x7c00u) == 0x7c00u || (min16 & 0x7c00u) == 0x7c00u);
+            uint32_t code[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                float t = __fadd_rn(__fmul_rn(__fsub_rn(v[r], minf), inv), 0.5f);
+                t = t < levels ? t : levels;
+                t = t > 0.0f ? t : 0.0f;
+                code[r] = (uint32_t)t;
+            }
+            const uint64_t qidx = s * g.Q + q;
+            const uint64_t hiq_before = (ph & 0x7fffffffu) + (is_hi ? q % g.k : 0u);
+            const uint64_t off = (uint64_t)(g.G / 8u) * ((uint64_t)g.bl * qidx + (uint64_t)(g.bh - g.bl) * hiq_before);
+            uint64_t lo, hi;
+            d_pack8(code, bits, lo, hi);
+            d_store_bytes(p + g.codes_off + b * g.code_bytes + off + (uint64_t)tl * bits, lo, hi, bits);
+            if (tl == 0) {
+                d_put_u32(p + g.meta_off + 4 * tile, (uint32_t)min16 | ((uint32_t)step16 << 16));
+                const uint32_t fv = is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2);
+                if (flag_bytes)
+                    p[8 + tile] = (uint8_t)fv; // fbits == 8: tile t's field is byte t (no k_tah_flags)
+                else
+                    flagv[tile] = (uint16_t)fv;
+            }
         }
     }
     if (range)
@@ -1201,7 +1225,11 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
     }
     const uint64_t per_block = 8u * (32u / (g.G / 8u));
     const bool flag_bytes = g.fbits == 8 && !cu_legacy();
-    k_tah_quant<<<cu_grid(g.T, per_block), 256, 0, st>>>(x, t.pre, t.flagv, payload, head, g, flag_bytes);
+    if (cu_legacy())
+        k_tah_quant<1><<<cu_grid(g.T, per_block), 256, 0, st>>>(x, t.pre, t.flagv, payload, head, g, flag_bytes);
+    else
+        k_tah_quant<S_QUANT_U><<<cu_grid(g.T, per_block * S_QUANT_U), 256, 0, st>>>(x, t.pre, t.flagv, payload, head,
+                                                                                   g, flag_bytes);
     CU_CHECK_LAUNCH("k_tah_quant");
     if (!flag_bytes) {
         k_tah_flags<<<cu_grid(g.flags_bytes, 256), 256, 0, st>>>(t.flagv, payload, g);
