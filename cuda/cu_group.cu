@@ -765,8 +765,8 @@ __global__ void __launch_bounds__(256) k_int_codes(const float *__restrict__ x, 
 // lanes fetch 1/d by one shuffle. Same operations on the same values as
 // k_group_enc_seg, so the same payload.
 template <int MODE, int BITS, int U>
-__global__ void __launch_bounds__(256, BITS > 0 ? 4 : 3) k_fix_enc(const float *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
-                                                 s_gp g)
+__global__ void __launch_bounds__(256, BITS > 0 ? 4 : 3) k_fix_enc(const float *__restrict__ x, uint8_t *__restrict__ p,
+                                                                   cu_hp head, s_gp g)
 {
     d_mark(head);
     const uint32_t lane = threadIdx.x & 31u;
