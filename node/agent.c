@@ -86,6 +86,8 @@ typedef struct agent {
     shape_link_t shp[4];    /* per NODE_DEST_*: in-process rate and delay */
     shape_queue_t *q[4];    /* messages waiting for their release time (NULL: link not shaped) */
     int exit_pending;       /* the runner sent 'X' while messages still waited */
+    unsigned pipe_gen;      /* the runner pipe of job n is inproc://runner-n */
+    char pipe_ep[64];
     guard_t *guard;         /* replay window and norm bound of the running job */
     uint64_t bad[3];        /* rejected messages per neighbour, indexed like heard[] */
     double last_report[3];  /* when the latest PeerReport about it went out */
@@ -251,6 +253,30 @@ static void s_abort(agent_t *a, int kind, int lost_stage, const char *reason)
     a->state = A_STOPPING;
 }
 
+/* A fresh runner pipe for each job: a PAIR socket takes one peer, and the
+ * previous runner's closed end may not be detached yet when the next job
+ * arrives within milliseconds (its 'Y' would then be lost). */
+static int s_new_pipe(agent_t *a)
+{
+    if (a->pipe)
+        zmq_close(a->pipe);
+    int zero = 0, hwm = 1000;
+    a->pipe = zmq_socket(a->ctx, ZMQ_PAIR);
+    if (!a->pipe) {
+        log_error("internal: cannot create the runner pipe: %s", zmq_strerror(errno));
+        return -1;
+    }
+    zmq_setsockopt(a->pipe, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(a->pipe, ZMQ_SNDHWM, &zero, sizeof zero);
+    zmq_setsockopt(a->pipe, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    snprintf(a->pipe_ep, sizeof a->pipe_ep, "inproc://runner-%u", ++a->pipe_gen);
+    if (zmq_bind(a->pipe, a->pipe_ep) != 0) {
+        log_error("internal: cannot bind the runner pipe %s: %s", a->pipe_ep, zmq_strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 static void s_on_assign(agent_t *a, const Tah__Assign *as)
 {
     if (a->state != A_IDLE) {
@@ -282,7 +308,12 @@ static void s_on_assign(agent_t *a, const Tah__Assign *as)
     j->peer_timeout_ms = as->peer_timeout_ms ? as->peer_timeout_ms : 15000;
     j->ctx = a->ctx;
     j->rejected = &a->rejected;
-    snprintf(j->pipe_ep, sizeof j->pipe_ep, "inproc://runner");
+    if (s_new_pipe(a) != 0) { /* the previous job's runner has exited (state IDLE) */
+        s_free_job(a);
+        a->exiting = 2; /* internal failure: leave (exit status 1) */
+        return;
+    }
+    snprintf(j->pipe_ep, sizeof j->pipe_ep, "%s", a->pipe_ep);
     if (!j->ini || !j->endpoints || !j->names) {
         s_free_job(a);
         return;
@@ -895,14 +926,8 @@ int node_agent_run(const node_opts_t *o)
         snprintf(adv, sizeof adv, "tcp://%s%s", o->advertise, port ? port : "");
         snprintf(a->endpoint, sizeof a->endpoint, "%s", adv);
     }
-    a->pipe = zmq_socket(a->ctx, ZMQ_PAIR);
-    zmq_setsockopt(a->pipe, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(a->pipe, ZMQ_SNDHWM, &zero, sizeof zero);
-    zmq_setsockopt(a->pipe, ZMQ_RCVHWM, &hwm, sizeof hwm);
-    if (zmq_bind(a->pipe, "inproc://runner") != 0) {
-        log_error("internal: cannot bind the runner pipe: %s", zmq_strerror(errno));
+    if (s_new_pipe(a) != 0)
         goto out;
-    }
     if (wire_endpoint(o->coordinator, ep, sizeof ep, err, sizeof err) != 0) {
         log_error("--coordinator %s", err);
         goto out;

@@ -10,6 +10,40 @@
 
 #include "errors.h"
 
+/* protobuf-c accepts field number 0 (invalid in protobuf) when its tag is
+ * a non-canonical varint, keeps it as an unknown field and re-packs it in a
+ * form it then refuses (fuzz_wire). Reject it anywhere in the message tree.
+ * Unknown fields with a valid number stay allowed (fields are only ever
+ * added). Depth is bounded by the schema (no recursive messages). */
+static int s_field0(const ProtobufCMessage *m)
+{
+    if (!m)
+        return 0;
+    for (unsigned i = 0; i < m->n_unknown_fields; i++)
+        if (m->unknown_fields[i].tag == 0)
+            return 1;
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        const char *base = (const char *)m;
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            size_t n = *(const size_t *)(base + f->quantifier_offset);
+            ProtobufCMessage *const *v = *(ProtobufCMessage *const *const *)(base + f->offset);
+            for (size_t k = 0; k < n; k++)
+                if (s_field0(v[k]))
+                    return 1;
+            continue;
+        }
+        if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) && *(const uint32_t *)(base + f->quantifier_offset) != f->id)
+            continue;
+        if (s_field0(*(ProtobufCMessage *const *)(base + f->offset)))
+            return 1;
+    }
+    return 0;
+}
+
 Tah__Envelope *wire_envelope_unpack(const void *buf, size_t len, char *err, size_t errlen)
 {
     if (len > WIRE_MAX_CONTROL) {
@@ -29,6 +63,11 @@ Tah__Envelope *wire_envelope_unpack(const void *buf, size_t len, char *err, size
     }
     if (e->body_case == TAH__ENVELOPE__BODY__NOT_SET) {
         snprintf(err, errlen, "control message without a body");
+        tah__envelope__free_unpacked(e, NULL);
+        return NULL;
+    }
+    if (s_field0(&e->base)) {
+        snprintf(err, errlen, "control message with a field numbered 0");
         tah__envelope__free_unpacked(e, NULL);
         return NULL;
     }
@@ -78,6 +117,11 @@ Tah__DataHeader *wire_header_unpack(const void *buf, size_t len, char *err, size
     }
     if (h->version != TAH_PROTO_VERSION) {
         snprintf(err, errlen, "data header version %u (expected %u)", h->version, TAH_PROTO_VERSION);
+        tah__data_header__free_unpacked(h, NULL);
+        return NULL;
+    }
+    if (s_field0(&h->base)) {
+        snprintf(err, errlen, "data header with a field numbered 0");
         tah__data_header__free_unpacked(h, NULL);
         return NULL;
     }

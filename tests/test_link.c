@@ -303,6 +303,23 @@ static void test_wire_unpack(void **state)
     e.version = TAH_PROTO_VERSION;
     n = tah__envelope__pack(&e, buf);
     assert_null(wire_envelope_unpack(buf, n, err, sizeof err)); /* no body */
+    /* field number 0 behind a non-canonical tag varint (0x82 0x00): protobuf-c
+     * keeps it and re-packs it as a tag it then refuses (fuzz_wire finding) */
+    static const uint8_t field0[] = { 0x08, 0x01, 0x82, 0x01, 0x00, 0x82, 0x00, 0x00 };
+    assert_null(wire_envelope_unpack(field0, sizeof field0, err, sizeof err));
+    assert_non_null(strstr(err, "numbered 0"));
+    static const uint8_t nested0[] = { 0x08, 0x01, 0x82, 0x01, 0x02, 0x82, 0x00 }; /* inside the Abort */
+    assert_null(wire_envelope_unpack(nested0, sizeof nested0, err, sizeof err));
+    static const uint8_t abort_ok[] = { 0x08, 0x01, 0x82, 0x01, 0x00 };
+    Tah__Envelope *ae = wire_envelope_unpack(abort_ok, sizeof abort_ok, err, sizeof err);
+    assert_non_null(ae);
+    wire_envelope_free(&ae);
+    static const uint8_t hdr0[] = { 0x08, 0x01, 0x18, 0x08, 0x82, 0x00 }; /* ping + field 0 */
+    assert_null(wire_header_unpack(hdr0, sizeof hdr0, err, sizeof err));
+    static const uint8_t hdr_ok[] = { 0x08, 0x01, 0x18, 0x08 };
+    ok = wire_header_unpack(hdr_ok, sizeof hdr_ok, err, sizeof err);
+    assert_non_null(ok);
+    wire_header_free(&ok);
     uint8_t *big = calloc(1, WIRE_MAX_CONTROL + 1);
     assert_null(wire_envelope_unpack(big, WIRE_MAX_CONTROL + 1, err, sizeof err));
     free(big);
