@@ -247,6 +247,33 @@ __device__ __forceinline__ void d_tile_minmax(const float v[8], uint32_t tl, uin
 
 // ---- encode ----
 
+#define S_ENT_STEPS 4 // 16-element steps of a lane quad loaded per batch in k_tah_entropy
+
+__device__ __forceinline__ void d_ent_load4(const float *src, bool vec, float f[4])
+{
+    if (vec) {
+        const float4 q = *(const float4 *)src;
+        f[0] = q.x; f[1] = q.y; f[2] = q.z; f[3] = q.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            f[i] = src[i];
+    }
+}
+
+// one 16-element step of tah.c's 16 accumulators (lane u holds 4u..4u+3)
+__device__ __forceinline__ void d_ent_step(const float f[4], float s1[4], float sl[4], float &mx, uint32_t &bad)
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        bad |= (uint32_t)d_nonfinite(f[i]);
+        const float v = fabsf(f[i]);
+        s1[i] = __fadd_rn(s1[i], v);
+        sl[i] = __fadd_rn(sl[i], __fmul_rn(v, d_log2f(v)));
+        mx = fmaxf(mx, v);
+    }
+}
+
 __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x, float *__restrict__ ent,
                                                      cu_hp head, s_tg g)
 {
@@ -266,26 +293,22 @@ __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x
         const float *row = x + token * g.C + c0;
         const uint32_t nfull = w / 16u;
         float s1[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, sl[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, mx = 0.0f;
-#pragma unroll 2
-        for (uint32_t st = 0; st < nfull; st++) { // 2 loads in flight per lane (unroll 4 spills)
+        // S_ENT_STEPS steps per batch, all loads first (round 4: 64 bytes per lane in flight,
+        // was 32), then the steps in order: the same accumulation order per lane
+        uint32_t st = 0;
+        for (; st + S_ENT_STEPS <= nfull; st += S_ENT_STEPS) {
+            float f[S_ENT_STEPS][4];
+#pragma unroll
+            for (int k = 0; k < S_ENT_STEPS; k++)
+                d_ent_load4(row + 16u * (st + (uint32_t)k) + 4u * u, g.vec, f[k]);
+#pragma unroll
+            for (int k = 0; k < S_ENT_STEPS; k++)
+                d_ent_step(f[k], s1, sl, mx, bad);
+        }
+        for (; st < nfull; st++) {
             float f[4];
-            const float *src = row + 16u * st + 4u * u;
-            if (g.vec) {
-                float4 q = *(const float4 *)src;
-                f[0] = q.x; f[1] = q.y; f[2] = q.z; f[3] = q.w;
-            } else {
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    f[i] = src[i];
-            }
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                bad |= (uint32_t)d_nonfinite(f[i]);
-                const float v = fabsf(f[i]);
-                s1[i] = __fadd_rn(s1[i], v);
-                sl[i] = __fadd_rn(sl[i], __fmul_rn(v, d_log2f(v)));
-                mx = fmaxf(mx, v);
-            }
+            d_ent_load4(row + 16u * st + 4u * u, g.vec, f);
+            d_ent_step(f, s1, sl, mx, bad);
         }
         // tah.c: S1 = 0 + s1[0] + s1[1] + ... + s1[15], lane 4u'+i held by lane u', register i
         float S1 = 0.0f, SL = 0.0f;
