@@ -14,6 +14,7 @@
 #include "errors.h"
 #include "fileio.h"  /* tah_file_read */
 #include "jobfile.h" /* jobfile_parse, jobfile_check_files */
+#include "keys.h"    /* keys_read_public, keys_read_secret, keys_set_client */
 #include "wire.h"
 
 /* One request, one answer. NULL after printing why. */
@@ -29,6 +30,20 @@ static Tah__Envelope *s_request(const coord_client_opts_t *o, Tah__Envelope *req
     int zero = 0;
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
     Tah__Envelope *rep = NULL;
+    if (o->coordinator_key || o->key) {
+        char spub[KEYS_Z85_LEN + 1];
+        keys_pair_t kp;
+        if (!o->coordinator_key || !o->key) {
+            fprintf(stderr, "tah-coord: --coordinator-key and --key go together (HINT: --coordinator-key "
+                            "STATE_DIR/coord.pub --key STATE_DIR/admin.key)\n");
+            goto out;
+        }
+        if (keys_read_public(o->coordinator_key, spub, err, sizeof err) != 0 ||
+            keys_read_secret(o->key, &kp, err, sizeof err) != 0 || keys_set_client(s, spub, &kp, err, sizeof err) != 0) {
+            fprintf(stderr, "tah-coord: %s\n", err);
+            goto out;
+        }
+    }
     if (zmq_connect(s, ep) != 0) {
         fprintf(stderr, "tah-coord: cannot connect to %s: %s\n", ep, zmq_strerror(errno));
         goto out;
@@ -41,8 +56,10 @@ static Tah__Envelope *s_request(const coord_client_opts_t *o, Tah__Envelope *req
     rep = wire_recv_envelope(s, o->timeout_ms, &timed_out, err, sizeof err);
     if (!rep) {
         if (timed_out)
-            fprintf(stderr, "tah-coord: no answer from the coordinator at %s within %d ms; HINT: is `tah-coord serve` running there?\n",
-                    ep, o->timeout_ms);
+            fprintf(stderr, "tah-coord: no answer from the coordinator at %s within %d ms; HINT: is `tah-coord serve` running there? %s\n",
+                    ep, o->timeout_ms,
+                    o->coordinator_key ? "is --coordinator-key its STATE_DIR/coord.pub?"
+                                       : "a secure coordinator needs --coordinator-key and --key");
         else
             fprintf(stderr, "tah-coord: bad answer from %s: %s\n", ep, err);
         goto out;
@@ -327,4 +344,26 @@ int coord_wait(const coord_client_opts_t *o, uint64_t job)
         struct timespec ts = { 0, 300 * 1000000L };
         nanosleep(&ts, NULL);
     }
+}
+
+int coord_token_create(const coord_client_opts_t *o, uint64_t job, int64_t expires_s)
+{
+    Tah__TokenReq r = TAH__TOKEN_REQ__INIT;
+    r.job = job;
+    r.expires_s = expires_s;
+    Tah__Envelope req = TAH__ENVELOPE__INIT;
+    req.body_case = TAH__ENVELOPE__BODY_TOKEN_REQ;
+    req.token_req = &r;
+    Tah__Envelope *rep = s_request(o, &req);
+    if (!rep)
+        return 1;
+    int rc = 1;
+    if (rep->body_case == TAH__ENVELOPE__BODY_TOKEN_REP) {
+        printf("%s\n", rep->token_rep->token);
+        rc = 0;
+    } else {
+        fprintf(stderr, "tah-coord: unexpected answer '%s' to a token request\n", wire_body_name(rep));
+    }
+    wire_envelope_free(&rep);
+    return rc;
 }

@@ -11,6 +11,8 @@
 
 typedef struct coord_client_opts {
     const char *coordinator; /* HOST:PORT */
+    const char *coordinator_key; /* secure coordinator: its public key (Z85 or file), or NULL */
+    const char *key;         /* with coordinator_key: our secret key file (the admin key) */
     int timeout_ms;
     int json;
 } coord_client_opts_t;
@@ -19,6 +21,9 @@ int coord_submit(const coord_client_opts_t *o, const char *job_file);
 int coord_status(const coord_client_opts_t *o, uint64_t job);
 int coord_cancel(const coord_client_opts_t *o, uint64_t job);
 int coord_wait(const coord_client_opts_t *o, uint64_t job);
+/* Ask the coordinator for a join token for job, valid expires_s seconds;
+ * prints it on stdout. */
+int coord_token_create(const coord_client_opts_t *o, uint64_t job, int64_t expires_s);
 
 /* Library forms (for `tah-coord experiment`): submit ini text whose
  * relative paths start at base_dir (absolute) -> 0 and *job, or a negative

@@ -10,14 +10,17 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h> /* access */
 #include <zmq.h>
 
 #include "errors.h"
 #include "fileio.h"    /* tah_file_write_atomic */
 #include "jobfile.h"   /* jobfile_parse, jobfile_resolve */
+#include "keys.h"      /* keys_read_secret, keys_set_server */
 #include "log.h"
 #include "placement.h" /* placement_split */
 #include "store.h"
+#include "token.h"     /* token_secret_load, token_create, token_verify */
 #include "wire.h"
 
 #define S_AGG 32          /* steps aggregated at once per job */
@@ -39,6 +42,7 @@ typedef struct cnode {
     double last_seen;
     uint64_t rejected;
     long order;            /* announce order: placement prefers older nodes */
+    char key[KEYS_Z85_LEN + 1]; /* its connection's CURVE public key (secure mode) */
 } cnode_t;
 
 typedef struct cagg {      /* one step's reports, until every stage sent its own */
@@ -86,6 +90,14 @@ typedef struct coord {
     uint64_t rejected;
     long order;
     double last_beat;
+    /* secure mode (not --open): CURVE keys, ZAP handler, join tokens */
+    int secure;
+    void *zap;                           /* REP on inproc://zeromq.zap.01 */
+    keys_pair_t key;                     /* the coordinator's long-term pair */
+    char admin_pub[KEYS_Z85_LEN + 1];    /* CLI requests must come from this key */
+    uint8_t tsecret[TOKEN_SECRET_LEN];
+    struct callow { int64_t job; char key[KEYS_Z85_LEN + 1]; } *allow; /* job allowlists */
+    int nallow, capallow;
 } coord_t;
 
 static volatile sig_atomic_t s_stop = 0;
@@ -212,6 +224,33 @@ static int s_cmp_order(const void *a, const void *b)
 }
 
 /* Start the oldest queued job when enough nodes are idle. */
+/* Whether key is on job's allowlist (job 0: on any). */
+static int s_allowed(const coord_t *c, int64_t job, const char *key)
+{
+    for (int i = 0; i < c->nallow; i++)
+        if ((job == 0 || c->allow[i].job == job) && !strcmp(c->allow[i].key, key))
+            return 1;
+    return 0;
+}
+
+static void s_allow_load(void *arg, int64_t job, const char *key)
+{
+    coord_t *c = arg;
+    if (strlen(key) != KEYS_Z85_LEN || s_allowed(c, job, key))
+        return;
+    if (c->nallow == c->capallow) {
+        int cap = c->capallow ? 2 * c->capallow : 16;
+        struct callow *na = realloc(c->allow, (size_t)cap * sizeof *na);
+        if (!na)
+            return;
+        c->allow = na;
+        c->capallow = cap;
+    }
+    c->allow[c->nallow].job = job;
+    memcpy(c->allow[c->nallow].key, key, KEYS_Z85_LEN + 1);
+    c->nallow++;
+}
+
 static void s_try_place(coord_t *c)
 {
     for (int q = 0; q < c->njobs; q++) {
@@ -222,10 +261,14 @@ static void s_try_place(coord_t *c)
         cnode_t *idle[c->nnodes > 0 ? c->nnodes : 1];
         int nidle = 0;
         for (int i = 0; i < c->nnodes; i++)
-            if (c->nodes[i].state == N_IDLE && c->nodes[i].rid_len)
+            if (c->nodes[i].state == N_IDLE && c->nodes[i].rid_len &&
+                (!c->secure || s_allowed(c, j->j.id, c->nodes[i].key)))
                 idle[nidle++] = &c->nodes[i];
-        if (nidle < S)
-            return; /* jobs start in submission order */
+        if (nidle < S) {
+            if (c->secure)
+                continue; /* a job waits for nodes admitted to it; others may start */
+            return;   /* jobs start in submission order */
+        }
         qsort(idle, (size_t)nidle, sizeof idle[0], s_cmp_order);
         double speed[S];
         int l0[S], l1[S];
@@ -438,7 +481,52 @@ static int s_valid_name(const char *s)
     return 1;
 }
 
-static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hello *h)
+/* Secure mode: may this connection (CURVE key uid) announce itself as a
+ * node? A valid join token puts the key on its job's allowlist; a key
+ * already on an allowlist needs none. 0, or -1 after refusing it. */
+static int s_admit(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hello *h, const char *uid)
+{
+    char why[512] = "";
+    if (strlen(uid) != KEYS_Z85_LEN) {
+        snprintf(why, sizeof why, "connection has no CURVE key");
+    } else if (h->token[0]) {
+        uint64_t tj = 0;
+        int64_t texp = 0;
+        if (token_verify(c->tsecret, h->token, (int64_t)time(NULL), &tj, &texp, why, sizeof why) == 0) {
+            cjob_t *j = s_job(c, (int64_t)tj);
+            if (!j || (strcmp(j->j.state, "queued") != 0 && strcmp(j->j.state, "running") != 0)) {
+                snprintf(why, sizeof why, "join token is for job %llu, which is %s", (unsigned long long)tj,
+                         j ? j->j.state : "unknown");
+            } else {
+                if (!s_allowed(c, (int64_t)tj, uid)) {
+                    s_allow_load(c, (int64_t)tj, uid);
+                    store_allow_add(c->store, (int64_t)tj, uid, h->name, s_now());
+                }
+                log_info("node %s: key %.8s... admitted to job %llu by join token", h->name, uid,
+                         (unsigned long long)tj);
+                return 0;
+            }
+        }
+        if (s_allowed(c, 0, uid)) {
+            log_warn("node %s: join token refused (%s); admitted because its key is already on an allowlist",
+                     h->name, why);
+            return 0;
+        }
+    } else if (s_allowed(c, 0, uid)) {
+        return 0;
+    } else {
+        snprintf(why, sizeof why,
+                 "no join token, and key %.8s... is on no job's allowlist; HINT: tah-node join --token T with T "
+                 "from `tah-coord token create --job J --expires 1h`",
+                 uid);
+    }
+    c->rejected++;
+    log_warn("node %s refused: %s", h->name, why);
+    wire_send_error(c->router, rid, rl, TAH_EINVAL, "node %s refused: %s", h->name, why);
+    return -1;
+}
+
+static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hello *h, const char *uid)
 {
     if (!s_valid_name(h->name) || strncmp(h->endpoint, "tcp://", 6) != 0 || strlen(h->endpoint) >= 256 ||
         strlen(h->backend) >= 16 || !isfinite(h->gflops) || h->gflops < 0 || h->threads < 1 || h->threads > 4096) {
@@ -448,6 +536,8 @@ static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hel
         log_warn("rejected hello (name '%.64s', endpoint '%.64s')", h->name, h->endpoint);
         return;
     }
+    if (c->secure && s_admit(c, rid, rl, h, uid) != 0)
+        return;
     double now = s_now();
     cnode_t *n = s_node_by_name(c, h->name);
     if (n && n->rid_len && (n->rid_len != rl || memcmp(n->rid, rid, rl)) && n->state != N_LOST &&
@@ -486,6 +576,7 @@ static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hel
     }
     memcpy(n->rid, rid, rl);
     n->rid_len = rl;
+    snprintf(n->key, sizeof n->key, "%s", c->secure ? uid : "");
     snprintf(n->endpoint, sizeof n->endpoint, "%s", h->endpoint);
     snprintf(n->backend, sizeof n->backend, "%s", h->backend[0] ? h->backend : "cpu");
     n->threads = (int)h->threads;
@@ -667,6 +758,40 @@ static void s_on_cancel(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Ca
     wire_send_envelope(c->router, rid, rl, &env, ZMQ_DONTWAIT);
 }
 
+static void s_on_token_req(coord_t *c, const uint8_t *rid, size_t rl, const Tah__TokenReq *r)
+{
+    if (!c->secure) {
+        wire_send_error(c->router, rid, rl, TAH_EINVAL,
+                        "this coordinator runs with --open: it admits any node, join tokens are not used");
+        return;
+    }
+    cjob_t *j = s_job(c, (int64_t)r->job);
+    if (!j || (strcmp(j->j.state, "queued") != 0 && strcmp(j->j.state, "running") != 0)) {
+        wire_send_error(c->router, rid, rl, TAH_EINVAL, "no queued or running job %llu%s%s",
+                        (unsigned long long)r->job, j ? ": it is " : "", j ? j->j.state : "");
+        return;
+    }
+    if (r->expires_s <= 0 || r->expires_s > 10LL * 365 * 86400) {
+        wire_send_error(c->router, rid, rl, TAH_EINVAL, "token lifetime %lld s out of range (1 s .. 10 years)",
+                        (long long)r->expires_s);
+        return;
+    }
+    char tok[TOKEN_MAX_LEN + 1];
+    int64_t expires = (int64_t)time(NULL) + r->expires_s;
+    if (token_create(c->tsecret, r->job, expires, tok, sizeof tok) != 0) {
+        wire_send_error(c->router, rid, rl, TAH_EIO, "cannot make a token (RAND_bytes/HMAC failed)");
+        return;
+    }
+    log_info("job %lld: join token issued, expires in %lld s", (long long)j->j.id, (long long)r->expires_s);
+    Tah__TokenRep rep = TAH__TOKEN_REP__INIT;
+    rep.token = tok;
+    rep.expires = expires;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_TOKEN_REP;
+    env.token_rep = &rep;
+    wire_send_envelope(c->router, rid, rl, &env, ZMQ_DONTWAIT);
+}
+
 /* status reply: collectors for the store callbacks */
 typedef struct s_links {
     Tah__LinkInfo **v;
@@ -842,9 +967,26 @@ static void s_on_message(coord_t *c)
         goto done;
     }
     cnode_t *n = s_node_by_rid(c, rid, rl);
+    /* secure mode: the CURVE key the ZAP handler saw (Z85) */
+    const char *uid = c->secure ? zmq_msg_gets(&part[1], "User-Id") : NULL;
+    if (!uid)
+        uid = "";
+    if (c->secure && strcmp(uid, c->admin_pub) != 0 &&
+        (e->body_case == TAH__ENVELOPE__BODY_SUBMIT || e->body_case == TAH__ENVELOPE__BODY_STATUS ||
+         e->body_case == TAH__ENVELOPE__BODY_CANCEL || e->body_case == TAH__ENVELOPE__BODY_TOKEN_REQ)) {
+        c->rejected++;
+        log_warn("refused '%s' from key %.8s...: not the admin key", wire_body_name(e), uid);
+        wire_send_error(c->router, rid, rl, TAH_EINVAL,
+                        "'%s' refused: only the admin key may do that; HINT: --key STATE_DIR/admin.key",
+                        wire_body_name(e));
+        goto done;
+    }
     switch (e->body_case) {
     case TAH__ENVELOPE__BODY_HELLO:
-        s_on_hello(c, rid, rl, e->hello);
+        s_on_hello(c, rid, rl, e->hello, uid);
+        break;
+    case TAH__ENVELOPE__BODY_TOKEN_REQ:
+        s_on_token_req(c, rid, rl, e->token_req);
         break;
     case TAH__ENVELOPE__BODY_SUBMIT:
         s_on_submit(c, rid, rl, e->submit);
@@ -993,6 +1135,77 @@ static void s_load_node(void *arg, const char *name, const char *endpoint, const
     n->last_seen = last_seen;
 }
 
+/* Create what is missing of STATE_DIR/{coord,admin}.{key,pub} and
+ * STATE_DIR/token.secret; existing files are kept. */
+int coord_keygen(const char *state_dir, char *err, size_t errlen)
+{
+    if (s_mkdirs(state_dir) != 0) {
+        snprintf(err, errlen, "%s: cannot create directory: %s", state_dir, strerror(errno));
+        return TAH_EIO;
+    }
+    static const char *names[] = { "coord", "admin" };
+    for (int i = 0; i < 2; i++) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%s.key", state_dir, names[i]);
+        if (access(path, F_OK) == 0)
+            continue;
+        keys_pair_t kp;
+        int rc = keys_new(&kp, err, errlen);
+        if (rc == 0)
+            rc = keys_write(state_dir, names[i], &kp, err, errlen);
+        if (rc != 0)
+            return rc;
+        log_info("new %s key pair in %s/%s.{key,pub}", names[i], state_dir, names[i]);
+    }
+    uint8_t secret[TOKEN_SECRET_LEN];
+    return token_secret_load(state_dir, secret, err, errlen);
+}
+
+/* ZAP (RFC 27) for the CURVE ROUTER: every CURVE client may connect (a new
+ * node must reach us to present its join token); its public key becomes
+ * the User-Id of its messages, which s_on_message checks against the
+ * admin key and the job allowlists. Anything but CURVE is denied. */
+static void s_on_zap(coord_t *c)
+{
+    zmq_msg_t f[8];
+    int nf = 0, more = 1;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, c->zap, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            break;
+        }
+        more = zmq_msg_more(&m);
+        if (nf < 8)
+            f[nf++] = m;
+        else
+            zmq_msg_close(&m);
+    }
+    if (nf == 0)
+        return;
+    const char *status = "400", *text = "only CURVE is accepted";
+    char user[KEYS_Z85_LEN + 1] = "";
+    if (nf >= 7 && zmq_msg_size(&f[5]) == 5 && !memcmp(zmq_msg_data(&f[5]), "CURVE", 5) &&
+        zmq_msg_size(&f[6]) == 32 && zmq_z85_encode(user, zmq_msg_data(&f[6]), 32)) {
+        status = "200";
+        text = "OK";
+    } else {
+        c->rejected++;
+        log_warn("ZAP: refused a connection (%s)", text);
+    }
+    const char *reply[6] = { "1.0", NULL, status, text, user, "" };
+    for (int i = 0; i < 6; i++) {
+        int flags = i < 5 ? ZMQ_SNDMORE : 0;
+        if (i == 1)
+            zmq_send(c->zap, nf >= 2 ? zmq_msg_data(&f[1]) : "", nf >= 2 ? zmq_msg_size(&f[1]) : 0, flags);
+        else
+            zmq_send(c->zap, reply[i], strlen(reply[i]), flags);
+    }
+    for (int i = 0; i < nf; i++)
+        zmq_msg_close(&f[i]);
+}
+
 int coord_serve(const coord_serve_opts_t *o)
 {
     int rc = 1;
@@ -1023,6 +1236,36 @@ int coord_serve(const coord_serve_opts_t *o)
     }
     c->ctx = zmq_ctx_new();
     c->router = zmq_socket(c->ctx, ZMQ_ROUTER);
+    c->secure = !o->open;
+    if (c->secure) {
+        char kpath[1200];
+        snprintf(kpath, sizeof kpath, "%s/coord.key", o->state_dir);
+        int krc = coord_keygen(o->state_dir, err, sizeof err);
+        if (krc == 0)
+            krc = keys_read_secret(kpath, &c->key, err, sizeof err);
+        if (krc == 0) {
+            keys_pair_t admin;
+            snprintf(kpath, sizeof kpath, "%s/admin.key", o->state_dir);
+            krc = keys_read_secret(kpath, &admin, err, sizeof err);
+            memcpy(c->admin_pub, admin.pub, sizeof c->admin_pub);
+        }
+        if (krc == 0)
+            krc = token_secret_load(o->state_dir, c->tsecret, err, sizeof err);
+        if (krc == 0)
+            krc = keys_set_server(c->router, &c->key, err, sizeof err);
+        if (krc != 0) {
+            log_error("%s", err);
+            goto out;
+        }
+        c->zap = zmq_socket(c->ctx, ZMQ_REP);
+        int zl = 0;
+        zmq_setsockopt(c->zap, ZMQ_LINGER, &zl, sizeof zl);
+        if (zmq_bind(c->zap, "inproc://zeromq.zap.01") != 0) {
+            log_error("cannot bind the ZAP handler: %s", zmq_strerror(errno));
+            goto out;
+        }
+        store_allow_each(c->store, s_allow_load, c);
+    }
     int zero = 0, hwm = 10000;
     zmq_setsockopt(c->router, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(c->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
@@ -1051,6 +1294,11 @@ int coord_serve(const coord_serve_opts_t *o)
         nq += !strcmp(c->jobs[i]->j.state, "queued");
     log_info("listening on %s, state %s (%d jobs, %d queued), node timeout %.1f s", bound, dbpath, c->njobs, nq,
              c->node_timeout);
+    if (c->secure)
+        log_info("secure: CURVE key %s (%s/coord.pub), admin key %.8s..., %d allowlisted keys", c->key.pub,
+                 o->state_dir, c->admin_pub, c->nallow);
+    else
+        log_warn("--open: control traffic is plaintext and any node is admitted; use only on a trusted network");
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -1059,8 +1307,11 @@ int coord_serve(const coord_serve_opts_t *o)
     sigaction(SIGTERM, &sa, NULL);
 
     while (!s_stop) {
-        zmq_pollitem_t it = { c->router, 0, ZMQ_POLLIN, 0 };
-        int n = zmq_poll(&it, 1, 200);
+        zmq_pollitem_t its[2] = { { c->router, 0, ZMQ_POLLIN, 0 }, { c->zap, 0, ZMQ_POLLIN, 0 } };
+        int n = zmq_poll(its, c->zap ? 2 : 1, 200);
+        zmq_pollitem_t it = its[0];
+        if (n > 0 && c->zap && (its[1].revents & ZMQ_POLLIN))
+            s_on_zap(c);
         if (n < 0 && errno != EINTR) {
             log_error("poll: %s", zmq_strerror(errno));
             break;
@@ -1090,6 +1341,9 @@ out:
     }
     free(c->jobs);
     free(c->nodes);
+    free(c->allow);
+    if (c->zap)
+        zmq_close(c->zap);
     if (c->router)
         zmq_close(c->router);
     if (c->ctx)

@@ -27,7 +27,8 @@ static const char *s_schema =
     " grad_norm REAL, tokens_per_s REAL, ms REAL, time_s REAL, wire_bytes INTEGER, fp32_bytes INTEGER,"
     " PRIMARY KEY(job, step));"
     "CREATE TABLE IF NOT EXISTS links(job INTEGER, src INTEGER, dst INTEGER, bytes INTEGER, fp32_bytes INTEGER,"
-    " seconds REAL, PRIMARY KEY(job, src, dst));";
+    " seconds REAL, PRIMARY KEY(job, src, dst));"
+    "CREATE TABLE IF NOT EXISTS allow(job INTEGER, key TEXT, node TEXT, added REAL, PRIMARY KEY(job, key));";
 
 store_t *store_open(const char *path, char *err, size_t errlen)
 {
@@ -307,6 +308,34 @@ int store_nodes_each(store_t *s,
                             *b = sqlite3_column_text(st, 2);
         fn(arg, n ? (const char *)n : "", e ? (const char *)e : "", b ? (const char *)b : "",
            sqlite3_column_int(st, 3), sqlite3_column_double(st, 4), sqlite3_column_double(st, 5));
+    }
+    sqlite3_finalize(st);
+    return 0;
+}
+
+int store_allow_add(store_t *s, int64_t job, const char *key, const char *node, double added)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO allow(job, key, node, added) VALUES(?,?,?,?)", -1, &st,
+                           NULL) != SQLITE_OK)
+        return s_fail(s, "prepare allow", NULL, 0);
+    sqlite3_bind_int64(st, 1, job);
+    sqlite3_bind_text(st, 2, key, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(st, 3, node, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_double(st, 4, added);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : s_fail(s, "insert allow", NULL, 0);
+}
+
+int store_allow_each(store_t *s, void (*fn)(void *arg, int64_t job, const char *key), void *arg)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "SELECT job, key FROM allow ORDER BY job", -1, &st, NULL) != SQLITE_OK)
+        return s_fail(s, "prepare allow", NULL, 0);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        const unsigned char *k = sqlite3_column_text(st, 1);
+        fn(arg, sqlite3_column_int64(st, 0), k ? (const char *)k : "");
     }
     sqlite3_finalize(st);
     return 0;

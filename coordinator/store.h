@@ -74,4 +74,9 @@ int store_nodes_each(store_t *s,
 int store_begin(store_t *s);
 int store_commit(store_t *s);
 
+/* The job allowlist (secure mode): CURVE public keys (Z85) admitted to a
+ * job by a join token, with the node name that presented it. */
+int store_allow_add(store_t *s, int64_t job, const char *key, const char *node, double added);
+int store_allow_each(store_t *s, void (*fn)(void *arg, int64_t job, const char *key), void *arg);
+
 #endif

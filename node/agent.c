@@ -40,6 +40,7 @@
 #include "errors.h"
 #include "guard.h"   /* guard_admit: replays, norm bound */
 #include "jobfile.h" /* jobfile_parse: the job's link settings */
+#include "keys.h"    /* keys_read_public, keys_read_secret, keys_set_client */
 #include "linkspec.h"
 #include "log.h"
 #include "node.h"
@@ -83,6 +84,7 @@ typedef struct agent {
     char last_reject[512];
     int exiting;
     int hello_after_stop;   /* the coordinator forgot us: announce once the job is stopped */
+    int unanswered;         /* hellos without an answer since the last welcome */
     shape_link_t shp[4];    /* per NODE_DEST_*: in-process rate and delay */
     shape_queue_t *q[4];    /* messages waiting for their release time (NULL: link not shaped) */
     int exit_pending;       /* the runner sent 'X' while messages still waited */
@@ -125,6 +127,7 @@ static void s_send_hello(agent_t *a)
     h.gflops = a->gflops;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     h.memory_mb = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / (1u << 20) : 0;
+    h.token = (char *)(a->o->token ? a->o->token : "");
     Tah__Envelope env = TAH__ENVELOPE__INIT;
     env.body_case = TAH__ENVELOPE__BODY_HELLO;
     env.hello = &h;
@@ -497,6 +500,7 @@ static void s_on_coord(agent_t *a)
     case TAH__ENVELOPE__BODY_WELCOME:
         if (a->state == A_ANNOUNCING) {
             a->state = A_IDLE;
+            a->unanswered = 0;
             log_info("joined the coordinator as %s", a->name);
         }
         break;
@@ -846,8 +850,12 @@ static void s_send_ping(agent_t *a)
 static void s_tick(agent_t *a)
 {
     double now = s_now();
-    if (a->state == A_ANNOUNCING && now - a->last_hello > 2.0)
+    if (a->state == A_ANNOUNCING && now - a->last_hello > 2.0) {
+        if (++a->unanswered == 5)
+            log_warn("no answer from the coordinator to 5 hellos; HINT: is it running? a secure coordinator needs "
+                     "--coordinator-key (its coord.pub, the right one); one started with --open needs none");
         s_send_hello(a);
+    }
     if (a->state != A_ANNOUNCING && now - a->last_beat >= 1.0)
         s_send_heartbeat(a);
     if ((a->state == A_LOADING || a->state == A_RUNNING) && now - a->last_coord > a->o->coord_timeout)
@@ -941,6 +949,29 @@ int node_agent_run(const node_opts_t *o)
     zmq_setsockopt(a->coord, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
     int64_t cmax = WIRE_MAX_CONTROL;
     zmq_setsockopt(a->coord, ZMQ_MAXMSGSIZE, &cmax, sizeof cmax);
+    if (o->coordinator_key) {
+        /* secure coordinator: CURVE with our long-term key (or a fresh one) */
+        char spub[KEYS_Z85_LEN + 1];
+        keys_pair_t kp;
+        char kerr[1024];
+        int krc = keys_read_public(o->coordinator_key, spub, kerr, sizeof kerr);
+        if (krc == 0 && o->key_file)
+            krc = keys_read_secret(o->key_file, &kp, kerr, sizeof kerr);
+        else if (krc == 0) {
+            krc = keys_new(&kp, kerr, sizeof kerr);
+            if (krc == 0)
+                log_warn("no --key: using a one-off CURVE key %.8s... (a restarted node needs a new join token; "
+                         "HINT: tah-node keygen, then --key DIR/node.key)",
+                         kp.pub);
+        }
+        if (krc == 0)
+            krc = keys_set_client(a->coord, spub, &kp, kerr, sizeof kerr);
+        if (krc != 0) {
+            log_error("%s", kerr);
+            goto out;
+        }
+        log_info("CURVE to the coordinator %.8s..., node key %s", spub, kp.pub);
+    }
     if (zmq_connect(a->coord, ep) != 0) {
         log_error("--coordinator %s: cannot connect: %s", ep, zmq_strerror(errno));
         goto out;

@@ -2,6 +2,8 @@
  *
  *   tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]
  *                 [--advertise HOST] [--threads N] [--device cpu] [-v]
+ *                 [--coordinator-key FILE|Z85 [--key FILE] [--token T]]
+ *   tah-node keygen [--out DIR]
  *
  * Announces itself, runs the stages it is assigned (node.h), and goes back
  * to idle after each job, until SIGINT/SIGTERM. Exit status: 0 after a
@@ -13,13 +15,18 @@
 #include <string.h>
 #include <unistd.h> /* execv */
 
+#include "keys.h" /* keys_new, keys_write */
 #include "log.h"
 #include "node.h"
 
 static const char *s_usage =
     "usage: tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]\n"
     "                     [--advertise HOST] [--threads N] [--device cpu|cuda:K] [-v]\n"
+    "                     [--coordinator-key FILE|Z85 [--key FILE] [--token T]]\n"
+    "       tah-node keygen [--out DIR]\n"
     "\n"
+    "  keygen          write a CURVE key pair: DIR/node.key (secret, mode 0600) and\n"
+    "                  DIR/node.pub (default DIR: $HOME/.tah)\n"
     "  --coordinator   where `tah-coord serve` listens\n"
     "  --name N        unique node name (default: HOSTNAME-PID)\n"
     "  --listen H:P    data-plane endpoint neighbours connect to (127.0.0.1:0 = a free port)\n"
@@ -27,12 +34,41 @@ static const char *s_usage =
     "  --threads N     compute threads of the stage (default 1; the job's `threads` if 0)\n"
     "  --device D      cpu (the CUDA backend is not built yet)\n"
     "  --coord-timeout SEC  coordinator silence that stops the current job (30)\n"
+    "  --coordinator-key K  the secure coordinator's public key (its STATE_DIR/coord.pub, or\n"
+    "                  the 40 Z85 characters); without it the link is plaintext (`serve --open`)\n"
+    "  --key FILE      this node's secret key (tah-node keygen; default: a one-off key)\n"
+    "  --token T       join token (`tah-coord token create`); needed until the node's key is on\n"
+    "                  a job's allowlist\n"
     "  -v              debug logging\n";
 
 static int s_usage_error(const char *what, const char *arg)
 {
     fprintf(stderr, "tah-node: %s%s%s\n%s", what, arg ? " " : "", arg ? arg : "", s_usage);
     return 2;
+}
+
+static int s_keygen(int argc, char **argv)
+{
+    char dir[1024];
+    const char *home = getenv("HOME");
+    snprintf(dir, sizeof dir, "%s/.tah", home && home[0] ? home : ".");
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc)
+            snprintf(dir, sizeof dir, "%s", argv[++i]);
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(s_usage, stdout);
+            return 0;
+        } else
+            return s_usage_error("keygen: unknown argument", argv[i]);
+    }
+    keys_pair_t kp;
+    char err[1024];
+    if (keys_new(&kp, err, sizeof err) != 0 || keys_write(dir, "node", &kp, err, sizeof err) != 0) {
+        fprintf(stderr, "tah-node: keygen: %s\n", err);
+        return 1;
+    }
+    printf("%s/node.key\n%s/node.pub %s\n", dir, dir, kp.pub);
+    return 0;
 }
 
 /* See pipeline/train_main.c: OpenBLAS must not start its own thread pool
@@ -52,8 +88,10 @@ int main(int argc, char **argv)
         fputs(s_usage, stdout);
         return 0;
     }
+    if (argc >= 2 && !strcmp(argv[1], "keygen"))
+        return s_keygen(argc, argv);
     if (argc < 2 || strcmp(argv[1], "join") != 0)
-        return s_usage_error("the command is `join`", NULL);
+        return s_usage_error("the command is `join` or `keygen`", NULL);
     s_single_thread_blas(argv);
     node_opts_t o = { .listen = "127.0.0.1:0", .threads = 1, .coord_timeout = 30.0 };
     const char *device = "cpu";
@@ -83,6 +121,12 @@ int main(int argc, char **argv)
             o.advertise = v;
         else if (!strcmp(a, "--device"))
             device = v;
+        else if (!strcmp(a, "--coordinator-key"))
+            o.coordinator_key = v;
+        else if (!strcmp(a, "--key"))
+            o.key_file = v;
+        else if (!strcmp(a, "--token"))
+            o.token = v;
         else if (!strcmp(a, "--threads")) {
             long t = strtol(v, &end, 10);
             if (*end || end == v || t < 0 || t > 1024)
@@ -97,6 +141,8 @@ int main(int argc, char **argv)
     }
     if (!o.coordinator)
         return s_usage_error("--coordinator HOST:PORT is required", NULL);
+    if ((o.key_file || o.token) && !o.coordinator_key)
+        return s_usage_error("--key and --token need --coordinator-key (a secure coordinator's public key)", NULL);
     if (o.name && (strlen(o.name) == 0 || strlen(o.name) > 63))
         return s_usage_error("--name must be 1..63 characters, got", o.name);
     tah_log_init("tah-node", o.name);

@@ -73,6 +73,9 @@ typedef struct node_opts {
     const char *advertise;         /* host others use to reach us (default: the listen host) */
     int threads;
     double coord_timeout;          /* s */
+    const char *coordinator_key;   /* secure coordinator: its public key (Z85 or file); NULL: plaintext */
+    const char *key_file;          /* our secret key (tah-node keygen); NULL: a one-off key */
+    const char *token;             /* join token sent in hello, or NULL */
 } node_opts_t;
 
 /* The agent's event loop; returns the exit status. */

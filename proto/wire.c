@@ -98,6 +98,8 @@ const char *wire_body_name(const Tah__Envelope *e)
     case TAH__ENVELOPE__BODY_STATUS: return "status";
     case TAH__ENVELOPE__BODY_STATUS_REP: return "status_rep";
     case TAH__ENVELOPE__BODY_CANCEL: return "cancel";
+    case TAH__ENVELOPE__BODY_TOKEN_REQ: return "token_req";
+    case TAH__ENVELOPE__BODY_TOKEN_REP: return "token_rep";
     case TAH__ENVELOPE__BODY_ERROR: return "error";
     case TAH__ENVELOPE__BODY_OK: return "ok";
     default: return "unknown";

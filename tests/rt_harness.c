@@ -15,6 +15,9 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "fileio.h" /* tah_file_read */
+#include "keys.h"   /* keys_read_public, keys_read_secret, keys_set_client */
+
 static double s_now(void)
 {
     struct timespec ts;
@@ -120,7 +123,10 @@ void rt_start_coord(rt_t *r, double node_timeout, int port)
     snprintf(to, sizeof to, "%g", node_timeout);
     unlink(ept);
     r->node_timeout = node_timeout;
-    char *argv[] = { TAH_COORD_EXE, "serve", "--listen", listen, "--state", state, "--node-timeout", to, "-v", NULL };
+    snprintf(r->coord_pub, sizeof r->coord_pub, "%s/coord.pub", state);
+    snprintf(r->admin_key, sizeof r->admin_key, "%s/admin.key", state);
+    char *argv[] = { TAH_COORD_EXE, "serve", "--listen", listen, "--state", state, "--node-timeout", to, "-v",
+                     r->secure ? NULL : "--open", NULL };
     r->coord = s_spawn(argv, log);
     double t0 = s_now();
     while (s_now() - t0 < 20) {
@@ -146,6 +152,13 @@ Tah__Envelope *rt_status(rt_t *r, uint64_t job)
     void *s = zmq_socket(ctx, ZMQ_DEALER);
     int zero = 0;
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    if (r->secure) {
+        char pub[KEYS_Z85_LEN + 1], kerr[1024];
+        keys_pair_t kp;
+        if (keys_read_public(r->coord_pub, pub, kerr, sizeof kerr) != 0 ||
+            keys_read_secret(r->admin_key, &kp, kerr, sizeof kerr) != 0 || keys_set_client(s, pub, &kp, kerr, sizeof kerr))
+            s_die("%s", kerr);
+    }
     zmq_connect(s, r->ep);
     Tah__StatusReq sr = TAH__STATUS_REQ__INIT;
     sr.job = job;
@@ -250,7 +263,8 @@ uint64_t rt_submit(rt_t *r, const char *job_file, char *out, size_t outlen)
 {
     char coord[160];
     snprintf(coord, sizeof coord, "%s", r->ep);
-    char *argv[] = { TAH_COORD_EXE, "submit", "--coordinator", coord, (char *)job_file, NULL };
+    char *argv[] = { TAH_COORD_EXE, "submit", "--coordinator", coord, (char *)job_file,
+                     r->secure ? "--coordinator-key" : NULL, r->coord_pub, "--key", r->admin_key, NULL };
     int rc = rt_run(argv, out, outlen);
     if (rc != 0)
         return 0;
@@ -348,4 +362,88 @@ int rt_stop(rt_t *r)
     if (rt_stop_coord(r) != 0)
         rc = -1;
     return rc;
+}
+
+const char *rt_token(rt_t *r, uint64_t job, const char *expires, char *out, size_t outlen)
+{
+    static char tok[8][256];
+    static int slot = 0;
+    char coord[160], js[32];
+    snprintf(coord, sizeof coord, "%s", r->ep);
+    snprintf(js, sizeof js, "%llu", (unsigned long long)job);
+    char *argv[] = { TAH_COORD_EXE, "token", "create", "--coordinator", coord, "--job", js, "--expires",
+                     (char *)expires, "--coordinator-key", r->coord_pub, "--key", r->admin_key, NULL };
+    if (rt_run(argv, out, outlen) != 0)
+        return NULL;
+    char *t = tok[slot++ % 8];
+    snprintf(t, 256, "%s", out);
+    t[strcspn(t, "\n")] = 0;
+    return t;
+}
+
+const char *rt_keygen(rt_t *r, const char *name)
+{
+    static char paths[8][700];
+    static int slot = 0;
+    char dir[650], out[1024];
+    snprintf(dir, sizeof dir, "%s/keys-%s", r->dir, name);
+    char *argv[] = { TAH_NODE_EXE, "keygen", "--out", dir, NULL };
+    if (rt_run(argv, out, sizeof out) != 0)
+        s_die("tah-node keygen --out %s failed: %s", dir, out);
+    char *p = paths[slot++ % 8];
+    snprintf(p, 700, "%s/node.key", dir);
+    return p;
+}
+
+int rt_spawn_node(rt_t *r, const char *name, const char *const extra[])
+{
+    if (r->nn >= RT_MAX_NODES)
+        s_die("too many nodes");
+    int k = r->nn;
+    snprintf(r->names[k], sizeof r->names[k], "%s", name);
+    char log[600], coord[160];
+    snprintf(log, sizeof log, "%s/%s.log", r->dir, name);
+    snprintf(coord, sizeof coord, "%s", r->ep);
+    char *argv[32] = { TAH_NODE_EXE, "join", "--coordinator", coord, "--name", r->names[k], "--threads", "1",
+                       "--listen", "127.0.0.1:0", "-v" };
+    int n = 11;
+    for (int i = 0; extra && extra[i] && n < 31; i++)
+        argv[n++] = (char *)extra[i];
+    argv[n] = NULL;
+    r->nodes[k] = s_spawn(argv, log);
+    r->nn++;
+    return k;
+}
+
+int rt_node_exit(rt_t *r, int i, double timeout)
+{
+    double t0 = s_now();
+    while (s_now() - t0 < timeout) {
+        int st = 0;
+        if (r->nodes[i] > 0 && waitpid(r->nodes[i], &st, WNOHANG) == r->nodes[i]) {
+            r->nodes[i] = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        s_sleep(0.05);
+    }
+    return -1;
+}
+
+int rt_log_has(rt_t *r, const char *name, const char *text)
+{
+    char p[700], err[256];
+    snprintf(p, sizeof p, "%s/%s", r->dir, name);
+    uint8_t *data = NULL;
+    size_t len = 0;
+    if (tah_file_read(p, 1u << 28, &data, &len, err, sizeof err) != 0)
+        return 0;
+    char *t = realloc(data, len + 1);
+    if (!t) {
+        free(data);
+        return 0;
+    }
+    t[len] = 0;
+    int found = strstr(t, text) != NULL;
+    free(t);
+    return found;
 }

@@ -11,7 +11,7 @@
 
 #include "wire.h" /* Tah__StatusRep */
 
-#define RT_MAX_NODES 8
+#define RT_MAX_NODES 12
 
 typedef struct rt {
     char dir[512];          /* private directory (absolute) */
@@ -21,12 +21,17 @@ typedef struct rt {
     char names[RT_MAX_NODES][32];
     int nn;
     double node_timeout;
+    int secure;             /* set before rt_start_coord: CURVE + tokens (no --open) */
+    char coord_pub[700];    /* secure: DIR/state/coord.pub */
+    char admin_key[700];    /* secure: DIR/state/admin.key */
 } rt_t;
 
 /* Directory DIR = ./NAME.XXXXXX with a generated text corpus DIR/train.txt
  * and DIR/val.txt (deterministic, no network). */
 void rt_init(rt_t *r, const char *name);
-/* port 0: ephemeral. Waits until the endpoint file appears. */
+/* port 0: ephemeral. Waits until the endpoint file appears. Open mode
+ * (serve --open) unless r->secure; client calls below use the admin key
+ * when secure. */
 void rt_start_coord(rt_t *r, double node_timeout, int port);
 /* Starts nodes n0..n(n-1) one after another (each joins before the next
  * starts, so their speed measurements do not overlap) and waits until the
@@ -50,6 +55,20 @@ int rt_wait_job(rt_t *r, uint64_t job, double timeout, char *state, size_t slen,
 int rt_metrics(const char *path, const char *key, double *v, int max);
 
 void rt_kill_node(rt_t *r, int i, int sig);
+
+/* Secure mode. A join token for job (tah-coord token create), or NULL
+ * with the command's output in out. */
+const char *rt_token(rt_t *r, uint64_t job, const char *expires, char *out, size_t outlen);
+/* tah-node keygen --out DIR/keys-NAME; returns the secret key path. */
+const char *rt_keygen(rt_t *r, const char *name);
+/* Start node NAME with `join --coordinator EP --name NAME --threads 1
+ * --listen 127.0.0.1:0 -v` plus extra (NULL-terminated); does not wait.
+ * Returns its index; its log is DIR/NAME.log. */
+int rt_spawn_node(rt_t *r, const char *name, const char *const extra[]);
+/* Wait up to timeout s for node i to exit: its exit status, or -1. */
+int rt_node_exit(rt_t *r, int i, double timeout);
+/* Whether the file DIR/NAME contains text. */
+int rt_log_has(rt_t *r, const char *name, const char *text);
 /* SIGTERM everything; 0 if every child exited with status 0 within 20 s. */
 int rt_stop(rt_t *r);
 int rt_stop_coord(rt_t *r);

@@ -25,7 +25,7 @@ ok() { pass=$((pass + 1)); }
 bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
 coord=$B/coordinator/tah-coord
 
-"$coord" serve --listen 127.0.0.1:0 --state "$W/state" 2>"$W/coord.log" &
+"$coord" serve --open --listen 127.0.0.1:0 --state "$W/state" 2>"$W/coord.log" &
 pids+=($!)
 for _ in $(seq 100); do [ -s "$W/state/endpoint" ] && break; sleep 0.1; done
 ep=$(sed 's|^tcp://||' "$W/state/endpoint")

@@ -80,15 +80,26 @@ static int s_write_all(int fd, const uint8_t *p, size_t n)
 int tah_file_write_atomic(const char *path, const void *const *parts, const size_t *sizes, int nparts, char *err,
                           size_t errlen)
 {
+    return tah_file_write_atomic_mode(path, parts, sizes, nparts, 0644, err, errlen);
+}
+
+int tah_file_write_atomic_mode(const char *path, const void *const *parts, const size_t *sizes, int nparts,
+                               unsigned mode, char *err, size_t errlen)
+{
     char tmp[4096];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp) {
         snprintf(err, errlen, "%s: path too long", path);
         return TAH_EINVAL;
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    unlink(tmp); /* a stale one may have a wider mode */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, (mode_t)mode);
     if (fd < 0) {
         snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
         return TAH_EIO;
+    }
+    if (fchmod(fd, (mode_t)mode) != 0) { /* exact mode, whatever the umask */
+        snprintf(err, errlen, "%s: chmod failed: %s", tmp, strerror(errno));
+        goto fail;
     }
     for (int i = 0; i < nparts; i++) {
         if (s_write_all(fd, parts[i], sizes[i]) != 0) {

@@ -17,5 +17,10 @@ int tah_file_read(const char *path, uint64_t max_bytes, uint8_t **data, size_t *
 /* Write the concatenation of nparts buffers. */
 int tah_file_write_atomic(const char *path, const void *const *parts, const size_t *sizes, int nparts, char *err,
                           size_t errlen);
+/* The same with the file's mode set exactly (fchmod before the rename, so
+ * a secret written with 0600 is never readable by others, whatever the
+ * umask). tah_file_write_atomic uses 0644. */
+int tah_file_write_atomic_mode(const char *path, const void *const *parts, const size_t *sizes, int nparts,
+                               unsigned mode, char *err, size_t errlen);
 
 #endif
