@@ -317,8 +317,10 @@ static void s_try_place(coord_t *c)
             s_job_finish(c, j, "failed", reason, NULL);
             continue;
         }
+        char *keys[S];
         store_begin(c->store);
         for (int k = 0; k < S; k++) {
+            keys[k] = idle[k]->key;
             snprintf(j->nodes[k], sizeof j->nodes[k], "%s", idle[k]->name);
             eps[k] = idle[k]->endpoint;
             names[k] = idle[k]->name;
@@ -335,6 +337,8 @@ static void s_try_place(coord_t *c)
             as.endpoints = eps;
             as.n_nodes = (size_t)S;
             as.nodes = names;
+            as.n_keys = c->secure ? (size_t)S : 0;
+            as.keys = keys;
             as.ini = j->j.ini;
             as.base_dir = j->j.base_dir;
             as.token = token;

@@ -26,7 +26,9 @@
  * are accepted only from the admin key (STATE_DIR/admin.key). A hello is
  * accepted with a valid join token (token.h), which puts the node's key on
  * the token's job allowlist (table allow), or from a key already on an
- * allowlist; a job is placed only on nodes on its allowlist. */
+ * allowlist; a job is placed only on nodes on its allowlist. Assign names
+ * the CURVE key of every stage's node, so that nodes admit only their
+ * neighbours on the data plane (node/agent.c). */
 #ifndef TAH_COORD_SERVER_H
 #define TAH_COORD_SERVER_H
 

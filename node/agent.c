@@ -85,6 +85,16 @@ typedef struct agent {
     int exiting;
     int hello_after_stop;   /* the coordinator forgot us: announce once the job is stopped */
     int unanswered;         /* hellos without an answer since the last welcome */
+    int secure;             /* CURVE: coordinator link, data ROUTER (server), neighbour DEALERs */
+    keys_pair_t kp;         /* this node's key pair when secure */
+    void *zap;              /* ROUTER on inproc://zeromq.zap.01: admits the data ROUTER's peers */
+    struct s_zap_wait {     /* ZAP requests waiting for an assignment that names their key */
+        uint8_t rid[64], reqid[64];
+        size_t rid_len, reqid_len;
+        char key[KEYS_Z85_LEN + 1];
+        double since;
+    } zapq[16];
+    int nzap;
     shape_link_t shp[4];    /* per NODE_DEST_*: in-process rate and delay */
     shape_queue_t *q[4];    /* messages waiting for their release time (NULL: link not shaped) */
     int exit_pending;       /* the runner sent 'X' while messages still waited */
@@ -237,6 +247,7 @@ static void s_free_job(agent_t *a)
     free(a->job->ini);
     free(a->job->endpoints);
     free(a->job->names);
+    free(a->job->keys);
     free(a->job);
     a->job = NULL;
 }
@@ -287,7 +298,8 @@ static void s_on_assign(agent_t *a, const Tah__Assign *as)
         return;
     }
     if (as->stages < 1 || as->stages > 4096 || as->stage >= as->stages || as->n_endpoints != as->stages ||
-        as->n_nodes != as->stages || strlen(as->base_dir) >= sizeof a->job->base_dir ||
+        as->n_nodes != as->stages || (a->secure && as->n_keys != as->stages) ||
+        strlen(as->base_dir) >= sizeof a->job->base_dir ||
         strlen(as->ckpt_prefix) >= sizeof a->job->ckpt_prefix) {
         log_warn("malformed assignment of job %llu refused", (unsigned long long)as->job);
         return;
@@ -307,6 +319,8 @@ static void s_on_assign(agent_t *a, const Tah__Assign *as)
     snprintf(j->ckpt_prefix, sizeof j->ckpt_prefix, "%s", as->ckpt_prefix);
     j->endpoints = calloc(as->stages, sizeof *j->endpoints);
     j->names = calloc(as->stages, sizeof *j->names);
+    if (a->secure)
+        j->keys = calloc(as->stages, sizeof *j->keys);
     j->threads = a->o->threads;
     j->peer_timeout_ms = as->peer_timeout_ms ? as->peer_timeout_ms : 15000;
     j->ctx = a->ctx;
@@ -317,13 +331,15 @@ static void s_on_assign(agent_t *a, const Tah__Assign *as)
         return;
     }
     snprintf(j->pipe_ep, sizeof j->pipe_ep, "%s", a->pipe_ep);
-    if (!j->ini || !j->endpoints || !j->names) {
+    if (!j->ini || !j->endpoints || !j->names || (a->secure && !j->keys)) {
         s_free_job(a);
         return;
     }
     for (size_t k = 0; k < as->stages; k++) {
         snprintf(j->endpoints[k], sizeof j->endpoints[k], "%s", as->endpoints[k]);
         snprintf(j->names[k], sizeof j->names[k], "%s", as->nodes[k]);
+        if (j->keys)
+            snprintf(j->keys[k], sizeof j->keys[k], "%s", as->keys[k]);
     }
     log_info("job %llu: assigned stage %d of %d (layers %d..%d)", (unsigned long long)j->id, j->stage, j->S,
              j->layer0, j->layer1 - 1);
@@ -336,14 +352,113 @@ static void s_on_assign(agent_t *a, const Tah__Assign *as)
     a->state = A_LOADING;
 }
 
-static void *s_dealer(agent_t *a, const char *ep)
+/* ZAP for the data ROUTER (secure mode). A connection is admitted when
+ * its CURVE key is a neighbour's in the current assignment: the previous
+ * stage's, and for the last stage also the first stage's (tied
+ * embeddings). A request for any other key waits (a neighbour may connect
+ * before our assignment arrives: a denial is final in libzmq) and is
+ * denied after S_ZAP_WAIT_S, so strangers never get a data connection. */
+#define S_ZAP_WAIT_S 5.0
+
+static void s_zap_send(agent_t *a, const struct s_zap_wait *w, int ok)
 {
+    const char *f[4] = { ok ? "200" : "400", ok ? "OK" : "not a neighbour in this node's assignment",
+                         ok ? w->key : "", "" };
+    zmq_send(a->zap, w->rid, w->rid_len, ZMQ_SNDMORE);
+    zmq_send(a->zap, "", 0, ZMQ_SNDMORE);
+    zmq_send(a->zap, "1.0", 3, ZMQ_SNDMORE);
+    zmq_send(a->zap, w->reqid, w->reqid_len, ZMQ_SNDMORE);
+    for (int i = 0; i < 4; i++)
+        zmq_send(a->zap, f[i], strlen(f[i]), i < 3 ? ZMQ_SNDMORE : 0);
+}
+
+static int s_zap_neighbour(const agent_t *a, const char *key)
+{
+    const node_job_t *j = a->job;
+    if (!j || !j->keys || !key[0])
+        return 0;
+    if (j->stage > 0 && !strcmp(j->keys[j->stage - 1], key))
+        return 1;
+    return j->S > 2 && j->stage == j->S - 1 && !strcmp(j->keys[0], key);
+}
+
+static void s_zap_resolve(agent_t *a, double now)
+{
+    int kept = 0;
+    for (int i = 0; i < a->nzap; i++) {
+        struct s_zap_wait *w = &a->zapq[i];
+        if (s_zap_neighbour(a, w->key)) {
+            s_zap_send(a, w, 1);
+        } else if (!w->key[0] || now - w->since > S_ZAP_WAIT_S) {
+            atomic_fetch_add(&a->rejected, 1);
+            log_warn("data plane: refused a connection from key %.8s...: not a neighbour in this node's assignment",
+                     w->key[0] ? w->key : "(none)");
+            s_zap_send(a, w, 0);
+        } else {
+            a->zapq[kept++] = *w;
+        }
+    }
+    a->nzap = kept;
+}
+
+/* [routing id][empty][version][request id][domain][address][identity][mechanism][key] */
+static void s_on_zap(agent_t *a)
+{
+    zmq_msg_t f[10];
+    int nf = 0, more = 1;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, a->zap, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            break;
+        }
+        more = zmq_msg_more(&m);
+        if (nf < 10)
+            f[nf++] = m;
+        else
+            zmq_msg_close(&m);
+    }
+    struct s_zap_wait w;
+    memset(&w, 0, sizeof w);
+    w.since = s_now();
+    if (nf >= 4 && zmq_msg_size(&f[0]) <= sizeof w.rid && zmq_msg_size(&f[3]) <= sizeof w.reqid) {
+        w.rid_len = zmq_msg_size(&f[0]);
+        memcpy(w.rid, zmq_msg_data(&f[0]), w.rid_len);
+        w.reqid_len = zmq_msg_size(&f[3]);
+        memcpy(w.reqid, zmq_msg_data(&f[3]), w.reqid_len);
+        if (nf == 9 && zmq_msg_size(&f[7]) == 5 && !memcmp(zmq_msg_data(&f[7]), "CURVE", 5) &&
+            zmq_msg_size(&f[8]) == 32)
+            zmq_z85_encode(w.key, zmq_msg_data(&f[8]), 32);
+        if (a->nzap < (int)(sizeof a->zapq / sizeof a->zapq[0]))
+            a->zapq[a->nzap++] = w;
+        else {
+            w.key[0] = 0;
+            s_zap_send(a, &w, 0);
+        }
+    }
+    for (int i = 0; i < nf; i++)
+        zmq_msg_close(&f[i]);
+    s_zap_resolve(a, s_now());
+}
+
+static void *s_dealer(agent_t *a, int stage)
+{
+    const char *ep = a->job->endpoints[stage];
     void *s = zmq_socket(a->ctx, ZMQ_DEALER);
     int zero = 0, hwm = 2 * a->job->x.M + 2 * a->job->x.val_batches + 16, sndto = S_SEND_TIMEOUT_MS;
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s, ZMQ_SNDTIMEO, &sndto, sizeof sndto);
     zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    if (a->job->keys) {
+        char err[512];
+        if (keys_set_client(s, a->job->keys[stage], &a->kp, err, sizeof err) != 0) {
+            log_error("job %llu: stage %d: %s", (unsigned long long)a->job->id, stage, err);
+            zmq_close(s);
+            return NULL;
+        }
+    }
     if (zmq_connect(s, ep) != 0) {
         log_error("job %llu: cannot connect to %s: %s", (unsigned long long)a->job->id, ep, zmq_strerror(errno));
         zmq_close(s);
@@ -411,14 +526,14 @@ static void s_on_ready(agent_t *a)
     node_job_t *j = a->job;
     const int k = j->stage, S = j->S;
     if (k < S - 1) {
-        a->down = s_dealer(a, j->endpoints[k + 1]);
+        a->down = s_dealer(a, k + 1);
         if (!a->down) {
             s_abort(a, NODE_FAILED, -1, "cannot connect to the next stage");
             return;
         }
     }
     if (k == 0 && j->x.tied && S > 2) {
-        a->tied = s_dealer(a, j->endpoints[S - 1]);
+        a->tied = s_dealer(a, S - 1);
         if (!a->tied) {
             s_abort(a, NODE_FAILED, -1, "cannot connect to the last stage");
             return;
@@ -918,6 +1033,36 @@ int node_agent_run(const node_opts_t *o)
     zmq_setsockopt(a->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(a->router, ZMQ_RCVHWM, &hwm, sizeof hwm);
     zmq_setsockopt(a->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    char spub[KEYS_Z85_LEN + 1] = "";
+    if (o->coordinator_key) {
+        /* secure: CURVE with our long-term key (or a one-off one) to the
+         * coordinator, and as the server of our data socket, whose ZAP
+         * handler admits only the neighbours' keys */
+        char kerr[1024];
+        int krc = keys_read_public(o->coordinator_key, spub, kerr, sizeof kerr);
+        if (krc == 0 && o->key_file)
+            krc = keys_read_secret(o->key_file, &a->kp, kerr, sizeof kerr);
+        else if (krc == 0) {
+            krc = keys_new(&a->kp, kerr, sizeof kerr);
+            if (krc == 0)
+                log_warn("no --key: using a one-off CURVE key %.8s... (a restarted node needs a new join token; "
+                         "HINT: tah-node keygen, then --key DIR/node.key)",
+                         a->kp.pub);
+        }
+        if (krc == 0)
+            krc = keys_set_server(a->router, &a->kp, kerr, sizeof kerr);
+        if (krc != 0) {
+            log_error("%s", kerr);
+            goto out;
+        }
+        a->secure = 1;
+        a->zap = zmq_socket(a->ctx, ZMQ_ROUTER);
+        zmq_setsockopt(a->zap, ZMQ_LINGER, &zero, sizeof zero);
+        if (zmq_bind(a->zap, "inproc://zeromq.zap.01") != 0) {
+            log_error("cannot bind the ZAP handler: %s", zmq_strerror(errno));
+            goto out;
+        }
+    }
     if (wire_endpoint(o->listen, ep, sizeof ep, err, sizeof err) != 0) {
         log_error("--listen %s", err);
         goto out;
@@ -949,28 +1094,13 @@ int node_agent_run(const node_opts_t *o)
     zmq_setsockopt(a->coord, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
     int64_t cmax = WIRE_MAX_CONTROL;
     zmq_setsockopt(a->coord, ZMQ_MAXMSGSIZE, &cmax, sizeof cmax);
-    if (o->coordinator_key) {
-        /* secure coordinator: CURVE with our long-term key (or a fresh one) */
-        char spub[KEYS_Z85_LEN + 1];
-        keys_pair_t kp;
-        char kerr[1024];
-        int krc = keys_read_public(o->coordinator_key, spub, kerr, sizeof kerr);
-        if (krc == 0 && o->key_file)
-            krc = keys_read_secret(o->key_file, &kp, kerr, sizeof kerr);
-        else if (krc == 0) {
-            krc = keys_new(&kp, kerr, sizeof kerr);
-            if (krc == 0)
-                log_warn("no --key: using a one-off CURVE key %.8s... (a restarted node needs a new join token; "
-                         "HINT: tah-node keygen, then --key DIR/node.key)",
-                         kp.pub);
-        }
-        if (krc == 0)
-            krc = keys_set_client(a->coord, spub, &kp, kerr, sizeof kerr);
-        if (krc != 0) {
+    if (a->secure) {
+        char kerr[512];
+        if (keys_set_client(a->coord, spub, &a->kp, kerr, sizeof kerr) != 0) {
             log_error("%s", kerr);
             goto out;
         }
-        log_info("CURVE to the coordinator %.8s..., node key %s", spub, kp.pub);
+        log_info("CURVE to the coordinator %.8s..., node key %s", spub, a->kp.pub);
     }
     if (zmq_connect(a->coord, ep) != 0) {
         log_error("--coordinator %s: cannot connect: %s", ep, zmq_strerror(errno));
@@ -1005,12 +1135,16 @@ int node_agent_run(const node_opts_t *o)
         int timeout = 100;
         if (next >= 0 && next * 1e3 < timeout)
             timeout = (int)ceil(next * 1e3);
-        zmq_pollitem_t it[5];
+        zmq_pollitem_t it[6];
         int ni = 0;
         it[ni++] = (zmq_pollitem_t){ a->coord, 0, ZMQ_POLLIN, 0 };
         /* a full link queue stops the runner (back-pressure); so does a finished runner's */
         it[ni++] = (zmq_pollitem_t){ a->pipe, 0, (short)(s_any_full(a) || a->exit_pending ? 0 : ZMQ_POLLIN), 0 };
-        int i_router = -1, i_down = -1, i_tied = -1;
+        int i_router = -1, i_down = -1, i_tied = -1, i_zap = -1;
+        if (a->zap) {
+            i_zap = ni;
+            it[ni++] = (zmq_pollitem_t){ a->zap, 0, ZMQ_POLLIN, 0 };
+        }
         if (a->state == A_RUNNING || a->state == A_STOPPING) {
             i_router = ni;
             it[ni++] = (zmq_pollitem_t){ a->router, 0, ZMQ_POLLIN, 0 };
@@ -1034,6 +1168,10 @@ int node_agent_run(const node_opts_t *o)
             s_on_coord(a);
         if (it[1].revents & ZMQ_POLLIN)
             s_on_pipe(a);
+        if (i_zap >= 0 && (it[i_zap].revents & ZMQ_POLLIN))
+            s_on_zap(a);
+        if (a->nzap)
+            s_zap_resolve(a, s_now()); /* an assignment may have arrived, or a wait ended */
         if (a->job && (a->state == A_RUNNING || a->state == A_STOPPING)) {
             if (i_router >= 0 && (it[i_router].revents & ZMQ_POLLIN))
                 s_on_router(a);
@@ -1060,6 +1198,8 @@ out:
         zmq_close(a->coord);
     if (a->router)
         zmq_close(a->router);
+    if (a->zap)
+        zmq_close(a->zap);
     if (a->ctx)
         zmq_ctx_term(a->ctx);
     free(a);

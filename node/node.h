@@ -48,6 +48,7 @@ typedef struct node_job {
     char ckpt_prefix[2200];
     char (*endpoints)[256];        /* per stage */
     char (*names)[64];             /* per stage */
+    char (*keys)[41];              /* per stage: CURVE public key (Z85); NULL: plaintext data plane */
     int threads;
     uint32_t peer_timeout_ms;
     void *ctx;                     /* ZeroMQ context (for the runner's pipe end) */

@@ -4,9 +4,12 @@
  * node with no token, a tampered token, an expired token, a token for a
  * job that was cancelled; client commands without the admin key. Admitted:
  * a node with a token for another job (it stays idle: it is not on this
- * job's allowlist) and two nodes with tokens for the job, which then
- * trains with every step's loss, gradient norm and LR equal to tah-train's
- * (fp32 codec), all control traffic encrypted. */
+ * job's allowlist) and three nodes with tokens for the 3-stage job (tied
+ * embeddings: stage 0 also links to stage 2), which then trains with every
+ * step's loss, gradient norm and LR equal to tah-train's (fp32 codec), all
+ * control and data traffic over CURVE. A stranger with its own CURVE key
+ * cannot open a data connection to a node (its ZAP handler refuses it). */
+#define _XOPEN_SOURCE 700 /* nanosleep */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,10 +17,13 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <zmq.h>
 
+#include "keys.h" /* keys_new, keys_read_public, keys_set_client */
 #include "rt_harness.h"
 
 static void s_compare(const char *dist, const char *ref, int steps)
@@ -82,7 +88,7 @@ static void test_secure_admission_and_training(void **state)
     snprintf(train, sizeof train, "%s/train.txt", r.dir);
     const char *ini_j = rt_write(&r, "j.ini",
                                  "[job]\nmodel = 4,2,64,32,256\ntrain_data = train.txt\nbatch = 2\nseq = 16\n"
-                                 "steps = 6\nlr = 1e-3\nstages = 2\nmicro_batches = 2\nschedule = gpipe\n"
+                                 "steps = 6\nlr = 1e-3\nstages = 3\nmicro_batches = 2\nschedule = gpipe\n"
                                  "fwd_codec = fp32\nbwd_codec = fp32\n");
     uint64_t job = rt_submit(&r, ini_j, out, sizeof out);
     if (!job)
@@ -117,7 +123,11 @@ static void test_secure_admission_and_training(void **state)
     assert_true(tok_other && tok_dead && tok_short);
     char tampered[256];
     snprintf(tampered, sizeof tampered, "%s", tok);
-    tampered[strlen(tampered) - 1] ^= 1; /* one bit of the MAC */
+    {   /* one bit of the MAC (the last hex digit's nibble ^ 1, still hex) */
+        static const char hx[] = "0123456789abcdef";
+        char *last = &tampered[strlen(tampered) - 1];
+        *last = hx[(strchr(hx, *last) - hx) ^ 1];
+    }
     char *cancel[] = { TAH_COORD_EXE, "cancel", "--coordinator", r.ep, "--coordinator-key", r.coord_pub, "--key",
                        r.admin_key, (char[32]){ 0 }, NULL };
     snprintf(cancel[8], 32, "%llu", (unsigned long long)dead_job);
@@ -161,10 +171,52 @@ static void test_secure_admission_and_training(void **state)
     sleep(1);
     assert_true(s_listed(&r, "other", "idle"));
     assert_true(s_listed(&r, "n0", "idle")); /* 2 idle nodes, a 2-stage job, still queued */
+
+    /* data plane: a stranger with a CURVE key of its own (and n0's public
+     * key) cannot open a data connection to n0: its ZAP handler admits
+     * only the neighbours named in n0's assignment */
+    {
+        char n0ep[300] = "", n0pub_path[700], kerr[512], n0pub[KEYS_Z85_LEN + 1];
+        Tah__Envelope *se = rt_status(&r, 0);
+        assert_non_null(se);
+        for (size_t i = 0; i < se->status_rep->n_nodes; i++)
+            if (!strcmp(se->status_rep->nodes[i]->name, "n0"))
+                snprintf(n0ep, sizeof n0ep, "%s", se->status_rep->nodes[i]->endpoint);
+        wire_envelope_free(&se);
+        assert_true(n0ep[0] != 0);
+        snprintf(n0pub_path, sizeof n0pub_path, "%s/keys-n0/node.pub", r.dir);
+        keys_pair_t me;
+        assert_int_equal(keys_read_public(n0pub_path, n0pub, kerr, sizeof kerr), 0);
+        assert_int_equal(keys_new(&me, kerr, sizeof kerr), 0);
+        void *zctx = zmq_ctx_new();
+        void *zs = zmq_socket(zctx, ZMQ_DEALER);
+        int zero = 0;
+        zmq_setsockopt(zs, ZMQ_LINGER, &zero, sizeof zero);
+        assert_int_equal(keys_set_client(zs, n0pub, &me, kerr, sizeof kerr), 0);
+        assert_int_equal(zmq_connect(zs, n0ep), 0);
+        zmq_send(zs, "x", 1, ZMQ_DONTWAIT);
+        char line[128];
+        snprintf(line, sizeof line, "data plane: refused a connection from key %.8s", me.pub);
+        int refused = 0;
+        for (int t = 0; t < 150 && !refused; t++) {
+            refused = rt_log_has(&r, "n0.log", line);
+            nanosleep(&(struct timespec){ 0, 100000000 }, NULL);
+        }
+        zmq_close(zs);
+        zmq_ctx_term(zctx);
+        if (!refused)
+            fail_msg("n0.log lacks '%s'", line);
+    }
     int n1 = rt_spawn_node(&r, "n1", (const char *const[]){ "--coordinator-key", r.coord_pub, "--key",
                                                             rt_keygen(&r, "n1"), "--token", tok, NULL });
+    assert_true(rt_wait_nodes(&r, "idle", 3, 30));
+    sleep(1);
+    assert_true(s_listed(&r, "n1", "idle")); /* 3 idle nodes, a 3-stage job, 2 of them on its allowlist */
+    int n2 = rt_spawn_node(&r, "n2", (const char *const[]){ "--coordinator-key", r.coord_pub, "--key",
+                                                            rt_keygen(&r, "n2"), "--token", tok, NULL });
     (void)n0;
     (void)n1;
+    (void)n2;
     char jstate[64], reason[512];
     assert_true(rt_wait_job(&r, job, 240, jstate, sizeof jstate, reason, sizeof reason));
     if (strcmp(jstate, "succeeded") != 0)
@@ -172,9 +224,10 @@ static void test_secure_admission_and_training(void **state)
     Tah__Envelope *e = rt_status(&r, job);
     assert_non_null(e);
     const Tah__JobInfo *ji = e->status_rep->jobs[0];
-    assert_int_equal(ji->n_nodes, 2);
+    assert_int_equal(ji->n_nodes, 3);
     assert_string_equal(ji->nodes[0], "n0");
     assert_string_equal(ji->nodes[1], "n1");
+    assert_string_equal(ji->nodes[2], "n2");
     char metrics[1200];
     snprintf(metrics, sizeof metrics, "%s", ji->metrics_path);
     wire_envelope_free(&e);
@@ -190,7 +243,7 @@ static void test_secure_admission_and_training(void **state)
     char ref[700];
     snprintf(ref, sizeof ref, "%s/j.ref.jsonl", r.dir);
     char *ta[] = { TAH_TRAIN_EXE, "--model", "4,2,64,32,256", "--train-data", train, "--batch", "2", "--seq", "16",
-                   "--steps", "6", "--lr", "1e-3", "--stages", "2", "--micro-batches", "2", "--schedule", "gpipe",
+                   "--steps", "6", "--lr", "1e-3", "--stages", "3", "--micro-batches", "2", "--schedule", "gpipe",
                    "--threads", "1", "--metrics", ref, "--quiet", NULL };
     int rc = rt_run(ta, out, sizeof out);
     if (rc != 0)
