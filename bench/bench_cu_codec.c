@@ -35,6 +35,11 @@
 #include "synth.h" /* codec_synth_activations */
 
 int cu_bench_spin(cudaStream_t st, unsigned int us); /* cuda/cu_bench.cu */
+/* cuda/cu_codec.cu, benchmark only: a TAH encode running only some stages
+ * (1 absmax memset, 2 k_tah_entropy, 4 select, 8 quant + flags) */
+int cu_codec_encode_stages(const codec_spec_t *spec, codec_shape_t shape, const float *d_x, uint8_t *d_payload,
+                           void *d_scratch, cudaStream_t stream, unsigned int stages, char *err, size_t errlen);
+static unsigned int s_stages = 15u; /* dir 2 of s_time: cu_codec_encode_stages with these */
 #define SPIN_US 60
 
 #define NBUF 4
@@ -106,6 +111,8 @@ static int s_time(const codec_spec_t *spec, codec_shape_t shape, int dir, int qu
         CU(cudaEventRecord(e0, 0));
         if (dir == 0)
             rc = cu_codec_encode(spec, shape, dx[b], dp[b], scratch, 0, err, errlen);
+        else if (dir == 2)
+            rc = cu_codec_encode_stages(spec, shape, dx[b], dp[b], scratch, 0, s_stages, err, errlen);
         else
             rc = cu_codec_decode(spec, shape, dp[b], dy[b], scratch, 0, err, errlen);
         CU(cudaEventRecord(e1, 0));
@@ -123,6 +130,57 @@ static int s_time(const codec_spec_t *spec, codec_shape_t shape, int dir, int qu
             *mx = t[reps - 1];
     }
     return rc;
+}
+
+/* TAH encode split: each stage alone (the scratch holds what a full encode
+ * of the same shape left: all input buffers hold the same tensor), and the
+ * stages in sequence (memset+entropy, +select, +quant = full): queued ms,
+ * median of reps; the alone times read x cold, in sequence the quant finds
+ * part of x in L2. Also each stage alone on the (1,1,256) tensor (fixed). */
+static int s_tah_split(codec_shape_t shape, float *const dx[], uint8_t *const dp[], float *const dy[], void *scratch,
+                       cudaEvent_t e0, cudaEvent_t e1, float *t, int reps, char *line, size_t linelen)
+{
+    codec_spec_t spec;
+    char err[CODEC_ERRLEN];
+    if (codec_spec_parse("tah", &spec, err, sizeof err) != 0)
+        return -1;
+    static const unsigned int alone[4] = { 1u, 2u, 4u, 8u }, seq[3] = { 3u, 7u, 15u };
+    double a[4], af[4], q[3];
+    const codec_shape_t tiny = { 1, 1, 256 };
+    for (int pass = 0; pass < 2; pass++) {
+        const codec_shape_t sh = pass ? tiny : shape;
+        for (int b = 0; b < NBUF; b++) /* scratch state of a full encode of this shape */
+            if (cu_codec_encode(&spec, sh, dx[b], dp[b], scratch, 0, err, sizeof err) != 0 ||
+                cu_codec_status(scratch, 0, err, sizeof err) != 0) {
+                fprintf(stderr, "bench_cu_codec: tah split: %s\n", err);
+                return -1;
+            }
+        for (int k = 0; k < 4; k++) {
+            s_stages = alone[k];
+            if (s_time(&spec, sh, 2, 1, dx, dp, dy, scratch, e0, e1, t, reps, pass ? &af[k] : &a[k], NULL, NULL,
+                       err, sizeof err) != 0) {
+                fprintf(stderr, "bench_cu_codec: tah split: %s\n", err);
+                return -1;
+            }
+        }
+    }
+    for (int k = 0; k < 3; k++) {
+        s_stages = seq[k];
+        if (s_time(&spec, shape, 2, 1, dx, dp, dy, scratch, e0, e1, t, reps, &q[k], NULL, NULL, err, sizeof err) !=
+            0) {
+            fprintf(stderr, "bench_cu_codec: tah split: %s\n", err);
+            return -1;
+        }
+    }
+    s_stages = 15u;
+    snprintf(line, linelen,
+             "tah encode split (queued ms, median of %d): alone: memset %.4f entropy %.4f select %.4f quant %.4f "
+             "(sum %.4f)\n"
+             "  in sequence: memset+entropy %.4f, +select %.4f (+%.4f), +quant %.4f (+%.4f) = full\n"
+             "  alone on (1,1,256), us: memset %.1f entropy %.1f select %.1f quant %.1f",
+             reps, a[0], a[1], a[2], a[3], a[0] + a[1] + a[2] + a[3], q[0], q[1], q[1] - q[0], q[2], q[2] - q[1],
+             1e3 * af[0], 1e3 * af[1], 1e3 * af[2], 1e3 * af[3]);
+    return 0;
 }
 
 typedef struct s_row {
@@ -306,6 +364,12 @@ int main(int argc, char **argv)
            "at the start event (host enqueue inside); fixed us: queued time of a (1,1,256) call; min-max%%: spread\n"
            "of the queued repeats; copy roofline %.1f GB/s (%s); CSV: %s\n",
            reps, copy_bw / 1e9, base_note, csv);
+
+    char split[768];
+    if (s_tah_split(shape, dx, dp, dy, scratch, e0, e1, t, reps, split, sizeof split) == 0)
+        printf("%s\n", split);
+    else
+        failed = 1;
 
     for (int b = 0; b < NBUF; b++) {
         cudaFree(dx[b]);

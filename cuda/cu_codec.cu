@@ -115,8 +115,29 @@ static int s_check(const codec_spec_t *spec, codec_shape_t shape, const void *a,
     return 0;
 }
 
+static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *d_x, uint8_t *d_payload,
+                    void *d_scratch, cudaStream_t stream, unsigned int stages, char *err, size_t errlen);
+
 extern "C" int cu_codec_encode(const codec_spec_t *spec, codec_shape_t shape, const float *d_x, uint8_t *d_payload,
                                void *d_scratch, cudaStream_t stream, char *err, size_t errlen)
+{
+    return s_encode(spec, shape, d_x, d_payload, d_scratch, stream, CU_TAH_ALL, err, errlen);
+}
+
+// Benchmark only (bench/bench_cu_codec.c declares it; not in cu_codec.h): a TAH encode that
+// runs only the stages in `stages` (CU_TAH_MEMSET 1: the absmax memset, CU_TAH_ENTROPY 2,
+// CU_TAH_SELECT 4, CU_TAH_QUANT 8: quant + flags), so the bench can split the encode's time.
+// A stage run alone reads what an earlier full encode of the same shape left in the scratch
+// (entropies, prefixes, absmax); its payload is meaningless. Other codecs: a plain encode.
+extern "C" int cu_codec_encode_stages(const codec_spec_t *spec, codec_shape_t shape, const float *d_x,
+                                      uint8_t *d_payload, void *d_scratch, cudaStream_t stream, unsigned int stages,
+                                      char *err, size_t errlen)
+{
+    return s_encode(spec, shape, d_x, d_payload, d_scratch, stream, stages & CU_TAH_ALL, err, errlen);
+}
+
+static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *d_x, uint8_t *d_payload,
+                    void *d_scratch, cudaStream_t stream, unsigned int stages, char *err, size_t errlen)
 {
     uint64_t n = 0;
     int rc = s_check(spec, shape, d_x, d_payload, d_scratch, &n, err, errlen);
@@ -124,7 +145,7 @@ extern "C" int cu_codec_encode(const codec_spec_t *spec, codec_shape_t shape, co
         return rc;
     const cu_hp head = s_head(d_scratch); // no status memset: the kernels tag the status word
     void *work = (uint8_t *)d_scratch + CU_SCRATCH_HEAD;
-    if (spec->id == CODEC_INT || spec->id == CODEC_TAH) // atomicMax of the frame absmax starts at 0
+    if (spec->id == CODEC_INT || (spec->id == CODEC_TAH && (stages & CU_TAH_MEMSET))) // atomicMax starts at 0
         CUDA_CHECK(cudaMemsetAsync(&head.p->absmax_bits, 0, sizeof head.p->absmax_bits, stream));
     switch (spec->id) {
     case CODEC_FP32:
@@ -133,7 +154,7 @@ extern "C" int cu_codec_encode(const codec_spec_t *spec, codec_shape_t shape, co
     case CODEC_FIXPT:
     case CODEC_INT: return cu_group_encode(spec, n, d_x, d_payload, head, work, stream, err, errlen);
     case CODEC_ASH_FP8: return cu_ash_encode(spec, n, d_x, d_payload, head, work, stream, err, errlen);
-    case CODEC_TAH: return cu_tah_encode(spec, shape, d_x, d_payload, head, work, stream, err, errlen);
+    case CODEC_TAH: return cu_tah_encode(spec, shape, d_x, d_payload, head, work, stream, stages, err, errlen);
     }
     return s_fail(TAH_ECODEC, err, errlen, "cuda codec: unknown codec id %d", (int)spec->id);
 }

@@ -372,8 +372,15 @@ int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t 
 int cu_ash_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,
                   void *work, cudaStream_t st, char *err, size_t errlen);
 size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape);
+// stages: CU_TAH_ENTROPY | CU_TAH_SELECT | CU_TAH_QUANT (all of them for a real encode; the
+// benchmark times subsets through cu_codec_encode_stages, cu_codec.cu)
+#define CU_TAH_MEMSET 1u
+#define CU_TAH_ENTROPY 2u
+#define CU_TAH_SELECT 4u
+#define CU_TAH_QUANT 8u
+#define CU_TAH_ALL 15u
 int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload, cu_hp head,
-                  void *work, cudaStream_t st, char *err, size_t errlen);
+                  void *work, cudaStream_t st, unsigned int stages, char *err, size_t errlen);
 int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *payload, float *out,
                   cu_hp head, void *work, cudaStream_t st, char *err, size_t errlen);
 

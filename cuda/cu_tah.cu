@@ -261,16 +261,17 @@ __device__ __forceinline__ void d_ent_load4(const float *src, bool vec, float f[
     }
 }
 
-// one 16-element step of tah.c's 16 accumulators (lane u holds 4u..4u+3)
-__device__ __forceinline__ void d_ent_step(const float f[4], float s1[4], float sl[4], float &mx, uint32_t &bad)
+// one 16-element step of tah.c's 16 accumulators (lane u holds 4u..4u+3).
+// mb: max of |f|'s bits (round 5; was fmaxf plus a non-finite test per element): for
+// finite floats the same maximum, and >= 0x7f800000 exactly when some f is Inf or NaN.
+__device__ __forceinline__ void d_ent_step(const float f[4], float s1[4], float sl[4], uint32_t &mb)
 {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        bad |= (uint32_t)d_nonfinite(f[i]);
         const float v = fabsf(f[i]);
         s1[i] = __fadd_rn(s1[i], v);
         sl[i] = __fadd_rn(sl[i], __fmul_rn(v, d_log2f(v)));
-        mx = fmaxf(mx, v);
+        mb = max(mb, __float_as_uint(v));
     }
 }
 
@@ -282,7 +283,7 @@ __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
     const uint64_t ntiles = g.B * g.n_alloc;
-    uint32_t amax = 0, bad = 0;
+    uint32_t amax = 0; // max |x| bits of the warp's elements (>= 0x7f800000: non-finite x)
     for (uint64_t base = warp * 8u; base < ntiles; base += nwarps * 8u) {
         const uint64_t tile = base + sub;
         const bool valid = tile < ntiles;
@@ -292,7 +293,7 @@ __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x
         const uint32_t w = valid ? (g.C - c0 < g.A ? g.C - c0 : g.A) : 0u;
         const float *row = x + token * g.C + c0;
         const uint32_t nfull = w / 16u;
-        float s1[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, sl[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, mx = 0.0f;
+        float s1[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, sl[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
         // S_ENT_STEPS steps per batch, all loads first (round 4: 64 bytes per lane in flight,
         // was 32), then the steps in order: the same accumulation order per lane
         uint32_t st = 0;
@@ -303,12 +304,12 @@ __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x
                 d_ent_load4(row + 16u * (st + (uint32_t)k) + 4u * u, g.vec, f[k]);
 #pragma unroll
             for (int k = 0; k < S_ENT_STEPS; k++)
-                d_ent_step(f[k], s1, sl, mx, bad);
+                d_ent_step(f[k], s1, sl, amax);
         }
         for (; st < nfull; st++) {
             float f[4];
             d_ent_load4(row + 16u * st + 4u * u, g.vec, f);
-            d_ent_step(f, s1, sl, mx, bad);
+            d_ent_step(f, s1, sl, amax);
         }
         // tah.c: S1 = 0 + s1[0] + s1[1] + ... + s1[15], lane 4u'+i held by lane u', register i
         float S1 = 0.0f, SL = 0.0f;
@@ -321,15 +322,11 @@ __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x
                 SL = __fadd_rn(SL, __shfl_sync(CU_FULL, sl[i], seg0 + up));
             }
         }
-        mx = fmaxf(mx, __shfl_xor_sync(CU_FULL, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(CU_FULL, mx, 2));
         for (uint32_t i = 16u * nfull; i < w; i++) { // tail, in order, by every lane of the tile
-            const float f = row[i];
-            bad |= (uint32_t)d_nonfinite(f);
-            const float v = fabsf(f);
+            const float v = fabsf(row[i]);
             S1 = __fadd_rn(S1, v);
             SL = __fadd_rn(SL, __fmul_rn(v, d_log2f(v)));
-            mx = fmaxf(mx, v);
+            amax = max(amax, __float_as_uint(v));
         }
         float h = 0.0f;
         if (S1 != 0.0f) {
@@ -339,14 +336,13 @@ __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x
         }
         if (valid && u == 0)
             ent[tile] = h;
-        amax = max(amax, __float_as_uint(mx));
     }
     for (int o = 16; o > 0; o /= 2)
         amax = max(amax, __shfl_xor_sync(CU_FULL, amax, o));
-    if (lane == 0 && amax != 0)
+    if (lane == 0 && amax >= 0x7f800000u)
+        d_flag(head, CU_ST_NONFINITE); // the payload is unspecified then; the absmax is left alone
+    else if (lane == 0 && amax != 0)
         atomicMax(&head.p->absmax_bits, amax);
-    if (bad)
-        d_flag(head, CU_ST_NONFINITE);
 }
 
 __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const float *__restrict__ ent, uint32_t *pre,
@@ -1228,17 +1224,21 @@ static int s_check_tile(const s_tg &g, char *err, size_t errlen)
 }
 
 int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload, cu_hp head,
-                  void *work, cudaStream_t st, char *err, size_t errlen)
+                  void *work, cudaStream_t st, unsigned int stages, char *err, size_t errlen)
 {
     const s_tg g = s_geometry(spec, shape, x);
     int rc = s_check_tile(g, err, errlen);
     if (rc != 0)
         return rc;
     const s_tw t = s_carve(work, g);
-    k_tah_entropy<<<cu_grid(g.B * g.n_alloc, 64), 256, 0, st>>>(x, t.ent, head, g);
-    CU_CHECK_LAUNCH("k_tah_entropy");
+    if (stages & CU_TAH_ENTROPY) {
+        k_tah_entropy<<<cu_grid(g.B * g.n_alloc, 64), 256, 0, st>>>(x, t.ent, head, g);
+        CU_CHECK_LAUNCH("k_tah_entropy");
+    }
     const size_t sel_smem = 8 * (size_t)g.n_alloc; // keys + packed prefixes
-    if (!cu_legacy() && g.n_alloc <= 0xffffffffull && sel_smem <= cu_smem_optin(4096)) {
+    if (!(stages & CU_TAH_SELECT)) {
+        // benchmark split only (cu_codec_encode_stages)
+    } else if (!cu_legacy() && g.n_alloc <= 0xffffffffull && sel_smem <= cu_smem_optin(4096)) {
         CUDA_CHECK(cu_smem_allow((const void *)k_tah_select_sm, sel_smem));
         k_tah_select_sm<<<(unsigned int)g.B, S_SEL_THREADS, sel_smem, st>>>(t.ent, t.pre, payload, head, g);
         CU_CHECK_LAUNCH("k_tah_select_sm");
@@ -1248,6 +1248,8 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
     }
     const uint64_t per_block = 8u * (32u / (g.G / 8u));
     const bool flag_bytes = g.fbits == 8 && !cu_legacy();
+    if (!(stages & CU_TAH_QUANT))
+        return 0;
     if (cu_legacy())
         k_tah_quant<1><<<cu_grid(g.T, per_block), 256, 0, st>>>(x, t.pre, t.flagv, payload, head, g, flag_bytes);
     else
