@@ -68,10 +68,18 @@ static int s_listed(rt_t *r, const char *name, const char *state)
     return found;
 }
 
+static rt_t r; /* static: the teardown stops the children when an assertion fails */
+
+static int s_teardown(void **state)
+{
+    (void)state;
+    rt_stop(&r);
+    return 0;
+}
+
 static void test_secure_admission_and_training(void **state)
 {
     (void)state;
-    rt_t r;
     rt_init(&r, "rt_secure");
     r.secure = 1;
     rt_start_coord(&r, 10.0, 0);
@@ -255,7 +263,7 @@ static void test_secure_admission_and_training(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_secure_admission_and_training),
+        cmocka_unit_test_teardown(test_secure_admission_and_training, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
