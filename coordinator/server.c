@@ -933,20 +933,8 @@ out:
 static void s_on_message(coord_t *c)
 {
     zmq_msg_t part[3];
-    int nparts = 0, more = 1;
-    while (more) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, c->router, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&m);
-            break;
-        }
-        more = zmq_msg_more(&m);
-        if (nparts < 3)
-            part[nparts++] = m;
-        else
-            zmq_msg_close(&m);
-    }
+    int nparts = 0;
+    wire_recv_parts(c->router, part, 3, &nparts);
     if (nparts == 0)
         return;
     const uint8_t *rid = zmq_msg_data(&part[0]);
@@ -1172,20 +1160,8 @@ int coord_keygen(const char *state_dir, char *err, size_t errlen)
 static void s_on_zap(coord_t *c)
 {
     zmq_msg_t f[8];
-    int nf = 0, more = 1;
-    while (more) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, c->zap, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&m);
-            break;
-        }
-        more = zmq_msg_more(&m);
-        if (nf < 8)
-            f[nf++] = m;
-        else
-            zmq_msg_close(&m);
-    }
+    int nf = 0;
+    wire_recv_parts(c->zap, f, 8, &nf);
     if (nf == 0)
         return;
     const char *status = "400", *text = "only CURVE is accepted";

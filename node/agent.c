@@ -405,20 +405,8 @@ static void s_zap_resolve(agent_t *a, double now)
 static void s_on_zap(agent_t *a)
 {
     zmq_msg_t f[10];
-    int nf = 0, more = 1;
-    while (more) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, a->zap, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&m);
-            break;
-        }
-        more = zmq_msg_more(&m);
-        if (nf < 10)
-            f[nf++] = m;
-        else
-            zmq_msg_close(&m);
-    }
+    int nf = 0;
+    wire_recv_parts(a->zap, f, 10, &nf);
     struct s_zap_wait w;
     memset(&w, 0, sizeof w);
     w.since = s_now();
@@ -651,28 +639,6 @@ static void s_on_coord(agent_t *a)
     wire_envelope_free(&e);
 }
 
-/* Receive a whole multipart message (up to nmax parts kept). */
-static int s_recv_parts(void *sock, zmq_msg_t *parts, int nmax, int *nparts)
-{
-    int n = 0, more = 1, total = 0;
-    while (more) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&m);
-            break;
-        }
-        more = zmq_msg_more(&m);
-        total++;
-        if (n < nmax)
-            parts[n++] = m;
-        else
-            zmq_msg_close(&m);
-    }
-    *nparts = n;
-    return total;
-}
-
 /* A data message [hdr][payload] from stage `from` (authenticated). */
 static void s_deliver(agent_t *a, int from, const char *peer, zmq_msg_t *hdr, zmq_msg_t *payload)
 {
@@ -726,7 +692,7 @@ static void s_on_router(agent_t *a)
 {
     zmq_msg_t parts[4];
     int n = 0;
-    int total = s_recv_parts(a->router, parts, 4, &n);
+    int total = wire_recv_parts(a->router, parts, 4, &n);
     node_job_t *j = a->job;
     if (n == 0)
         return;
@@ -791,7 +757,7 @@ static void s_on_dealer(agent_t *a, void *sock, int from)
 {
     zmq_msg_t parts[2];
     int n = 0;
-    int total = s_recv_parts(sock, parts, 2, &n);
+    int total = wire_recv_parts(sock, parts, 2, &n);
     char peer[96];
     snprintf(peer, sizeof peer, "stage %d (%s)", from, a->job->names[from]);
     if (total != 2 || n != 2)
@@ -909,7 +875,7 @@ static void s_on_pipe(agent_t *a)
 {
     zmq_msg_t parts[4];
     int n = 0;
-    s_recv_parts(a->pipe, parts, 4, &n);
+    wire_recv_parts(a->pipe, parts, 4, &n);
     if (n == 0)
         return;
     char cmd = zmq_msg_size(&parts[0]) == 1 ? *(char *)zmq_msg_data(&parts[0]) : 0;

@@ -213,6 +213,27 @@ Tah__Envelope *wire_recv_envelope(void *sock, int timeout_ms, int *timed_out, ch
     return e;
 }
 
+int wire_recv_parts(void *sock, zmq_msg_t *parts, int nmax, int *nparts)
+{
+    int n = 0, more = 1, total = 0;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            break;
+        }
+        more = zmq_msg_more(&m);
+        total++;
+        if (n < nmax)
+            parts[n++] = m;
+        else
+            zmq_msg_close(&m);
+    }
+    *nparts = n;
+    return total;
+}
+
 int wire_endpoint(const char *hostport, char *out, size_t outlen, char *err, size_t errlen)
 {
     if (!strncmp(hostport, "tcp://", 6) || !strncmp(hostport, "ipc://", 6) || !strncmp(hostport, "inproc://", 9)) {

@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <zmq.h> /* zmq_msg_t */
+
 #include "tah.pb-c.h" /* Tah__Envelope, Tah__DataHeader, ... */
 
 #define TAH_PROTO_VERSION 1u
@@ -47,6 +49,10 @@ int wire_send_error(void *sock, const void *rid, size_t rid_len, int code, const
  * id) with a timeout in ms; NULL on timeout (*timed_out = 1) or a bad
  * message (err). */
 Tah__Envelope *wire_recv_envelope(void *sock, int timeout_ms, int *timed_out, char *err, size_t errlen);
+/* Receive the waiting multipart message without blocking: its first nmax
+ * parts go to parts[] (*nparts of them; the caller closes them), the rest are
+ * received and dropped. Returns how many parts the message had (0: none). */
+int wire_recv_parts(void *sock, zmq_msg_t *parts, int nmax, int *nparts);
 
 /* "HOST:PORT" -> "tcp://HOST:PORT" (port 0 -> "*", an ephemeral port when
  * binding). 0, or TAH_EINVAL with a message. A string that already starts
