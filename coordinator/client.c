@@ -197,6 +197,17 @@ static void s_print_json(const Tah__StatusRep *r)
                     (unsigned long long)l->fp32_bytes, l->bytes ? (double)l->fp32_bytes / (double)l->bytes : 1.0,
                     l->seconds > 0 ? (double)l->bytes / l->seconds : 0.0);
         }
+        fprintf(f, "],\"ckpt_step\":%d,\"recoveries\":%u,\"events\":[", j->ckpt_step, j->recoveries);
+        for (size_t k = 0; k < j->n_events; k++) {
+            const Tah__EventInfo *ev = j->events[k];
+            fprintf(f, "%s{\"time\":%.3f,\"kind\":", k ? "," : "", ev->time);
+            s_json_str(f, ev->kind);
+            fprintf(f, ",\"node\":");
+            s_json_str(f, ev->node);
+            fprintf(f, ",\"stage\":%d,\"step\":%d,\"detail\":", ev->stage, ev->step);
+            s_json_str(f, ev->detail);
+            fprintf(f, "}");
+        }
         fprintf(f, "]}");
     }
     fprintf(f, "],\"nodes\":[");
@@ -239,6 +250,19 @@ static void s_print_text(const Tah__StatusRep *r)
         if (j->has_loss)
             printf(", loss %.4f, %.0f tokens/s", j->loss, j->tokens_per_s);
         printf("\n  metrics %s\n", j->metrics_path);
+        if (j->ckpt_step || j->recoveries)
+            printf("  checkpoint replicas complete at step %d; %u recoveries\n", j->ckpt_step, j->recoveries);
+        for (size_t k = 0; k < j->n_events; k++) {
+            const Tah__EventInfo *ev = j->events[k];
+            printf("  event %-19s step %-5d", ev->kind, ev->step);
+            if (ev->node[0])
+                printf(" node %s", ev->node);
+            if (ev->stage >= 0)
+                printf(" stage %d", ev->stage);
+            if (ev->detail[0])
+                printf(": %s", ev->detail);
+            printf("\n");
+        }
         if (j->link_shaping[0])
             printf("  links: %s\n", j->link_shaping);
         if (j->n_nodes) {
@@ -328,7 +352,7 @@ int coord_wait(const coord_client_opts_t *o, uint64_t job)
             return 1;
         }
         const Tah__JobInfo *j = r->jobs[0];
-        if (strcmp(j->state, "queued") != 0 && strcmp(j->state, "running") != 0) {
+        if (strcmp(j->state, "queued") != 0 && strcmp(j->state, "running") != 0 && strcmp(j->state, "paused") != 0) {
             int ok = !strcmp(j->state, "succeeded");
             printf("job %llu %s", (unsigned long long)job, j->state);
             if (j->reason[0])

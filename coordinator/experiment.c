@@ -769,7 +769,7 @@ static int s_run_point(x_exp_t *x, const coord_client_opts_t *o, int p)
             }
             checked_nodes = 1;
         }
-        int running = !strcmp(j->state, "queued") || !strcmp(j->state, "running");
+        int running = !strcmp(j->state, "queued") || !strcmp(j->state, "running") || !strcmp(j->state, "paused");
         if (!running) {
             double utils = 0, umax = -1;
             int nu = 0;

@@ -83,6 +83,16 @@ static int s_handler(void *user, const char *section, const char *name, const ch
         c->j->max_bad_frames = (int)v;
         return 1;
     }
+    if (!strcmp(name, "max_recoveries")) {
+        char *end = NULL;
+        long v = strtol(value, &end, 10);
+        if (end == value || *end || v < 0 || v > 1000000) {
+            snprintf(c->msg, sizeof c->msg, "max_recoveries = '%s' is not an integer in range 0..1000000", value);
+            return 0;
+        }
+        c->j->max_recoveries = (int)v;
+        return 1;
+    }
     if (!strcmp(name, "link_rate_mbps") || !strcmp(name, "link_delay_ms")) {
         int rate = name[5] == 'r';
         char lerr[400];
@@ -101,7 +111,7 @@ static int s_handler(void *user, const char *section, const char *name, const ch
     if (!trainopts_known(name)) {
         snprintf(c->msg, sizeof c->msg,
                  "unknown key '%s'; HINT: keys are tah-train's long options with underscores, plus name, "
-                 "checkpoint_every, link_rate_mbps, link_delay_ms, max_norm_ratio and max_bad_frames",
+                 "checkpoint_every, link_rate_mbps, link_delay_ms, max_norm_ratio, max_bad_frames and max_recoveries",
                  name);
         return 0;
     }
@@ -122,6 +132,7 @@ int jobfile_parse(const char *text, const char *fname, job_spec_t *j, char *err,
     trainopts_defaults(&j->t);
     j->max_norm_ratio = JOB_DEFAULT_MAX_NORM_RATIO;
     j->max_bad_frames = JOB_DEFAULT_MAX_BAD_FRAMES;
+    j->max_recoveries = JOB_DEFAULT_MAX_RECOVERIES;
     c->j = j;
     int rc = 0;
     int line = ini_parse_string(text, s_handler, c);

@@ -21,8 +21,13 @@
  *                     rejected (node/guard.h); default 1000, 0 = off
  *   max_bad_frames    a neighbour whose rejected data messages reach this
  *                     count (as reported by the node receiving them) is
- *                     evicted: the coordinator fails the job naming it;
- *                     default 10, 0 = never
+ *                     evicted: the coordinator re-places its stage (and
+ *                     never gives this job to that node again); default
+ *                     10, 0 = never
+ *   max_recoveries    how many times the job may be re-placed after a lost,
+ *                     leaving or evicted node (each rolls every stage back
+ *                     to the last step with a complete set of checkpoint
+ *                     replicas, or step 0); default 20, 0 = fail instead
  * Relative paths are relative to the job file's directory (base_dir).
  * `save` (a whole llm.c model file) is refused: stages live on different
  * machines; use save_ckpt, then tah-train --resume PREFIX --save F.
@@ -47,10 +52,12 @@ typedef struct job_spec {
     linkspec_t link_delay; /* ms per directed link (0: none) */
     double max_norm_ratio; /* 0: no norm bound */
     int max_bad_frames;    /* 0: never evict */
+    int max_recoveries;    /* 0: a lost node fails the job */
 } job_spec_t;
 
 #define JOB_DEFAULT_MAX_NORM_RATIO 1000.0
 #define JOB_DEFAULT_MAX_BAD_FRAMES 10
+#define JOB_DEFAULT_MAX_RECOVERIES 20
 
 /* 0, or TAH_EINVAL with "FNAME:LINE: message" in err. */
 int jobfile_parse(const char *text, const char *fname, job_spec_t *j, char *err, size_t errlen);

@@ -13,6 +13,7 @@
 #include <unistd.h> /* access */
 #include <zmq.h>
 
+#include "crc32c.h"    /* crc32c_update: checkpoint replicas */
 #include "errors.h"
 #include "fileio.h"    /* tah_file_write_atomic */
 #include "jobfile.h"   /* jobfile_parse, jobfile_resolve */
@@ -23,7 +24,8 @@
 #include "token.h"     /* token_secret_load, token_create, token_verify */
 #include "wire.h"
 
-#define S_AGG 32          /* steps aggregated at once per job */
+#define S_AGG 1024        /* steps aggregated at once per job: a restarted coordinator gets up to
+                             1024 steps of reports from each node in turn (node backlog) */
 #define S_HEARTBEAT_S 1.0 /* coordinator -> node heartbeat period */
 
 enum { N_IDLE, N_BUSY, N_LOST };
@@ -39,6 +41,7 @@ typedef struct cnode {
     int64_t job;
     int stage;
     int step;
+    int leaving;           /* asked to leave (or left on its own): not placed until it re-announces */
     double last_seen;
     uint64_t rejected;
     long order;            /* announce order: placement prefers older nodes */
@@ -52,14 +55,42 @@ typedef struct cagg {      /* one step's reports, until every stage sent its own
     double loss, val_loss, lr, grad_norm, ms, time_s;
 } cagg_t;
 
+typedef struct cupload {   /* a checkpoint replica being received from a stage's node */
+    FILE *f;               /* NULL: none in progress */
+    int step;
+    uint64_t off, total;
+    uint32_t crc_want, crc;
+    char path[1300];       /* final name; f writes path.part */
+} cupload_t;
+
+typedef struct crep {      /* a checkpoint replica held in STATE/jobs/<id>/ckpt */
+    int stage, step;
+    uint64_t size;
+    uint32_t crc;
+} crep_t;
+
 typedef struct cjob {
     store_job_t j;         /* persisted (j.ini owned) */
     job_spec_t *spec;      /* parsed ini; NULL for finished jobs loaded at startup */
-    char (*nodes)[64];     /* node of each stage while running */
+    char (*nodes)[64];     /* node of each stage (the latest placement) */
+    int *l0, *l1;          /* layer range of each stage, fixed for the job's life (checkpoints hold it) */
     int ndone;
     FILE *mf;              /* metrics.jsonl while running */
-    cagg_t agg[S_AGG];
+    cagg_t *agg;           /* S_AGG, while the job is live */
     char link_note[512];   /* the job's in-process link emulation, for status ("" if none) */
+    /* recovery (issue 8) */
+    int resume_step;       /* the step the latest placement started from */
+    char *need;            /* per stage: give it to another node than its last one */
+    char (*banned)[64];    /* evicted nodes: never placed on this job again */
+    int nbanned;
+    int adopting;          /* paused by a coordinator restart: waiting for the nodes to re-announce */
+    char *adopted;         /* per stage */
+    double adopt_deadline; /* then the stages still missing count as lost */
+    int drain_step;        /* > 0: Drain sent (a node leaves), waiting for every stage's DRAINED */
+    int *drained;          /* per stage: the step it stopped after, 0 = not yet */
+    cupload_t *up;         /* per stage */
+    crep_t *reps;
+    int nreps, capreps;
 } cjob_t;
 
 /* What status says about a job's link settings: rate, delay and which
@@ -194,7 +225,11 @@ static void s_send_abort(coord_t *c, cnode_t *n, int64_t job, const char *reason
 
 static void s_job_finish(coord_t *c, cjob_t *j, const char *state, const char *reason, cnode_t *except)
 {
-    int was_running = !strcmp(j->j.state, "running");
+    int was_running = !strcmp(j->j.state, "running") || !strcmp(j->j.state, "paused");
+    j->adopting = 0;
+    j->drain_step = 0;
+    free(j->agg); /* no more reports */
+    j->agg = NULL;
     snprintf(j->j.state, sizeof j->j.state, "%s", state);
     snprintf(j->j.reason, sizeof j->j.reason, "%s", reason ? reason : "");
     j->j.finished = s_now();
@@ -251,18 +286,368 @@ static void s_allow_load(void *arg, int64_t job, const char *key)
     c->nallow++;
 }
 
+/* ---- per-stage job state ---- */
+
+static int s_job_stages_alloc(cjob_t *j)
+{
+    const size_t S = (size_t)j->j.stages;
+    if (j->need)
+        return 0;
+    j->nodes = j->nodes ? j->nodes : calloc(S, sizeof *j->nodes);
+    j->l0 = calloc(S, sizeof *j->l0);
+    j->l1 = calloc(S, sizeof *j->l1);
+    j->need = calloc(S, 1);
+    j->adopted = calloc(S, 1);
+    j->drained = calloc(S, sizeof *j->drained);
+    j->up = calloc(S, sizeof *j->up);
+    j->agg = calloc(S_AGG, sizeof *j->agg);
+    if (!j->nodes || !j->l0 || !j->l1 || !j->need || !j->adopted || !j->drained || !j->up || !j->agg)
+        return TAH_ENOMEM;
+    for (size_t k = 0; k < S; k++)
+        j->l0[k] = j->l1[k] = -1;
+    return 0;
+}
+
+static void s_job_free(cjob_t *j)
+{
+    if (j->mf)
+        fclose(j->mf);
+    for (int k = 0; j->up && k < j->j.stages; k++)
+        if (j->up[k].f)
+            fclose(j->up[k].f);
+    free(j->j.ini);
+    free(j->spec);
+    free(j->nodes);
+    free(j->l0);
+    free(j->l1);
+    free(j->need);
+    free(j->adopted);
+    free(j->drained);
+    free(j->up);
+    free(j->agg);
+    free(j->banned);
+    free(j->reps);
+    free(j);
+}
+
+static void s_agg_reset(cjob_t *j)
+{
+    for (int a = 0; j->agg && a < S_AGG; a++)
+        j->agg[a].step = -1;
+}
+
+static int s_banned(const cjob_t *j, const char *name)
+{
+    for (int i = 0; i < j->nbanned; i++)
+        if (!strcmp(j->banned[i], name))
+            return 1;
+    return 0;
+}
+
+static void s_ban(cjob_t *j, const char *name)
+{
+    if (s_banned(j, name))
+        return;
+    char(*nb)[64] = realloc(j->banned, (size_t)(j->nbanned + 1) * sizeof *nb);
+    if (!nb)
+        return;
+    j->banned = nb;
+    snprintf(j->banned[j->nbanned++], 64, "%s", name);
+}
+
+/* A job event for the record (SQLite events table, `status`). */
+static void s_event(coord_t *c, cjob_t *j, const char *kind, const char *node, int stage, int step,
+                    const char *detail)
+{
+    store_event_t e;
+    memset(&e, 0, sizeof e);
+    e.job = j->j.id;
+    e.time = s_now();
+    snprintf(e.kind, sizeof e.kind, "%s", kind);
+    snprintf(e.node, sizeof e.node, "%s", node ? node : "");
+    e.stage = stage;
+    e.step = step;
+    snprintf(e.detail, sizeof e.detail, "%s", detail ? detail : "");
+    store_event_add(c->store, &e);
+    log_info("job %lld: event %s at step %d%s%s: %s", (long long)j->j.id, kind, step, node && *node ? ", node " : "",
+             node ? node : "", e.detail);
+}
+
+/* ---- checkpoint replicas ---- */
+
+static void s_ckpt_path(const coord_t *c, const cjob_t *j, int stage, int step, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s/jobs/%lld/ckpt/stage%d.step%d.ckpt", c->state_dir, (long long)j->j.id, stage, step);
+}
+
+static const crep_t *s_rep_find(const cjob_t *j, int stage, int step)
+{
+    for (int i = 0; i < j->nreps; i++)
+        if (j->reps[i].stage == stage && j->reps[i].step == step)
+            return &j->reps[i];
+    return NULL;
+}
+
+static void s_rep_add(cjob_t *j, int stage, int step, uint64_t size, uint32_t crc)
+{
+    crep_t *r = (crep_t *)s_rep_find(j, stage, step);
+    if (!r) {
+        if (j->nreps == j->capreps) {
+            int cap = j->capreps ? 2 * j->capreps : 16;
+            crep_t *nr = realloc(j->reps, (size_t)cap * sizeof *nr);
+            if (!nr)
+                return;
+            j->reps = nr;
+            j->capreps = cap;
+        }
+        r = &j->reps[j->nreps++];
+    }
+    *r = (crep_t){ stage, step, size, crc };
+}
+
+static void s_rep_load(void *arg, int stage, int step, uint64_t size, uint32_t crc)
+{
+    cjob_t *j = arg;
+    if (stage >= 0 && stage < j->j.stages && step > 0)
+        s_rep_add(j, stage, step, size, crc);
+}
+
+/* The newest step every stage has a replica of becomes the job's
+ * ckpt_step; older replicas are deleted (files and rows). */
+static void s_rep_complete(coord_t *c, cjob_t *j)
+{
+    int best = j->j.ckpt_step;
+    for (int i = 0; i < j->nreps; i++) {
+        int step = j->reps[i].step, all = 1;
+        if (step <= best)
+            continue;
+        for (int k = 0; k < j->j.stages && all; k++)
+            all = s_rep_find(j, k, step) != NULL;
+        if (all)
+            best = step;
+    }
+    if (best == j->j.ckpt_step)
+        return;
+    j->j.ckpt_step = best;
+    int kept = 0;
+    for (int i = 0; i < j->nreps; i++) {
+        if (j->reps[i].step >= best) {
+            j->reps[kept++] = j->reps[i];
+            continue;
+        }
+        char path[1300];
+        s_ckpt_path(c, j, j->reps[i].stage, j->reps[i].step, path, sizeof path);
+        unlink(path);
+    }
+    j->nreps = kept;
+    store_ckpt_delete_before(c->store, j->j.id, best);
+    s_job_save(c, j);
+    log_info("job %lld: every stage has a checkpoint replica of step %d", (long long)j->j.id, best);
+}
+
+/* ---- placement ---- */
+
+static uint64_t s_random64(void)
+{
+    uint64_t v = 0;
+    FILE *ur = fopen("/dev/urandom", "rb");
+    if (!ur || fread(&v, sizeof v, 1, ur) != 1)
+        v = (uint64_t)(s_now() * 1e6) ^ ((uint64_t)getpid() << 32);
+    if (ur)
+        fclose(ur);
+    return v;
+}
+
+/* metrics.jsonl keeps the steps <= step (a rollback replays the rest) and
+ * is reopened for appending; the metrics table likewise. */
+static void s_metrics_reopen(coord_t *c, cjob_t *j, int step)
+{
+    if (j->mf) {
+        fclose(j->mf);
+        j->mf = NULL;
+    }
+    store_metrics_truncate(c->store, j->j.id, step);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    char err[512];
+    if (tah_file_read(j->j.metrics_path, 64u << 20, &buf, &len, err, sizeof err) == 0) {
+        size_t keep = 0;
+        for (size_t pos = 0; pos < len;) {
+            const uint8_t *nl = memchr(buf + pos, '\n', len - pos);
+            size_t end = nl ? (size_t)(nl - buf) + 1 : len;
+            int st = 0;
+            if (sscanf((const char *)buf + pos, "{\"step\":%d", &st) != 1 || st > step)
+                break;
+            keep = end;
+            pos = end;
+        }
+        if (keep < len) {
+            const void *parts[1] = { buf };
+            size_t sizes[1] = { keep };
+            if (tah_file_write_atomic(j->j.metrics_path, parts, sizes, 1, err, sizeof err) != 0)
+                log_warn("job %lld: %s", (long long)j->j.id, err);
+        }
+        free(buf);
+    }
+    j->mf = fopen(j->j.metrics_path, "a");
+    if (!j->mf)
+        log_warn("job %lld: cannot append to %s: %s", (long long)j->j.id, j->j.metrics_path, strerror(errno));
+}
+
+static int s_placeable(const coord_t *c, const cjob_t *j, const cnode_t *n)
+{
+    return n->state == N_IDLE && n->rid_len && !n->leaving && !s_banned(j, n->name) &&
+           (!c->secure || s_allowed(c, j->j.id, n->key));
+}
+
+/* Send Assign to the S chosen nodes (placement number j.epoch, a new data
+ * token, resume from j->resume_step's replicas when > 0). */
+static void s_assign(coord_t *c, cjob_t *j, cnode_t **chosen)
+{
+    const int S = j->j.stages;
+    char *eps[S], *names[S], *keys[S];
+    char prefix[2200];
+    if (j->spec->t.save_ckpt[0])
+        jobfile_resolve(j->j.base_dir, j->spec->t.save_ckpt, prefix, sizeof prefix);
+    else
+        snprintf(prefix, sizeof prefix, "%s/job%lld", j->j.base_dir, (long long)j->j.id);
+    uint64_t token = s_random64();
+    j->j.epoch++;
+    store_begin(c->store);
+    for (int k = 0; k < S; k++) {
+        keys[k] = chosen[k]->key;
+        snprintf(j->nodes[k], sizeof j->nodes[k], "%s", chosen[k]->name);
+        eps[k] = chosen[k]->endpoint;
+        names[k] = chosen[k]->name;
+        store_assignment_insert(c->store, j->j.id, k, chosen[k]->name, j->l0[k], j->l1[k], chosen[k]->endpoint);
+    }
+    for (int k = 0; k < S; k++) {
+        Tah__Assign as = TAH__ASSIGN__INIT;
+        as.job = (uint64_t)j->j.id;
+        as.stage = (uint32_t)k;
+        as.stages = (uint32_t)S;
+        as.layer0 = j->l0[k];
+        as.layer1 = j->l1[k];
+        as.n_endpoints = (size_t)S;
+        as.endpoints = eps;
+        as.n_nodes = (size_t)S;
+        as.nodes = names;
+        as.n_keys = c->secure ? (size_t)S : 0;
+        as.keys = keys;
+        as.ini = j->j.ini;
+        as.base_dir = j->j.base_dir;
+        as.token = token;
+        as.peer_timeout_ms = (uint32_t)(c->node_timeout * 1000.0 + 5000.0);
+        as.ckpt_prefix = prefix;
+        as.epoch = (uint32_t)j->j.epoch;
+        const crep_t *rp = j->resume_step > 0 ? s_rep_find(j, k, j->resume_step) : NULL;
+        if (rp) {
+            as.resume_step = j->resume_step;
+            as.ckpt_size = rp->size;
+            as.ckpt_crc = rp->crc;
+        }
+        Tah__Envelope env = TAH__ENVELOPE__INIT;
+        env.body_case = TAH__ENVELOPE__BODY_ASSIGN;
+        env.assign = &as;
+        s_send_node(c, chosen[k], &env);
+        chosen[k]->state = N_BUSY;
+        chosen[k]->job = j->j.id;
+        chosen[k]->stage = k;
+        chosen[k]->step = j->resume_step;
+        s_node_save(c, chosen[k]);
+        if (j->l0[k] >= 0)
+            log_info("job %lld: stage %d (layers %d..%d) -> node %s at %s%s", (long long)j->j.id, k, j->l0[k],
+                     j->l1[k] - 1, chosen[k]->name, chosen[k]->endpoint, rp ? " (from its checkpoint replica)" : "");
+        else
+            log_info("job %lld: stage %d -> node %s at %s", (long long)j->j.id, k, chosen[k]->name,
+                     chosen[k]->endpoint);
+    }
+    snprintf(j->j.state, sizeof j->j.state, "running");
+    j->j.reason[0] = 0;
+    j->ndone = 0;
+    j->drain_step = 0;
+    for (int k = 0; k < S; k++) {
+        j->need[k] = 0;
+        j->drained[k] = 0;
+    }
+    s_agg_reset(j);
+    s_job_save(c, j);
+    store_commit(c->store);
+}
+
+/* A paused job goes on when every stage has a node: its previous one when
+ * that is idle and not to be replaced, else a spare (idle, admitted to the
+ * job, not banned from it), oldest first. */
+static void s_try_resume(coord_t *c, cjob_t *j)
+{
+    const int S = j->j.stages;
+    if (j->adopting || !j->spec)
+        return;
+    for (int i = 0; i < c->nnodes; i++)
+        if (c->nodes[i].state == N_BUSY && c->nodes[i].job == j->j.id)
+            return; /* still stopping its old run */
+    cnode_t *chosen[S];
+    char used[c->nnodes > 0 ? c->nnodes : 1];
+    memset(used, 0, sizeof used);
+    for (int k = 0; k < S; k++) {
+        chosen[k] = NULL;
+        cnode_t *prev = j->nodes[k][0] ? s_node_by_name(c, j->nodes[k]) : NULL;
+        if (!j->need[k] && prev && s_placeable(c, j, prev)) {
+            chosen[k] = prev;
+            used[prev - c->nodes] = 1;
+        }
+    }
+    for (int k = 0; k < S; k++) {
+        if (chosen[k])
+            continue;
+        cnode_t *best = NULL;
+        for (int i = 0; i < c->nnodes; i++) {
+            cnode_t *n = &c->nodes[i];
+            if (used[i] || !s_placeable(c, j, n) || (j->need[k] && !strcmp(n->name, j->nodes[k])))
+                continue;
+            if (!best || n->order < best->order)
+                best = n;
+        }
+        if (!best) {
+            char why[512];
+            snprintf(why, sizeof why, "waiting for a node for stage %d (was %s); resumes from step %d", k,
+                     j->nodes[k], j->resume_step);
+            if (strcmp(j->j.reason, why) != 0) {
+                snprintf(j->j.reason, sizeof j->j.reason, "%s", why);
+                s_job_save(c, j);
+                log_info("job %lld: %s", (long long)j->j.id, why);
+            }
+            return;
+        }
+        chosen[k] = best;
+        used[best - c->nodes] = 1;
+    }
+    char detail[512] = "";
+    size_t dl = 0;
+    for (int k = 0; k < S; k++)
+        if (strcmp(chosen[k]->name, j->nodes[k]) != 0 && dl < sizeof detail)
+            dl += (size_t)snprintf(detail + dl, sizeof detail - dl, "%sstage %d: %s -> %s", dl ? ", " : "", k,
+                                   j->nodes[k], chosen[k]->name);
+    s_metrics_reopen(c, j, j->resume_step);
+    s_event(c, j, "resumed", "", -1, j->resume_step, detail[0] ? detail : "same nodes");
+    s_assign(c, j, chosen);
+}
+
+/* Start queued jobs when enough nodes are idle (oldest job first), and
+ * resume paused ones. */
 static void s_try_place(coord_t *c)
 {
     for (int q = 0; q < c->njobs; q++) {
         cjob_t *j = c->jobs[q];
+        if (!strcmp(j->j.state, "paused"))
+            s_try_resume(c, j);
         if (strcmp(j->j.state, "queued") != 0 || !j->spec)
             continue;
         const int S = j->j.stages;
         cnode_t *idle[c->nnodes > 0 ? c->nnodes : 1];
         int nidle = 0;
         for (int i = 0; i < c->nnodes; i++)
-            if (c->nodes[i].state == N_IDLE && c->nodes[i].rid_len &&
-                (!c->secure || s_allowed(c, j->j.id, c->nodes[i].key)))
+            if (s_placeable(c, j, &c->nodes[i]))
                 idle[nidle++] = &c->nodes[i];
         if (nidle < S) {
             if (c->secure)
@@ -270,40 +655,20 @@ static void s_try_place(coord_t *c)
             return;   /* jobs start in submission order */
         }
         qsort(idle, (size_t)nidle, sizeof idle[0], s_cmp_order);
-        double speed[S];
-        int l0[S], l1[S];
-        for (int k = 0; k < S; k++)
-            speed[k] = idle[k]->gflops;
-        int L = j->spec->t.model[0] ? j->spec->t.mcfg.L : -1;
-        if (L < 0) {
-            /* init_from: the layer count is in the model file, which the
-             * nodes read; split by tah-train's rule on the file's L, sent
-             * as -1 so the node computes it (speed balancing needs L). */
-            for (int k = 0; k < S; k++)
-                l0[k] = l1[k] = -1;
-        } else if (placement_split(L, S, speed, l0, l1) != 0) {
-            s_job_finish(c, j, "failed", "cannot place: stages exceed layers", NULL);
-            continue;
-        }
-        j->nodes = calloc((size_t)S, sizeof *j->nodes);
-        char **eps = calloc((size_t)S, sizeof *eps), **names = calloc((size_t)S, sizeof *names);
-        if (!j->nodes || !eps || !names) {
-            free(eps);
-            free(names);
+        if (s_job_stages_alloc(j) != 0) {
             log_error("job %lld: out of memory placing", (long long)j->j.id);
             return;
         }
-        char prefix[2200];
-        if (j->spec->t.save_ckpt[0])
-            jobfile_resolve(j->j.base_dir, j->spec->t.save_ckpt, prefix, sizeof prefix);
-        else
-            snprintf(prefix, sizeof prefix, "%s/job%lld", j->j.base_dir, (long long)j->j.id);
-        uint64_t token = 0;
-        FILE *ur = fopen("/dev/urandom", "rb");
-        if (!ur || fread(&token, sizeof token, 1, ur) != 1)
-            token = (uint64_t)(s_now() * 1e6) ^ ((uint64_t)j->j.id << 32);
-        if (ur)
-            fclose(ur);
+        double speed[S];
+        for (int k = 0; k < S; k++)
+            speed[k] = idle[k]->gflops;
+        int L = j->spec->t.model[0] ? j->spec->t.mcfg.L : -1;
+        /* init_from: the layer count is in the model file, which the nodes
+         * read; they split it by tah-train's rule (sent as -1) */
+        if (L >= 0 && placement_split(L, S, speed, j->l0, j->l1) != 0) {
+            s_job_finish(c, j, "failed", "cannot place: stages exceed layers", NULL);
+            continue;
+        }
         char metrics_dir[1200];
         snprintf(metrics_dir, sizeof metrics_dir, "%s", j->j.metrics_path);
         char *slash = strrchr(metrics_dir, '/');
@@ -312,64 +677,57 @@ static void s_try_place(coord_t *c)
         if (s_mkdirs(metrics_dir) != 0 || !(j->mf = fopen(j->j.metrics_path, "w"))) {
             char reason[1400];
             snprintf(reason, sizeof reason, "cannot write metrics %s: %s", j->j.metrics_path, strerror(errno));
-            free(eps);
-            free(names);
             s_job_finish(c, j, "failed", reason, NULL);
             continue;
         }
-        char *keys[S];
-        store_begin(c->store);
-        for (int k = 0; k < S; k++) {
-            keys[k] = idle[k]->key;
-            snprintf(j->nodes[k], sizeof j->nodes[k], "%s", idle[k]->name);
-            eps[k] = idle[k]->endpoint;
-            names[k] = idle[k]->name;
-            store_assignment_insert(c->store, j->j.id, k, idle[k]->name, l0[k], l1[k], idle[k]->endpoint);
-        }
-        for (int k = 0; k < S; k++) {
-            Tah__Assign as = TAH__ASSIGN__INIT;
-            as.job = (uint64_t)j->j.id;
-            as.stage = (uint32_t)k;
-            as.stages = (uint32_t)S;
-            as.layer0 = l0[k];
-            as.layer1 = l1[k];
-            as.n_endpoints = (size_t)S;
-            as.endpoints = eps;
-            as.n_nodes = (size_t)S;
-            as.nodes = names;
-            as.n_keys = c->secure ? (size_t)S : 0;
-            as.keys = keys;
-            as.ini = j->j.ini;
-            as.base_dir = j->j.base_dir;
-            as.token = token;
-            as.peer_timeout_ms = (uint32_t)(c->node_timeout * 1000.0 + 5000.0);
-            as.ckpt_prefix = prefix;
-            Tah__Envelope env = TAH__ENVELOPE__INIT;
-            env.body_case = TAH__ENVELOPE__BODY_ASSIGN;
-            env.assign = &as;
-            s_send_node(c, idle[k], &env);
-            idle[k]->state = N_BUSY;
-            idle[k]->job = j->j.id;
-            idle[k]->stage = k;
-            idle[k]->step = 0;
-            s_node_save(c, idle[k]);
-            if (l0[k] >= 0)
-                log_info("job %lld: stage %d (layers %d..%d) -> node %s at %s", (long long)j->j.id, k, l0[k],
-                         l1[k] - 1, idle[k]->name, idle[k]->endpoint);
-            else
-                log_info("job %lld: stage %d -> node %s at %s", (long long)j->j.id, k, idle[k]->name,
-                         idle[k]->endpoint);
-        }
-        free(eps);
-        free(names);
-        snprintf(j->j.state, sizeof j->j.state, "running");
         j->j.started = s_now();
-        j->ndone = 0;
-        for (int a = 0; a < S_AGG; a++)
-            j->agg[a].step = -1;
-        s_job_save(c, j);
-        store_commit(c->store);
+        j->resume_step = 0;
+        s_assign(c, j, idle);
     }
+}
+
+/* Something took a stage away from a running job (node lost, evicted,
+ * left without draining, or missing after a coordinator restart): record
+ * it, stop the other stages, roll back to the last complete set of
+ * checkpoint replicas, and pause until every stage has a node (stage k
+ * moves to another node). Past max_recoveries the job fails instead. */
+static void s_job_pause(coord_t *c, cjob_t *j, const char *kind, const char *node, int stage, int step,
+                        const char *detail)
+{
+    int running = !strcmp(j->j.state, "running"), paused = !strcmp(j->j.state, "paused");
+    if (!running && !paused)
+        return;
+    s_event(c, j, kind, node, stage, step, detail);
+    if (stage >= 0 && stage < j->j.stages && j->need)
+        j->need[stage] = 1;
+    if (paused && !j->adopting)
+        return; /* already stopped; this stage will get another node too */
+    int limit = j->spec ? j->spec->max_recoveries : 0;
+    if (j->j.recoveries >= limit || !j->need) {
+        char reason[1024];
+        if (limit > 0)
+            snprintf(reason, sizeof reason, "%.700s (gave up after %d recoveries: max_recoveries)", detail, limit);
+        else
+            snprintf(reason, sizeof reason, "%.700s", detail);
+        s_job_finish(c, j, "failed", reason, NULL);
+        return;
+    }
+    j->j.recoveries++;
+    j->adopting = 0;
+    j->drain_step = 0;
+    j->resume_step = j->j.ckpt_step;
+    snprintf(j->j.state, sizeof j->j.state, "paused");
+    snprintf(j->j.reason, sizeof j->j.reason, "%.400s; rolling back to step %d", detail, j->resume_step);
+    for (int i = 0; i < c->nnodes; i++) {
+        cnode_t *n = &c->nodes[i];
+        if (n->state == N_BUSY && n->job == j->j.id)
+            s_send_abort(c, n, j->j.id, j->j.reason);
+    }
+    j->j.step = j->resume_step;
+    s_metrics_reopen(c, j, j->resume_step);
+    s_agg_reset(j);
+    s_job_save(c, j);
+    log_warn("job %lld: paused: %s", (long long)j->j.id, j->j.reason);
 }
 
 static void s_node_lost(coord_t *c, cnode_t *n, const char *why)
@@ -381,11 +739,12 @@ static void s_node_lost(coord_t *c, cnode_t *n, const char *why)
     s_node_save(c, n);
     if (was_busy) {
         cjob_t *j = s_job(c, n->job);
-        if (j && !strcmp(j->j.state, "running")) {
+        if (j) {
             char reason[512];
-            snprintf(reason, sizeof reason, "node %s lost at step %d", n->name, j->j.step + 1);
-            s_job_finish(c, j, "failed", reason, n);
+            snprintf(reason, sizeof reason, "node %s lost at step %d (%s)", n->name, j->j.step + 1, why);
+            s_job_pause(c, j, "node_lost", n->name, n->stage, j->j.step + 1, reason);
         }
+        s_try_place(c);
     }
 }
 
@@ -395,15 +754,20 @@ static void s_step_report(coord_t *c, cnode_t *n, const Tah__StepReport *r)
 {
     cjob_t *j = s_job(c, (int64_t)r->job);
     if (!j || n->state != N_BUSY || n->job != (int64_t)r->job || (int)r->stage != n->stage ||
-        strcmp(j->j.state, "running") != 0 || r->step < 1 || r->step > j->j.steps + 1) {
+        (strcmp(j->j.state, "running") != 0 && !j->adopting) || r->step <= j->resume_step ||
+        r->step <= n->step || r->step > j->j.steps) {
         c->rejected++;
-        log_warn("node %s: step report for job %llu stage %u step %d does not match its assignment; ignored",
-                 n->name, (unsigned long long)r->job, r->stage, r->step);
+        log_warn("node %s: step report for job %llu stage %u step %d does not match its assignment (node %s, job "
+                 "%lld stage %d, last step %d; job %s from step %d); ignored",
+                 n->name, (unsigned long long)r->job, r->stage, r->step, s_node_state[n->state], (long long)n->job,
+                 n->stage, n->step, j ? j->j.state : "unknown", j ? j->resume_step : -1);
         return;
     }
     const int S = j->j.stages, k = n->stage;
     n->step = r->step;
     n->rejected = r->rejected;
+    if (!j->agg)
+        return;
     cagg_t *a = &j->agg[r->step % S_AGG];
     if (a->step != r->step) {
         memset(a, 0, sizeof *a);
@@ -498,7 +862,8 @@ static int s_admit(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hello *
         int64_t texp = 0;
         if (token_verify(c->tsecret, h->token, (int64_t)time(NULL), &tj, &texp, why, sizeof why) == 0) {
             cjob_t *j = s_job(c, (int64_t)tj);
-            if (!j || (strcmp(j->j.state, "queued") != 0 && strcmp(j->j.state, "running") != 0)) {
+            if (!j || (strcmp(j->j.state, "queued") != 0 && strcmp(j->j.state, "running") != 0 &&
+                       strcmp(j->j.state, "paused") != 0)) {
                 snprintf(why, sizeof why, "join token is for job %llu, which is %s", (unsigned long long)tj,
                          j ? j->j.state : "unknown");
             } else {
@@ -552,6 +917,22 @@ static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hel
         log_warn("node %s: second hello from another connection rejected (name in use)", h->name);
         return;
     }
+    if (n && h->job && n->state == N_BUSY && n->job == (int64_t)h->job && n->stage == (int)h->stage &&
+        n->rid_len == rl && !memcmp(n->rid, rid, rl)) {
+        /* a second hello for a stage we already re-adopted (its reports
+         * crossed our welcome): the same answer */
+        Tah__Welcome w = TAH__WELCOME__INIT;
+        w.name = n->name;
+        w.heartbeat_ms = 1000;
+        w.adopted = 1;
+        w.step = n->step;
+        Tah__Envelope env = TAH__ENVELOPE__INIT;
+        env.body_case = TAH__ENVELOPE__BODY_WELCOME;
+        env.welcome = &w;
+        n->last_seen = now;
+        s_send_node(c, n, &env);
+        return;
+    }
     cnode_t *other = s_node_by_rid(c, rid, rl);
     if (other && other != n)
         other->rid_len = 0;
@@ -568,14 +949,20 @@ static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hel
         memset(n, 0, sizeof *n);
         snprintf(n->name, sizeof n->name, "%s", h->name);
     }
-    if (n->state == N_BUSY) {
+    /* a coordinator restart: the node still runs a stage of a job we
+     * paused at startup; it goes on if that is the stage we gave it */
+    cjob_t *aj = h->job ? s_job(c, (int64_t)h->job) : NULL;
+    int adopt = aj && aj->adopting && aj->nodes && h->stage < (uint32_t)aj->j.stages &&
+                !strcmp(aj->nodes[h->stage], h->name) && !aj->adopted[h->stage];
+    if (n->state == N_BUSY && !(adopt && n->job == aj->j.id)) {
         /* it restarted while we thought it was working */
         cjob_t *j = s_job(c, n->job);
-        if (j && !strcmp(j->j.state, "running")) {
+        if (j) {
             char reason[512];
             snprintf(reason, sizeof reason, "node %s lost at step %d (it re-announced itself)", n->name,
                      j->j.step + 1);
-            s_job_finish(c, j, "failed", reason, n);
+            n->state = N_IDLE;
+            s_job_pause(c, j, "node_lost", n->name, n->stage, j->j.step + 1, reason);
         }
     }
     memcpy(n->rid, rid, rl);
@@ -588,18 +975,127 @@ static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hel
     n->state = N_IDLE;
     n->job = 0;
     n->stage = -1;
+    n->step = 0;
+    n->leaving = 0;
     n->last_seen = now;
     n->order = ++c->order;
-    s_node_save(c, n);
-    log_info("node %s: joined from %s (%s, %d threads, %.1f GFLOP/s)", n->name, n->endpoint, n->backend,
-             n->threads, n->gflops);
     Tah__Welcome w = TAH__WELCOME__INIT;
+    if (adopt) {
+        n->state = N_BUSY;
+        n->job = aj->j.id;
+        n->stage = (int)h->stage;
+        n->step = aj->j.step;
+        aj->adopted[h->stage] = 1;
+        w.adopted = 1;
+        w.step = aj->j.step;
+        int all = 1;
+        for (int k = 0; k < aj->j.stages; k++)
+            all &= aj->adopted[k];
+        char d[128];
+        snprintf(d, sizeof d, "stage %u at step %d re-adopted after the coordinator restart", h->stage, h->step);
+        s_event(c, aj, "adopted", n->name, (int)h->stage, h->step, d);
+        if (all) {
+            aj->adopting = 0;
+            snprintf(aj->j.state, sizeof aj->j.state, "running");
+            aj->j.reason[0] = 0;
+            s_job_save(c, aj);
+            log_info("job %lld: every stage re-adopted; running", (long long)aj->j.id);
+        }
+    } else if (h->job) {
+        log_info("node %s: still runs job %llu stage %u, which is not ours to continue; it will stop", h->name,
+                 (unsigned long long)h->job, h->stage);
+    }
+    s_node_save(c, n);
+    log_info("node %s: joined from %s (%s, %d threads, %.1f GFLOP/s)%s", n->name, n->endpoint, n->backend,
+             n->threads, n->gflops, adopt ? ", running its stage" : "");
     w.name = n->name;
     w.heartbeat_ms = 1000;
     Tah__Envelope env = TAH__ENVELOPE__INIT;
     env.body_case = TAH__ENVELOPE__BODY_WELCOME;
     env.welcome = &w;
     s_send_node(c, n, &env);
+    s_try_place(c);
+}
+
+/* A node asks to leave (SIGTERM, tah-node leave) while running a stage:
+ * every stage of its job finishes step D (the step after the newest one
+ * reported), checkpoints, and reports DRAINED; then the stage moves to a
+ * spare and the job goes on from D, with no rollback. */
+static void s_on_leaving(coord_t *c, cnode_t *n, cjob_t *j)
+{
+    n->leaving = 1;
+    if (strcmp(j->j.state, "running") != 0 || j->drain_step > 0) {
+        log_info("job %lld: node %s asks to leave (job %s%s)", (long long)j->j.id, n->name, j->j.state,
+                 j->drain_step > 0 ? ", already draining" : "");
+        return;
+    }
+    int D = 0;
+    for (int i = 0; i < c->nnodes; i++)
+        if (c->nodes[i].state == N_BUSY && c->nodes[i].job == j->j.id && c->nodes[i].step > D)
+            D = c->nodes[i].step;
+    D++;
+    if (D >= j->j.steps) {
+        log_info("job %lld: node %s asks to leave; the job ends at step %d, it leaves then", (long long)j->j.id,
+                 n->name, j->j.steps);
+        return;
+    }
+    j->drain_step = D;
+    snprintf(j->j.reason, sizeof j->j.reason, "draining at the end of step %d: node %s (stage %d) leaves", D,
+             n->name, n->stage);
+    s_job_save(c, j);
+    log_info("job %lld: %s", (long long)j->j.id, j->j.reason);
+    for (int i = 0; i < c->nnodes; i++) {
+        cnode_t *m = &c->nodes[i];
+        if (m->state != N_BUSY || m->job != j->j.id)
+            continue;
+        Tah__Drain d = TAH__DRAIN__INIT;
+        d.job = (uint64_t)j->j.id;
+        d.step = D;
+        d.reason = j->j.reason;
+        Tah__Envelope env = TAH__ENVELOPE__INIT;
+        env.body_case = TAH__ENVELOPE__BODY_DRAIN;
+        env.drain = &d;
+        s_send_node(c, m, &env);
+    }
+}
+
+/* Stage k stopped after step e->step (its checkpoint replica came first).
+ * Once every stage has: the leavers' stages need other nodes, and the job
+ * resumes from the drained step if all stopped there and the replicas of
+ * that step are complete (else from the last complete set). */
+static void s_on_drained(coord_t *c, cjob_t *j, int stage, int step)
+{
+    if (strcmp(j->j.state, "running") != 0 || j->drain_step <= 0 || stage < 0 || stage >= j->j.stages)
+        return;
+    j->drained[stage] = step > 0 ? step : -1;
+    for (int k = 0; k < j->j.stages; k++)
+        if (!j->drained[k])
+            return;
+    int same = 1;
+    for (int k = 1; k < j->j.stages; k++)
+        same &= j->drained[k] == j->drained[0];
+    int D = j->drained[0];
+    j->resume_step = same && D > 0 && j->j.ckpt_step == D ? D : j->j.ckpt_step;
+    for (int k = 0; k < j->j.stages; k++) {
+        cnode_t *m = s_node_by_name(c, j->nodes[k]);
+        if (!m || !m->leaving)
+            continue;
+        j->need[k] = 1;
+        char d[256];
+        if (j->resume_step == D)
+            snprintf(d, sizeof d, "node %s left after step %d; its stage moves on from there (no rollback)", m->name,
+                     D);
+        else
+            snprintf(d, sizeof d, "node %s left after step %d; stages stopped at different steps, rolling back to %d",
+                     m->name, D, j->resume_step);
+        s_event(c, j, "leave", m->name, k, D, d);
+    }
+    j->drain_step = 0;
+    j->j.recoveries++;
+    snprintf(j->j.state, sizeof j->j.state, "paused");
+    snprintf(j->j.reason, sizeof j->j.reason, "a node left after step %d; moving its stage", D);
+    j->j.step = j->resume_step;
+    s_job_save(c, j);
     s_try_place(c);
 }
 
@@ -613,7 +1109,12 @@ static void s_on_job_event(coord_t *c, cnode_t *n, const Tah__JobEvent *e)
             n->state = N_IDLE;
         return;
     }
+    if (e->kind == TAH__JOB_EVENT_KIND__EVENT_LEAVING) {
+        s_on_leaving(c, n, j);
+        return;
+    }
     int running = !strcmp(j->j.state, "running");
+    const int stage = n->stage;
     n->state = N_IDLE;
     n->job = 0;
     n->stage = -1;
@@ -625,21 +1126,36 @@ static void s_on_job_event(coord_t *c, cnode_t *n, const Tah__JobEvent *e)
         if (running && ++j->ndone == j->j.stages)
             s_job_finish(c, j, "succeeded", "", NULL);
         break;
+    case TAH__JOB_EVENT_KIND__EVENT_DRAINED: {
+        log_info("job %lld: node %s stopped stage %d after step %d", (long long)j->j.id, n->name, stage, e->step);
+        Tah__Ok ok = TAH__OK__INIT; /* a leaving node waits for this before it exits */
+        Tah__Envelope env = TAH__ENVELOPE__INIT;
+        env.body_case = TAH__ENVELOPE__BODY_OK;
+        env.ok = &ok;
+        s_send_node(c, n, &env);
+        s_on_drained(c, j, stage, e->step);
+        break;
+    }
     case TAH__JOB_EVENT_KIND__EVENT_FAILED:
-        if (running) {
-            if (e->lost_stage >= 0 && e->lost_stage < j->j.stages && j->nodes)
-                snprintf(reason, sizeof reason, "node %s lost at step %d (reported by node %s: %.300s)",
-                         j->nodes[e->lost_stage], e->step, n->name, e->reason);
-            else
-                snprintf(reason, sizeof reason, "node %s at step %d: %.400s", n->name, e->step, e->reason);
+        if (!running)
+            break;
+        if (e->lost_stage >= 0 && e->lost_stage < j->j.stages && j->nodes) {
+            /* a neighbour went silent or broke the link: its stage moves */
+            snprintf(reason, sizeof reason, "node %s lost at step %d (reported by node %s: %.300s)",
+                     j->nodes[e->lost_stage], e->step, n->name, e->reason);
+            s_job_pause(c, j, "node_lost", j->nodes[e->lost_stage], e->lost_stage, e->step, reason);
+        } else {
+            /* the node's own computation failed: it would fail again */
+            snprintf(reason, sizeof reason, "node %s at step %d: %.400s", n->name, e->step, e->reason);
             s_job_finish(c, j, "failed", reason, n);
         }
         break;
-    default: /* aborted */
+    default: /* aborted: on our request while paused, else it left without draining */
         log_info("job %lld: node %s stopped (%.200s)", (long long)j->j.id, n->name, e->reason);
         if (running) {
+            n->leaving = 1;
             snprintf(reason, sizeof reason, "node %s left at step %d (%.300s)", n->name, e->step, e->reason);
-            s_job_finish(c, j, "failed", reason, n);
+            s_job_pause(c, j, "node_left", n->name, stage, e->step, reason);
         }
         break;
     }
@@ -647,9 +1163,10 @@ static void s_on_job_event(coord_t *c, cnode_t *n, const Tah__JobEvent *e)
 }
 
 /* A node rejected data messages from a neighbour of its job: log it, and
- * evict the sender (fail the job naming its node) once the count reaches
- * the job's max_bad_frames. The count is the reporter's own; a report about
- * a stage the reporter does not share the job with is ignored. */
+ * evict the sender once the count reaches the job's max_bad_frames: it is
+ * banned from the job and its stage moves to another node (rollback to the
+ * last complete checkpoint set). The count is the reporter's own; a report
+ * about a stage the reporter does not share the job with is ignored. */
 static void s_on_peer_report(coord_t *c, cnode_t *n, const Tah__PeerReport *r)
 {
     cjob_t *j = s_job(c, (int64_t)r->job);
@@ -665,13 +1182,146 @@ static void s_on_peer_report(coord_t *c, cnode_t *n, const Tah__PeerReport *r)
              bad, r->reason);
     int limit = j->spec->max_bad_frames;
     if (limit > 0 && r->count >= (uint64_t)limit) {
-        char reason[1024];
+        char reason[1024], name[64];
+        snprintf(name, sizeof name, "%s", bad);
         snprintf(reason, sizeof reason,
                  "node %s (stage %u) evicted at step %d: %llu bad data messages rejected by node %s "
                  "(max_bad_frames %d; latest: %.300s)",
-                 bad, r->stage, r->step, (unsigned long long)r->count, n->name, limit, r->reason);
-        s_job_finish(c, j, "failed", reason, NULL);
+                 name, r->stage, r->step, (unsigned long long)r->count, n->name, limit, r->reason);
+        s_ban(j, name);
+        s_job_pause(c, j, "evicted", name, (int)r->stage, r->step, reason);
+        s_try_place(c);
     }
+}
+
+/* ---- checkpoint replication ---- */
+
+static void s_upload_drop(cupload_t *u, const char *why, const cjob_t *j, int stage)
+{
+    if (u->f) {
+        fclose(u->f);
+        char part[1400];
+        snprintf(part, sizeof part, "%s.part", u->path);
+        unlink(part);
+        if (why)
+            log_warn("job %lld: checkpoint replica of stage %d step %d dropped: %s", (long long)j->j.id, stage,
+                     u->step, why);
+    }
+    memset(u, 0, sizeof *u);
+}
+
+#define S_CKPT_CHUNK (512u << 10)
+#define S_CKPT_MAX (64ull << 30)
+
+static void s_on_ckpt_put(coord_t *c, cnode_t *n, const Tah__CkptPut *p)
+{
+    cjob_t *j = s_job(c, (int64_t)p->job);
+    if (!j || !j->up || n->state != N_BUSY || n->job != (int64_t)p->job || (int)p->stage != n->stage ||
+        p->step < 1 || p->step > j->j.steps || p->total == 0 || p->total > S_CKPT_MAX ||
+        p->data.len > S_CKPT_CHUNK || p->offset + p->data.len > p->total) {
+        c->rejected++;
+        log_warn("node %s: checkpoint chunk for job %llu stage %u step %d does not match its assignment or is "
+                 "malformed; ignored",
+                 n->name, (unsigned long long)p->job, p->stage, p->step);
+        return;
+    }
+    cupload_t *u = &j->up[p->stage];
+    char part[1400];
+    if (p->offset == 0) {
+        s_upload_drop(u, u->f ? "a newer one started" : NULL, j, (int)p->stage);
+        s_ckpt_path(c, j, (int)p->stage, p->step, u->path, sizeof u->path);
+        char dir[1300];
+        snprintf(dir, sizeof dir, "%s", u->path);
+        *strrchr(dir, '/') = 0;
+        snprintf(part, sizeof part, "%s.part", u->path);
+        if (s_mkdirs(dir) != 0 || !(u->f = fopen(part, "wb"))) {
+            log_warn("job %lld: cannot write %s: %s", (long long)j->j.id, part, strerror(errno));
+            memset(u, 0, sizeof *u);
+            return;
+        }
+        u->step = p->step;
+        u->total = p->total;
+        u->crc_want = p->crc;
+    } else if (!u->f || u->step != p->step || u->off != p->offset || u->total != p->total) {
+        c->rejected++;
+        log_warn("node %s: checkpoint chunk at offset %llu of stage %u step %d out of order; ignored", n->name,
+                 (unsigned long long)p->offset, p->stage, p->step);
+        return;
+    }
+    if (p->data.len && fwrite(p->data.data, 1, p->data.len, u->f) != p->data.len) {
+        s_upload_drop(u, strerror(errno), j, (int)p->stage);
+        return;
+    }
+    u->crc = crc32c_update(u->crc, p->data.data, p->data.len);
+    u->off += p->data.len;
+    if (u->off < u->total)
+        return;
+    snprintf(part, sizeof part, "%s.part", u->path);
+    if (u->crc != u->crc_want) {
+        s_upload_drop(u, "CRC-32C mismatch", j, (int)p->stage);
+        return;
+    }
+    if (fflush(u->f) != 0 || fsync(fileno(u->f)) != 0 || fclose(u->f) != 0) {
+        u->f = NULL;
+        unlink(part);
+        log_warn("job %lld: writing %s failed: %s", (long long)j->j.id, part, strerror(errno));
+        memset(u, 0, sizeof *u);
+        return;
+    }
+    u->f = NULL;
+    if (rename(part, u->path) != 0) {
+        log_warn("job %lld: rename %s: %s", (long long)j->j.id, part, strerror(errno));
+        unlink(part);
+        memset(u, 0, sizeof *u);
+        return;
+    }
+    store_ckpt_add(c->store, j->j.id, (int)p->stage, u->step, u->total, u->crc);
+    s_rep_add(j, (int)p->stage, u->step, u->total, u->crc);
+    log_debug("job %lld: checkpoint replica of stage %u step %d (%llu bytes)", (long long)j->j.id, p->stage, u->step,
+              (unsigned long long)u->total);
+    memset(u, 0, sizeof *u);
+    s_rep_complete(c, j);
+}
+
+static void s_on_ckpt_get(coord_t *c, cnode_t *n, const Tah__CkptGet *g)
+{
+    cjob_t *j = s_job(c, (int64_t)g->job);
+    Tah__CkptChunk ch = TAH__CKPT_CHUNK__INIT;
+    ch.job = g->job;
+    ch.stage = g->stage;
+    ch.step = g->step;
+    ch.offset = g->offset;
+    uint8_t *buf = NULL;
+    const crep_t *rp = NULL;
+    if (j && n->state == N_BUSY && n->job == (int64_t)g->job && (int)g->stage == n->stage &&
+        g->step == j->resume_step)
+        rp = s_rep_find(j, (int)g->stage, g->step);
+    if (!rp || g->offset >= rp->size) {
+        c->rejected += !rp;
+        log_warn("node %s: asked for checkpoint replica of job %llu stage %u step %d at %llu, which we %s",
+                 n->name, (unsigned long long)g->job, g->stage, g->step, (unsigned long long)g->offset,
+                 rp ? "hold but not that far" : "do not hold for it");
+    } else {
+        char path[1300];
+        s_ckpt_path(c, j, (int)g->stage, g->step, path, sizeof path);
+        size_t want = rp->size - g->offset < S_CKPT_CHUNK ? (size_t)(rp->size - g->offset) : S_CKPT_CHUNK;
+        FILE *f = fopen(path, "rb");
+        buf = malloc(want);
+        if (f && buf && fseeko(f, (off_t)g->offset, SEEK_SET) == 0 && fread(buf, 1, want, f) == want) {
+            ch.total = rp->size;
+            ch.data.data = buf;
+            ch.data.len = want;
+        } else {
+            log_error("job %lld: cannot read %s: %s", (long long)j->j.id, path, strerror(errno));
+        }
+        if (f)
+            fclose(f);
+    }
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_CKPT_CHUNK;
+    env.ckpt_chunk = &ch;
+    s_send_node(c, n, &env);
+    free(buf);
 }
 
 static void s_on_submit(coord_t *c, const uint8_t *rid, size_t rl, const Tah__SubmitReq *r)
@@ -749,7 +1399,8 @@ static void s_on_cancel(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Ca
         wire_send_error(c->router, rid, rl, TAH_EINVAL, "no job %llu", (unsigned long long)r->job);
         return;
     }
-    if (strcmp(j->j.state, "queued") != 0 && strcmp(j->j.state, "running") != 0) {
+    if (strcmp(j->j.state, "queued") != 0 && strcmp(j->j.state, "running") != 0 &&
+        strcmp(j->j.state, "paused") != 0) {
         wire_send_error(c->router, rid, rl, TAH_EINVAL, "job %lld already ended (%s)", (long long)j->j.id,
                         j->j.state);
         return;
@@ -770,8 +1421,9 @@ static void s_on_token_req(coord_t *c, const uint8_t *rid, size_t rl, const Tah_
         return;
     }
     cjob_t *j = s_job(c, (int64_t)r->job);
-    if (!j || (strcmp(j->j.state, "queued") != 0 && strcmp(j->j.state, "running") != 0)) {
-        wire_send_error(c->router, rid, rl, TAH_EINVAL, "no queued or running job %llu%s%s",
+    if (!j || (strcmp(j->j.state, "queued") != 0 && strcmp(j->j.state, "running") != 0 &&
+               strcmp(j->j.state, "paused") != 0)) {
+        wire_send_error(c->router, rid, rl, TAH_EINVAL, "no queued, running or paused job %llu%s%s",
                         (unsigned long long)r->job, j ? ": it is " : "", j ? j->j.state : "");
         return;
     }
@@ -843,6 +1495,39 @@ static void s_collect_name(void *arg, int stage, const char *node)
         l->n++;
 }
 
+/* The newest S_EVENTS events of a job (status stays one small message). */
+#define S_EVENTS 64
+typedef struct s_events {
+    Tah__EventInfo **v;
+    size_t n;
+} s_events_t;
+
+static void s_collect_event(void *arg, const store_event_t *e)
+{
+    s_events_t *l = arg;
+    if (!l->v && !(l->v = calloc(S_EVENTS, sizeof *l->v)))
+        return;
+    if (l->n == S_EVENTS) {
+        free(l->v[0]);
+        memmove(l->v, l->v + 1, (S_EVENTS - 1) * sizeof *l->v);
+        l->n--;
+    }
+    /* one allocation: the message, then its strings */
+    size_t kl = strlen(e->kind) + 1, nl = strlen(e->node) + 1, dl = strlen(e->detail) + 1;
+    Tah__EventInfo *x = malloc(sizeof *x + kl + nl + dl);
+    if (!x)
+        return;
+    tah__event_info__init(x);
+    char *p = (char *)(x + 1);
+    x->kind = memcpy(p, e->kind, kl);
+    x->node = memcpy(p + kl, e->node, nl);
+    x->detail = memcpy(p + kl + nl, e->detail, dl);
+    x->time = e->time;
+    x->stage = e->stage;
+    x->step = e->step;
+    l->v[l->n++] = x;
+}
+
 static void s_on_status(coord_t *c, const uint8_t *rid, size_t rl, const Tah__StatusReq *r)
 {
     if (r->job && !s_job(c, (int64_t)r->job)) {
@@ -856,7 +1541,8 @@ static void s_on_status(coord_t *c, const uint8_t *rid, size_t rl, const Tah__St
     Tah__NodeInfo **np = calloc((size_t)c->nnodes + 1, sizeof *np);
     s_links_t *links = calloc((size_t)c->njobs + 1, sizeof *links);
     s_names_t *names = calloc((size_t)c->njobs + 1, sizeof *names);
-    if (!ji || !jp || !ni || !np || !links || !names) {
+    s_events_t *events = calloc((size_t)c->njobs + 1, sizeof *events);
+    if (!ji || !jp || !ni || !np || !links || !names || !events) {
         wire_send_error(c->router, rid, rl, TAH_ENOMEM, "out of memory");
         goto out;
     }
@@ -881,6 +1567,11 @@ static void s_on_status(coord_t *c, const uint8_t *rid, size_t rl, const Tah__St
         x->link_shaping = (char *)j->link_note;
         x->submitted = j->j.submitted;
         x->finished = j->j.finished;
+        x->ckpt_step = j->j.ckpt_step;
+        x->recoveries = (uint32_t)j->j.recoveries;
+        store_events_each(c->store, j->j.id, s_collect_event, &events[rep.n_jobs]);
+        x->n_events = events[rep.n_jobs].n;
+        x->events = events[rep.n_jobs].v;
         store_links_each(c->store, j->j.id, s_collect_link, &links[rep.n_jobs]);
         x->n_links = links[rep.n_jobs].n;
         x->links = links[rep.n_jobs].v;
@@ -913,6 +1604,12 @@ static void s_on_status(coord_t *c, const uint8_t *rid, size_t rl, const Tah__St
     env.status_rep = &rep;
     wire_send_envelope(c->router, rid, rl, &env, ZMQ_DONTWAIT);
 out:
+    for (int i = 0; events && i <= c->njobs; i++) {
+        for (size_t k = 0; k < events[i].n; k++)
+            free(events[i].v[k]);
+        free(events[i].v);
+    }
+    free(events);
     for (int i = 0; links && names && i <= c->njobs; i++) {
         for (size_t k = 0; k < links[i].n; k++)
             free(links[i].v[k]);
@@ -993,6 +1690,8 @@ static void s_on_message(coord_t *c)
     case TAH__ENVELOPE__BODY_JOB_EVENT:
     case TAH__ENVELOPE__BODY_STEP_REPORT:
     case TAH__ENVELOPE__BODY_PEER_REPORT:
+    case TAH__ENVELOPE__BODY_CKPT_PUT:
+    case TAH__ENVELOPE__BODY_CKPT_GET:
         if (!n || n->state == N_LOST) {
             Tah__Error er = TAH__ERROR__INIT;
             er.code = TAH_EINVAL;
@@ -1014,6 +1713,10 @@ static void s_on_message(coord_t *c)
             s_on_job_event(c, n, e->job_event);
         } else if (e->body_case == TAH__ENVELOPE__BODY_PEER_REPORT) {
             s_on_peer_report(c, n, e->peer_report);
+        } else if (e->body_case == TAH__ENVELOPE__BODY_CKPT_PUT) {
+            s_on_ckpt_put(c, n, e->ckpt_put);
+        } else if (e->body_case == TAH__ENVELOPE__BODY_CKPT_GET) {
+            s_on_ckpt_get(c, n, e->ckpt_get);
         } else {
             s_step_report(c, n, e->step_report);
         }
@@ -1033,6 +1736,24 @@ done:
 static void s_tick(coord_t *c)
 {
     double now = s_now();
+    for (int q = 0; q < c->njobs; q++) {
+        cjob_t *j = c->jobs[q];
+        if (!j->adopting || now < j->adopt_deadline)
+            continue;
+        /* a coordinator restart: the stages whose nodes did not come back are lost */
+        for (int k = 0; k < j->j.stages; k++) {
+            if (j->adopted[k])
+                continue;
+            char reason[512];
+            snprintf(reason, sizeof reason, "node %s lost at step %d (did not come back after the coordinator restart)",
+                     j->nodes[k], j->j.step + 1);
+            s_job_pause(c, j, "node_lost", j->nodes[k], k, j->j.step + 1, reason);
+        }
+        for (int k = 0; k < j->j.stages; k++)
+            if (!j->adopted[k])
+                j->need[k] = 1;
+        s_try_place(c);
+    }
     for (int i = 0; i < c->nnodes; i++) {
         cnode_t *n = &c->nodes[i];
         if (n->rid_len && n->state != N_LOST && now - n->last_seen > c->node_timeout) {
@@ -1058,6 +1779,16 @@ static void s_tick(coord_t *c)
 
 /* ---- startup ---- */
 
+static void s_assignment_load(void *arg, int stage, const char *node, int layer0, int layer1)
+{
+    cjob_t *j = arg;
+    if (stage < 0 || stage >= j->j.stages)
+        return;
+    snprintf(j->nodes[stage], sizeof j->nodes[stage], "%s", node);
+    j->l0[stage] = layer0;
+    j->l1[stage] = layer1;
+}
+
 static void s_load_job(void *arg, store_job_t *sj)
 {
     coord_t *c = arg;
@@ -1074,13 +1805,39 @@ static void s_load_job(void *arg, store_job_t *sj)
         return;
     j->j = *sj;
     j->j.ini = strdup(sj->ini);
-    if (!strcmp(j->j.state, "running")) {
-        snprintf(j->j.state, sizeof j->j.state, "failed");
-        snprintf(j->j.reason, sizeof j->j.reason, "coordinator restarted while the job ran (step %d)",
-                 j->j.step + 1);
-        j->j.finished = s_now();
+    c->jobs[c->njobs++] = j;
+    int live = !strcmp(j->j.state, "running") || !strcmp(j->j.state, "paused");
+    if (live) {
+        /* the job goes on: its nodes re-announce with the stage they still
+         * run (running), or it resumes from its replicas (paused) */
+        char err[512];
+        j->spec = malloc(sizeof *j->spec);
+        if (!j->spec || jobfile_parse(j->j.ini, j->j.name, j->spec, err, sizeof err) != 0 ||
+            s_job_stages_alloc(j) != 0) {
+            free(j->spec);
+            j->spec = NULL;
+            snprintf(j->j.state, sizeof j->j.state, "failed");
+            snprintf(j->j.reason, sizeof j->j.reason, "coordinator restarted; the stored job no longer loads");
+            j->j.finished = s_now();
+            s_job_save(c, j);
+            return;
+        }
+        store_assignments_each(c->store, j->j.id, s_assignment_load, j);
+        store_ckpts_each(c->store, j->j.id, s_rep_load, j);
+        j->resume_step = j->j.ckpt_step;
+        j->mf = fopen(j->j.metrics_path, "a");
+        s_agg_reset(j);
+        if (!strcmp(j->j.state, "running")) {
+            snprintf(j->j.state, sizeof j->j.state, "paused");
+            snprintf(j->j.reason, sizeof j->j.reason,
+                     "coordinator restarted at step %d; waiting for its nodes to reconnect", j->j.step);
+            j->adopting = 1;
+            j->adopt_deadline = s_now() + 2.0 * c->node_timeout + 5.0;
+            j->resume_step = j->j.step; /* reports of later steps are still welcome */
+            s_event(c, j, "coordinator_restart", "", -1, j->j.step, "the job's nodes may re-announce and go on");
+        }
         s_job_save(c, j);
-        log_warn("job %lld: marked failed: %s", (long long)j->j.id, j->j.reason);
+        log_warn("job %lld: %s", (long long)j->j.id, j->j.reason);
     }
     {
         job_spec_t *sp = malloc(sizeof *sp);
@@ -1089,7 +1846,7 @@ static void s_load_job(void *arg, store_job_t *sj)
             s_link_note(sp, j->link_note, sizeof j->link_note);
         free(sp);
     }
-    if (!strcmp(j->j.state, "queued")) {
+    if (!live && !strcmp(j->j.state, "queued")) {
         char err[512];
         j->spec = malloc(sizeof *j->spec);
         if (!j->spec || jobfile_parse(j->j.ini, j->j.name, j->spec, err, sizeof err) != 0) {
@@ -1100,7 +1857,6 @@ static void s_load_job(void *arg, store_job_t *sj)
             s_job_save(c, j);
         }
     }
-    c->jobs[c->njobs++] = j;
 }
 
 static void s_load_node(void *arg, const char *name, const char *endpoint, const char *backend, int threads,
@@ -1311,14 +2067,8 @@ int coord_serve(const coord_serve_opts_t *o)
     log_info("shutting down (%d jobs kept in %s)", c->njobs, dbpath);
     rc = 0;
 out:
-    for (int i = 0; i < c->njobs; i++) {
-        if (c->jobs[i]->mf)
-            fclose(c->jobs[i]->mf);
-        free(c->jobs[i]->j.ini);
-        free(c->jobs[i]->spec);
-        free(c->jobs[i]->nodes);
-        free(c->jobs[i]);
-    }
+    for (int i = 0; i < c->njobs; i++)
+        s_job_free(c->jobs[i]);
     free(c->jobs);
     free(c->nodes);
     free(c->allow);

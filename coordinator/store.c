@@ -28,7 +28,19 @@ static const char *s_schema =
     " PRIMARY KEY(job, step));"
     "CREATE TABLE IF NOT EXISTS links(job INTEGER, src INTEGER, dst INTEGER, bytes INTEGER, fp32_bytes INTEGER,"
     " seconds REAL, PRIMARY KEY(job, src, dst));"
-    "CREATE TABLE IF NOT EXISTS allow(job INTEGER, key TEXT, node TEXT, added REAL, PRIMARY KEY(job, key));";
+    "CREATE TABLE IF NOT EXISTS allow(job INTEGER, key TEXT, node TEXT, added REAL, PRIMARY KEY(job, key));"
+    "CREATE TABLE IF NOT EXISTS events(seq INTEGER PRIMARY KEY AUTOINCREMENT, job INTEGER, time REAL, kind TEXT,"
+    " node TEXT, stage INTEGER, step INTEGER, detail TEXT);"
+    "CREATE TABLE IF NOT EXISTS ckpts(job INTEGER, stage INTEGER, step INTEGER, size INTEGER, crc INTEGER,"
+    " PRIMARY KEY(job, stage, step));";
+
+/* Columns added after the first release: ALTER TABLE on databases that
+ * lack them ("duplicate column" otherwise, which is fine). */
+static const char *const s_added_columns[] = {
+    "ALTER TABLE jobs ADD COLUMN ckpt_step INTEGER DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN epoch INTEGER DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN recoveries INTEGER DEFAULT 0",
+};
 
 store_t *store_open(const char *path, char *err, size_t errlen)
 {
@@ -48,6 +60,17 @@ store_t *store_open(const char *path, char *err, size_t errlen)
                  msg ? msg : "?");
         sqlite3_free(msg);
         goto fail;
+    }
+    for (size_t i = 0; i < sizeof s_added_columns / sizeof s_added_columns[0]; i++) {
+        if (sqlite3_exec(s->db, s_added_columns[i], NULL, NULL, &msg) != SQLITE_OK) {
+            int dup = msg && strstr(msg, "duplicate column");
+            if (!dup)
+                snprintf(err, errlen, "%s: cannot upgrade the schema: %s", path, msg ? msg : "?");
+            sqlite3_free(msg);
+            msg = NULL;
+            if (!dup)
+                goto fail;
+        }
     }
     return s;
 fail:
@@ -118,7 +141,7 @@ int store_job_update(store_t *s, const store_job_t *j, char *err, size_t errlen)
 {
     sqlite3_stmt *st = NULL;
     const char *sql = "UPDATE jobs SET state=?, reason=?, step=?, loss=?, has_loss=?, tokens_per_s=?,"
-                      " metrics_path=?, started=?, finished=? WHERE id=?";
+                      " metrics_path=?, started=?, finished=?, ckpt_step=?, epoch=?, recoveries=? WHERE id=?";
     if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
         return s_fail(s, "prepare update job", err, errlen);
     sqlite3_bind_text(st, 1, j->state, -1, SQLITE_TRANSIENT);
@@ -130,7 +153,10 @@ int store_job_update(store_t *s, const store_job_t *j, char *err, size_t errlen)
     sqlite3_bind_text(st, 7, j->metrics_path, -1, SQLITE_TRANSIENT);
     sqlite3_bind_double(st, 8, j->started);
     sqlite3_bind_double(st, 9, j->finished);
-    sqlite3_bind_int64(st, 10, j->id);
+    sqlite3_bind_int(st, 10, j->ckpt_step);
+    sqlite3_bind_int(st, 11, j->epoch);
+    sqlite3_bind_int(st, 12, j->recoveries);
+    sqlite3_bind_int64(st, 13, j->id);
     int rc = sqlite3_step(st);
     sqlite3_finalize(st);
     return rc == SQLITE_DONE ? 0 : s_fail(s, "update job", err, errlen);
@@ -146,7 +172,8 @@ int store_jobs_each(store_t *s, void (*fn)(void *arg, store_job_t *j), void *arg
 {
     sqlite3_stmt *st = NULL;
     const char *sql = "SELECT id, name, ini, base_dir, stages, steps, state, reason, step, loss, has_loss,"
-                      " tokens_per_s, metrics_path, submitted, started, finished FROM jobs ORDER BY id";
+                      " tokens_per_s, metrics_path, submitted, started, finished, ckpt_step, epoch, recoveries FROM jobs"
+                      " ORDER BY id";
     if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
         return s_fail(s, "prepare select jobs", err, errlen);
     int rc;
@@ -170,6 +197,9 @@ int store_jobs_each(store_t *s, void (*fn)(void *arg, store_job_t *j), void *arg
         j.submitted = sqlite3_column_double(st, 13);
         j.started = sqlite3_column_double(st, 14);
         j.finished = sqlite3_column_double(st, 15);
+        j.ckpt_step = sqlite3_column_int(st, 16);
+        j.epoch = sqlite3_column_int(st, 17);
+        j.recoveries = sqlite3_column_int(st, 18);
         fn(arg, &j);
         free(j.ini);
     }
@@ -336,6 +366,119 @@ int store_allow_each(store_t *s, void (*fn)(void *arg, int64_t job, const char *
     while (sqlite3_step(st) == SQLITE_ROW) {
         const unsigned char *k = sqlite3_column_text(st, 1);
         fn(arg, sqlite3_column_int64(st, 0), k ? (const char *)k : "");
+    }
+    sqlite3_finalize(st);
+    return 0;
+}
+
+int store_metrics_truncate(store_t *s, int64_t job, int after_step)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "DELETE FROM metrics WHERE job=? AND step>?", -1, &st, NULL) != SQLITE_OK)
+        return s_fail(s, "prepare truncate metrics", NULL, 0);
+    sqlite3_bind_int64(st, 1, job);
+    sqlite3_bind_int(st, 2, after_step);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : s_fail(s, "truncate metrics", NULL, 0);
+}
+
+int store_event_add(store_t *s, const store_event_t *e)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "INSERT INTO events(job, time, kind, node, stage, step, detail) VALUES(?,?,?,?,?,?,?)",
+                           -1, &st, NULL) != SQLITE_OK)
+        return s_fail(s, "prepare event", NULL, 0);
+    sqlite3_bind_int64(st, 1, e->job);
+    sqlite3_bind_double(st, 2, e->time);
+    sqlite3_bind_text(st, 3, e->kind, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(st, 4, e->node, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int(st, 5, e->stage);
+    sqlite3_bind_int(st, 6, e->step);
+    sqlite3_bind_text(st, 7, e->detail, -1, SQLITE_TRANSIENT);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : s_fail(s, "insert event", NULL, 0);
+}
+
+int store_events_each(store_t *s, int64_t job, void (*fn)(void *arg, const store_event_t *e), void *arg)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "SELECT time, kind, node, stage, step, detail FROM events WHERE job=? ORDER BY seq",
+                           -1, &st, NULL) != SQLITE_OK)
+        return s_fail(s, "prepare events", NULL, 0);
+    sqlite3_bind_int64(st, 1, job);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        store_event_t e;
+        memset(&e, 0, sizeof e);
+        e.job = job;
+        e.time = sqlite3_column_double(st, 0);
+        s_text(e.kind, sizeof e.kind, st, 1);
+        s_text(e.node, sizeof e.node, st, 2);
+        e.stage = sqlite3_column_int(st, 3);
+        e.step = sqlite3_column_int(st, 4);
+        s_text(e.detail, sizeof e.detail, st, 5);
+        fn(arg, &e);
+    }
+    sqlite3_finalize(st);
+    return 0;
+}
+
+int store_ckpt_add(store_t *s, int64_t job, int stage, int step, uint64_t size, uint32_t crc)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO ckpts(job, stage, step, size, crc) VALUES(?,?,?,?,?)", -1,
+                           &st, NULL) != SQLITE_OK)
+        return s_fail(s, "prepare ckpt", NULL, 0);
+    sqlite3_bind_int64(st, 1, job);
+    sqlite3_bind_int(st, 2, stage);
+    sqlite3_bind_int(st, 3, step);
+    sqlite3_bind_int64(st, 4, (sqlite3_int64)size);
+    sqlite3_bind_int64(st, 5, (sqlite3_int64)crc);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : s_fail(s, "insert ckpt", NULL, 0);
+}
+
+int store_ckpt_delete_before(store_t *s, int64_t job, int step)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "DELETE FROM ckpts WHERE job=? AND step<?", -1, &st, NULL) != SQLITE_OK)
+        return s_fail(s, "prepare delete ckpts", NULL, 0);
+    sqlite3_bind_int64(st, 1, job);
+    sqlite3_bind_int(st, 2, step);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : s_fail(s, "delete ckpts", NULL, 0);
+}
+
+int store_ckpts_each(store_t *s, int64_t job,
+                     void (*fn)(void *arg, int stage, int step, uint64_t size, uint32_t crc), void *arg)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "SELECT stage, step, size, crc FROM ckpts WHERE job=? ORDER BY step, stage", -1,
+                           &st, NULL) != SQLITE_OK)
+        return s_fail(s, "prepare ckpts", NULL, 0);
+    sqlite3_bind_int64(st, 1, job);
+    while (sqlite3_step(st) == SQLITE_ROW)
+        fn(arg, sqlite3_column_int(st, 0), sqlite3_column_int(st, 1), (uint64_t)sqlite3_column_int64(st, 2),
+           (uint32_t)sqlite3_column_int64(st, 3));
+    sqlite3_finalize(st);
+    return 0;
+}
+
+int store_assignments_each(store_t *s, int64_t job,
+                           void (*fn)(void *arg, int stage, const char *node, int layer0, int layer1), void *arg)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "SELECT stage, node, layer0, layer1 FROM assignments WHERE job=? ORDER BY stage", -1,
+                           &st, NULL) != SQLITE_OK)
+        return s_fail(s, "prepare assignments", NULL, 0);
+    sqlite3_bind_int64(st, 1, job);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        const unsigned char *n = sqlite3_column_text(st, 1);
+        fn(arg, sqlite3_column_int(st, 0), n ? (const char *)n : "", sqlite3_column_int(st, 2),
+           sqlite3_column_int(st, 3));
     }
     sqlite3_finalize(st);
     return 0;

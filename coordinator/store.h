@@ -9,6 +9,9 @@
  *   metrics(job, step, loss, val_loss, lr, grad_norm, tokens_per_s, ms,
  *           time_s, wire_bytes, fp32_bytes)           -- one row per step
  *   links(job, src, dst, bytes, fp32_bytes, seconds)  -- running totals
+ *   events(seq, job, time, kind, node, stage, step, detail) -- losses, leaves,
+ *        evictions, recoveries, coordinator restarts (issue 8)
+ *   ckpts(job, stage, step, size, crc)  -- checkpoint replicas the coordinator holds
  * Every function returns 0 or TAH_EIO with SQLite's message in err. */
 #ifndef TAH_COORD_STORE_H
 #define TAH_COORD_STORE_H
@@ -31,7 +34,19 @@ typedef struct store_job {
     double loss, tokens_per_s;
     char metrics_path[1100];
     double submitted, started, finished;
+    int ckpt_step;             /* last step for which every stage has a replicated checkpoint */
+    int epoch;                 /* placements so far (1 = first); Assign carries it */
+    int recoveries;            /* re-placements after a loss, leave or eviction */
 } store_job_t;
+
+typedef struct store_event {
+    int64_t job;
+    double time;               /* unix seconds */
+    char kind[24];             /* node_lost, evicted, leave, resumed, coordinator_restart, ... */
+    char node[64];
+    int stage, step;
+    char detail[512];
+} store_event_t;
 
 typedef struct store_metric {
     int64_t job;
@@ -65,11 +80,24 @@ int store_links_each(store_t *s, int64_t job,
                      void *arg);
 /* Nodes of a job's assignment in stage order. */
 int store_assignment_nodes(store_t *s, int64_t job, void (*fn)(void *arg, int stage, const char *node), void *arg);
+/* Every stage's assignment of a job: node and layer range. */
+int store_assignments_each(store_t *s, int64_t job,
+                           void (*fn)(void *arg, int stage, const char *node, int layer0, int layer1), void *arg);
 /* Every node ever seen (name, backend, threads, gflops, endpoint). */
 int store_nodes_each(store_t *s,
                      void (*fn)(void *arg, const char *name, const char *endpoint, const char *backend, int threads,
                                 double gflops, double last_seen),
                      void *arg);
+
+/* DELETE metrics rows of job with step > after_step (a rollback). */
+int store_metrics_truncate(store_t *s, int64_t job, int after_step);
+int store_event_add(store_t *s, const store_event_t *e);
+int store_events_each(store_t *s, int64_t job, void (*fn)(void *arg, const store_event_t *e), void *arg);
+/* Replicated checkpoints: one row per (job, stage, step). */
+int store_ckpt_add(store_t *s, int64_t job, int stage, int step, uint64_t size, uint32_t crc);
+int store_ckpt_delete_before(store_t *s, int64_t job, int step);
+int store_ckpts_each(store_t *s, int64_t job,
+                     void (*fn)(void *arg, int stage, int step, uint64_t size, uint32_t crc), void *arg);
 
 int store_begin(store_t *s);
 int store_commit(store_t *s);

@@ -5,15 +5,25 @@
  *   ANNOUNCING  welcome                -> log                          IDLE
  *               (every 2 s)            -> send hello again             ANNOUNCING
  *   IDLE        assign                 -> start runner                 LOADING
+ *               assign(resume_step)    -> CkptGet(0)                   FETCHING
  *               error(reannounce)      -> send hello                   ANNOUNCING
+ *   FETCHING    ckpt_chunk             -> store; CkptGet(next) or, with the whole
+ *                                         replica, start runner         LOADING
  *   LOADING     pipe 'Y'               -> connect neighbours, hello    RUNNING
  *               pipe 'X'               -> job event failed             IDLE
  *   RUNNING     data message           -> validate; 'D' to runner or reject + count
  *               pipe 'S' / 'R'         -> send to neighbour / coordinator
  *               pipe 'X'               -> job event done/failed        IDLE
+ *               pipe 'C'               -> replicate the checkpoint (CkptPut chunks)
+ *               drain(D)               -> runner stops after step D    RUNNING
+ *               SIGINT, SIGTERM        -> job event LEAVING (the coordinator
+ *                                         answers with drain)           RUNNING
+ *               pipe 'X' (drained)     -> once replicated: DRAINED     IDLE (or exit if leaving)
+ *               error(reannounce)      -> hello naming the job: a restarted
+ *                                         coordinator re-adopts it      RUNNING
  *               abort / peer silent /
  *               coordinator silent /
- *               SIGINT, SIGTERM        -> 'A' to runner                STOPPING
+ *               second signal          -> 'A' to runner                STOPPING
  *   STOPPING    pipe 'X'               -> job event aborted/failed     IDLE (or exit)
  * The data ROUTER is read only while RUNNING: a neighbour's hello that
  * arrives before this node has its assignment waits in ZeroMQ's queue
@@ -37,7 +47,9 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "crc32c.h"  /* crc32c_update: checkpoint replicas */
 #include "errors.h"
+#include "fileio.h"  /* tah_file_read, tah_file_write_atomic */
 #include "guard.h"   /* guard_admit: replays, norm bound */
 #include "jobfile.h" /* jobfile_parse: the job's link settings */
 #include "keys.h"    /* keys_read_public, keys_read_secret, keys_set_client */
@@ -47,8 +59,13 @@
 #include "shape.h" /* shape_link_*, shape_queue_* */
 #include "wire.h"
 
-enum { A_ANNOUNCING, A_IDLE, A_LOADING, A_RUNNING, A_STOPPING };
-static const char *s_state_name[] = { "announcing", "idle", "loading", "running", "stopping" };
+enum { A_ANNOUNCING, A_IDLE, A_FETCHING, A_LOADING, A_RUNNING, A_STOPPING };
+static const char *s_state_name[] = { "announcing", "idle", "fetching", "loading", "running", "stopping" };
+
+#define S_CKPT_CHUNK (512u << 10) /* CkptPut / CkptChunk payload */
+#define S_UPLOADS 4               /* checkpoints waiting to be replicated */
+#define S_BACKLOG 1024            /* step reports kept for a restarted coordinator */
+#define S_FETCH_TIMEOUT_S 30.0
 
 #define S_MAX_PEERS 4
 /* A send that cannot enter a neighbour's queue this long fails the job
@@ -103,6 +120,31 @@ typedef struct agent {
     guard_t *guard;         /* replay window and norm bound of the running job */
     uint64_t bad[3];        /* rejected messages per neighbour, indexed like heard[] */
     double last_report[3];  /* when the latest PeerReport about it went out */
+    struct s_upload {       /* a checkpoint being replicated to the coordinator */
+        uint8_t *buf;
+        size_t len, off;
+        uint32_t crc;
+        uint64_t job;
+        int stage, step;
+        double progress;    /* last chunk sent */
+    } up[S_UPLOADS];
+    int nup;
+    struct s_fetch {        /* the replica an Assign resumes from */
+        uint8_t *buf;
+        size_t len, off;
+        uint32_t crc;
+        int step;
+        double progress;
+    } fetch;
+    int leaving;            /* SIGTERM while running: LEAVING sent, waiting for Drain */
+    int readopt;            /* hello naming our running job sent to a restarted coordinator */
+    double leave_wait;      /* > 0: DRAINED sent while leaving; waiting for the coordinator's Ok */
+    struct s_backlog {      /* the latest step reports (packed Envelopes) */
+        int step;
+        uint8_t *buf;
+        size_t len;
+    } backlog[S_BACKLOG];
+    int nbacklog;
 } agent_t;
 
 static volatile sig_atomic_t s_signal = 0;
@@ -138,6 +180,11 @@ static void s_send_hello(agent_t *a)
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     h.memory_mb = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / (1u << 20) : 0;
     h.token = (char *)(a->o->token ? a->o->token : "");
+    if (a->job && a->state == A_RUNNING) {
+        h.job = a->job->id;
+        h.stage = (uint32_t)a->job->stage;
+        h.step = atomic_load(&a->job->cur_step);
+    }
     Tah__Envelope env = TAH__ENVELOPE__INIT;
     env.body_case = TAH__ENVELOPE__BODY_HELLO;
     env.hello = &h;
@@ -240,8 +287,19 @@ static void s_close_links(agent_t *a)
     a->npeers = 0;
 }
 
+static void s_backlog_clear(agent_t *a)
+{
+    for (int i = 0; i < a->nbacklog; i++)
+        free(a->backlog[i].buf);
+    a->nbacklog = 0;
+}
+
 static void s_free_job(agent_t *a)
 {
+    s_backlog_clear(a);
+    free(a->fetch.buf);
+    memset(&a->fetch, 0, sizeof a->fetch);
+    a->readopt = 0;
     if (!a->job)
         return;
     free(a->job->ini);
@@ -254,6 +312,15 @@ static void s_free_job(agent_t *a)
 
 static void s_abort(agent_t *a, int kind, int lost_stage, const char *reason)
 {
+    if (a->state == A_FETCHING) { /* no runner yet */
+        log_info("job %llu: stopping stage %d before it started: %s", (unsigned long long)a->job->id,
+                 a->job->stage, reason);
+        s_send_event(a, kind == NODE_FAILED ? TAH__JOB_EVENT_KIND__EVENT_FAILED : TAH__JOB_EVENT_KIND__EVENT_ABORTED,
+                     0, reason, lost_stage);
+        s_free_job(a);
+        a->state = A_IDLE;
+        return;
+    }
     if (a->state != A_LOADING && a->state != A_RUNNING)
         return;
     a->stop_kind = kind;
@@ -289,6 +356,151 @@ static int s_new_pipe(agent_t *a)
         return -1;
     }
     return 0;
+}
+
+static void s_start_runner(agent_t *a)
+{
+    if (pthread_create(&a->thread, NULL, node_runner_main, a->job) != 0) {
+        s_send_event(a, TAH__JOB_EVENT_KIND__EVENT_FAILED, 0, "cannot start the compute thread", -1);
+        s_free_job(a);
+        a->state = A_IDLE;
+        return;
+    }
+    a->thread_started = 1;
+    a->state = A_LOADING;
+}
+
+/* ---- checkpoint replicas ---- */
+
+static void s_fetch_next(agent_t *a)
+{
+    Tah__CkptGet g = TAH__CKPT_GET__INIT;
+    g.job = a->job->id;
+    g.stage = (uint32_t)a->job->stage;
+    g.step = a->fetch.step;
+    g.offset = a->fetch.off;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_CKPT_GET;
+    env.ckpt_get = &g;
+    s_send_coord(a, &env);
+    a->fetch.progress = s_now();
+}
+
+/* A chunk of the replica we asked for: keep it; with the whole file, check
+ * size and CRC, store it next to the job's checkpoints and start the runner
+ * from it. */
+static void s_on_ckpt_chunk(agent_t *a, const Tah__CkptChunk *ch)
+{
+    node_job_t *j = a->job;
+    if (a->state != A_FETCHING || !j || ch->job != j->id || (int)ch->stage != j->stage ||
+        ch->step != a->fetch.step || ch->offset != a->fetch.off) {
+        log_warn("unexpected checkpoint chunk (job %llu stage %u step %d offset %llu); ignored",
+                 (unsigned long long)ch->job, ch->stage, ch->step, (unsigned long long)ch->offset);
+        return;
+    }
+    if (ch->total != a->fetch.len || ch->data.len == 0 || ch->data.len > a->fetch.len - a->fetch.off) {
+        s_abort(a, NODE_FAILED, -1, "the coordinator has no usable checkpoint replica for this stage");
+        return;
+    }
+    memcpy(a->fetch.buf + a->fetch.off, ch->data.data, ch->data.len);
+    a->fetch.off += ch->data.len;
+    if (a->fetch.off < a->fetch.len) {
+        s_fetch_next(a);
+        return;
+    }
+    if (crc32c_update(0, a->fetch.buf, a->fetch.len) != a->fetch.crc) {
+        s_abort(a, NODE_FAILED, -1, "checkpoint replica CRC-32C mismatch");
+        return;
+    }
+    char err[512];
+    snprintf(j->resume_file, sizeof j->resume_file, "%.2200s.stage%d.replica.ckpt", j->ckpt_prefix, j->stage);
+    const void *parts[1] = { a->fetch.buf };
+    size_t sizes[1] = { a->fetch.len };
+    if (tah_file_write_atomic(j->resume_file, parts, sizes, 1, err, sizeof err) != 0) {
+        s_abort(a, NODE_FAILED, -1, err);
+        return;
+    }
+    log_info("job %llu: resuming stage %d from %s (step %d)", (unsigned long long)j->id, j->stage, j->resume_file,
+             a->fetch.step);
+    free(a->fetch.buf);
+    memset(&a->fetch, 0, sizeof a->fetch);
+    s_start_runner(a);
+}
+
+/* The runner wrote a checkpoint ('C' [int32 step][path]): read it and queue
+ * it for replication. */
+static void s_on_ckpt_written(agent_t *a, zmq_msg_t *msg)
+{
+    node_job_t *j = a->job;
+    size_t n = zmq_msg_size(msg);
+    if (!j || n <= sizeof(int32_t) || n - sizeof(int32_t) >= 4096)
+        return;
+    int32_t step;
+    char path[4096];
+    memcpy(&step, zmq_msg_data(msg), sizeof step);
+    memcpy(path, (char *)zmq_msg_data(msg) + sizeof step, n - sizeof step);
+    path[n - sizeof step] = 0;
+    if (a->nup == S_UPLOADS) { /* up[0] is being sent; the oldest waiting one is superseded */
+        free(a->up[1].buf);
+        memmove(&a->up[1], &a->up[2], (S_UPLOADS - 2) * sizeof a->up[0]);
+        a->nup--;
+    }
+    struct s_upload *u = &a->up[a->nup];
+    memset(u, 0, sizeof *u);
+    char err[512];
+    if (tah_file_read(path, 64ull << 30, &u->buf, &u->len, err, sizeof err) != 0 || u->len == 0) {
+        log_warn("job %llu: checkpoint of step %d not replicated: %s", (unsigned long long)j->id, step, err);
+        free(u->buf);
+        return;
+    }
+    u->crc = crc32c_update(0, u->buf, u->len);
+    u->job = j->id;
+    u->stage = j->stage;
+    u->step = step;
+    u->progress = s_now();
+    a->nup++;
+}
+
+/* Send the next chunks of the oldest queued checkpoint, as far as the
+ * coordinator link takes them without blocking. */
+static void s_pump_uploads(agent_t *a)
+{
+    for (int sent = 0; a->nup > 0 && sent < 8; sent++) {
+        struct s_upload *u = &a->up[0];
+        size_t n = u->len - u->off < S_CKPT_CHUNK ? u->len - u->off : S_CKPT_CHUNK;
+        Tah__CkptPut p = TAH__CKPT_PUT__INIT;
+        p.job = u->job;
+        p.stage = (uint32_t)u->stage;
+        p.step = u->step;
+        p.offset = u->off;
+        p.total = u->len;
+        p.crc = u->crc;
+        p.data.data = u->buf + u->off;
+        p.data.len = n;
+        Tah__Envelope env = TAH__ENVELOPE__INIT;
+        env.body_case = TAH__ENVELOPE__BODY_CKPT_PUT;
+        env.ckpt_put = &p;
+        double now = s_now();
+        if (wire_send_envelope(a->coord, NULL, 0, &env, ZMQ_DONTWAIT) != 0) {
+            if (now - u->progress > S_FETCH_TIMEOUT_S) {
+                log_warn("job %llu: checkpoint of step %d not replicated: the coordinator link is stuck",
+                         (unsigned long long)u->job, u->step);
+                u->off = u->len;
+            } else {
+                return;
+            }
+        } else {
+            u->off += n;
+            u->progress = now;
+        }
+        if (u->off == u->len) {
+            log_debug("job %llu: checkpoint of step %d replicated (%zu bytes)", (unsigned long long)u->job, u->step,
+                      u->len);
+            free(u->buf);
+            memmove(&a->up[0], &a->up[1], (size_t)(a->nup - 1) * sizeof a->up[0]);
+            a->nup--;
+        }
+    }
 }
 
 static void s_on_assign(agent_t *a, const Tah__Assign *as)
@@ -341,15 +553,27 @@ static void s_on_assign(agent_t *a, const Tah__Assign *as)
         if (j->keys)
             snprintf(j->keys[k], sizeof j->keys[k], "%s", as->keys[k]);
     }
-    log_info("job %llu: assigned stage %d of %d (layers %d..%d)", (unsigned long long)j->id, j->stage, j->S,
-             j->layer0, j->layer1 - 1);
-    if (pthread_create(&a->thread, NULL, node_runner_main, j) != 0) {
-        s_send_event(a, TAH__JOB_EVENT_KIND__EVENT_FAILED, 0, "cannot start the compute thread", -1);
-        s_free_job(a);
+    log_info("job %llu: assigned stage %d of %d (layers %d..%d, placement %u)", (unsigned long long)j->id, j->stage,
+             j->S, j->layer0, j->layer1 - 1, as->epoch);
+    if (as->resume_step > 0) {
+        /* the coordinator's replica of our stage's checkpoint comes first */
+        if (as->ckpt_size == 0 || as->ckpt_size > (64ull << 30) || !(a->fetch.buf = malloc(as->ckpt_size))) {
+            s_send_event(a, TAH__JOB_EVENT_KIND__EVENT_FAILED, 0, "cannot hold the checkpoint replica to resume from",
+                         -1);
+            s_free_job(a);
+            return;
+        }
+        a->fetch.len = as->ckpt_size;
+        a->fetch.crc = as->ckpt_crc;
+        a->fetch.step = as->resume_step;
+        a->fetch.off = 0;
+        a->state = A_FETCHING;
+        s_fetch_next(a);
+        log_info("job %llu: fetching the checkpoint replica of stage %d at step %d (%zu bytes)",
+                 (unsigned long long)j->id, j->stage, as->resume_step, a->fetch.len);
         return;
     }
-    a->thread_started = 1;
-    a->state = A_LOADING;
+    s_start_runner(a);
 }
 
 /* ZAP for the data ROUTER (secure mode). A connection is admitted when
@@ -554,6 +778,10 @@ static void s_on_exit(agent_t *a)
     } else if (j->result == NODE_DONE) {
         s_send_event(a, TAH__JOB_EVENT_KIND__EVENT_DONE, atomic_load(&j->cur_step), "", -1);
         log_info("job %llu: stage %d finished", (unsigned long long)j->id, j->stage);
+    } else if (j->result == NODE_DRAINED) {
+        s_send_event(a, TAH__JOB_EVENT_KIND__EVENT_DRAINED, j->drained_step, "", -1);
+        log_info("job %llu: stage %d stopped after step %d (checkpoint replicated)", (unsigned long long)j->id,
+                 j->stage, j->drained_step);
     } else {
         log_error("job %llu step %d: stage %d failed: %s", (unsigned long long)j->id, j->fail_step, j->stage,
                   j->reason);
@@ -561,6 +789,12 @@ static void s_on_exit(agent_t *a)
     }
     s_close_links(a);
     s_free_job(a);
+    if (a->leaving) {
+        /* exit once the coordinator confirms (Ok) it has our DRAINED */
+        a->leave_wait = s_now();
+        a->state = A_IDLE;
+        return;
+    }
     if (a->hello_after_stop) {
         a->hello_after_stop = 0;
         a->state = A_ANNOUNCING;
@@ -605,6 +839,46 @@ static void s_on_coord(agent_t *a)
             a->state = A_IDLE;
             a->unanswered = 0;
             log_info("joined the coordinator as %s", a->name);
+        } else if (a->readopt && a->job) {
+            a->readopt = 0;
+            if (e->welcome->adopted) {
+                /* the reports it may have missed, in order */
+                int resent = 0;
+                for (int i = 0; i < a->nbacklog; i++) {
+                    if (a->backlog[i].step <= e->welcome->step)
+                        continue;
+                    zmq_send(a->coord, a->backlog[i].buf, a->backlog[i].len, ZMQ_DONTWAIT);
+                    resent++;
+                }
+                log_info("job %llu: the restarted coordinator keeps this stage (it has step %d; %d reports resent)",
+                         (unsigned long long)a->job->id, e->welcome->step, resent);
+            } else {
+                s_abort(a, NODE_ABORTED, -1, "the restarted coordinator does not continue this job");
+            }
+        }
+        break;
+    case TAH__ENVELOPE__BODY_OK:
+        if (a->leave_wait > 0) {
+            log_info("leaving: the coordinator has the stage back");
+            a->exiting = 1;
+        }
+        break;
+    case TAH__ENVELOPE__BODY_CKPT_CHUNK:
+        s_on_ckpt_chunk(a, e->ckpt_chunk);
+        break;
+    case TAH__ENVELOPE__BODY_DRAIN:
+        if (a->job && e->drain->job == a->job->id && a->state == A_RUNNING && e->drain->step > 0) {
+            node_job_t *j = a->job;
+            atomic_store(&j->drain_step, e->drain->step);
+            int cur = atomic_load(&j->cur_step);
+            log_info("job %llu: drain after step %d (now in step %d): %s", (unsigned long long)j->id,
+                     e->drain->step, cur, e->drain->reason);
+            if (cur > e->drain->step) { /* abandon the step in progress; its update cannot happen */
+                atomic_store(&j->abort, 1);
+                char cmd = 'A';
+                zmq_send(a->pipe, &cmd, 1, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+                zmq_send(a->pipe, "drain", 5, ZMQ_DONTWAIT);
+            }
         }
         break;
     case TAH__ENVELOPE__BODY_HEARTBEAT:
@@ -619,7 +893,13 @@ static void s_on_coord(agent_t *a)
     case TAH__ENVELOPE__BODY_ERROR:
         log_warn("coordinator: %s", e->error->message);
         if (e->error->reannounce) {
-            if (a->job) {
+            if (a->job && a->state == A_RUNNING) {
+                /* a restarted coordinator: name the stage we run, it may keep it */
+                if (!a->readopt) {
+                    a->readopt = 1;
+                    s_send_hello(a);
+                }
+            } else if (a->job) {
                 s_abort(a, NODE_ABORTED, -1, "the coordinator no longer knows this node");
                 a->hello_after_stop = 1;
             } else if (a->state != A_ANNOUNCING) {
@@ -871,6 +1151,32 @@ static int s_any_full(const agent_t *a)
     return 0;
 }
 
+/* Keep a copy of a step report: a restarted coordinator gets the ones it missed. */
+static void s_backlog_add(agent_t *a, zmq_msg_t *m)
+{
+    char err[128];
+    Tah__Envelope *e = wire_envelope_unpack(zmq_msg_data(m), zmq_msg_size(m), err, sizeof err);
+    if (!e)
+        return;
+    int step = e->body_case == TAH__ENVELOPE__BODY_STEP_REPORT ? e->step_report->step : -1;
+    wire_envelope_free(&e);
+    if (step < 0)
+        return;
+    if (a->nbacklog == S_BACKLOG) {
+        free(a->backlog[0].buf);
+        memmove(&a->backlog[0], &a->backlog[1], (S_BACKLOG - 1) * sizeof a->backlog[0]);
+        a->nbacklog--;
+    }
+    struct s_backlog *b = &a->backlog[a->nbacklog];
+    b->buf = malloc(zmq_msg_size(m));
+    if (!b->buf)
+        return;
+    memcpy(b->buf, zmq_msg_data(m), zmq_msg_size(m));
+    b->len = zmq_msg_size(m);
+    b->step = step;
+    a->nbacklog++;
+}
+
 static void s_on_pipe(agent_t *a)
 {
     zmq_msg_t parts[4];
@@ -889,12 +1195,21 @@ static void s_on_pipe(agent_t *a)
             s_forward(a, parts + 1);
         break;
     case 'R':
+        if (n == 2 && a->state == A_RUNNING) {
+            /* while a restarted coordinator decides whether it keeps our
+             * stage, reports wait in the backlog (then go in step order) */
+            if (!a->readopt)
+                zmq_send(a->coord, zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]), ZMQ_DONTWAIT);
+            s_backlog_add(a, &parts[1]);
+        }
+        break;
+    case 'C':
         if (n == 2 && a->state == A_RUNNING)
-            zmq_send(a->coord, zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]), ZMQ_DONTWAIT);
+            s_on_ckpt_written(a, &parts[1]);
         break;
     case 'X':
-        if (a->state == A_RUNNING && s_queued(a))
-            a->exit_pending = 1; /* after the queued messages are out */
+        if ((a->state == A_RUNNING && s_queued(a)) || a->nup > 0)
+            a->exit_pending = 1; /* after the queued messages and checkpoints are out */
         else
             s_on_exit(a);
         break;
@@ -1086,18 +1401,38 @@ int node_agent_run(const node_opts_t *o)
     s_send_hello(a);
     for (;;) {
         if (s_signal && !a->exiting) {
-            log_info("signal %d: leaving", (int)s_signal);
+            int sig = (int)s_signal;
+            s_signal = 0;
+            if (a->job && a->state == A_RUNNING && !a->leaving && !a->exit_pending) {
+                /* graceful: finish the step, checkpoint, hand the stage over */
+                log_info("signal %d: leaving after the coordinator moves stage %d (signal again: stop now)", sig,
+                         a->job->stage);
+                a->leaving = 1;
+                s_send_event(a, TAH__JOB_EVENT_KIND__EVENT_LEAVING, atomic_load(&a->job->cur_step),
+                             "node leaving (signal)", -1);
+            } else {
+                log_info("signal %d: leaving", sig);
+                a->exiting = 1;
+                if (a->job)
+                    s_abort(a, NODE_ABORTED, -1, "node shutting down (signal)");
+            }
+        }
+        if (a->leave_wait > 0 && !a->exiting && s_now() - a->leave_wait > 10.0) {
+            log_warn("leaving: no confirmation from the coordinator in 10 s; leaving anyway");
             a->exiting = 1;
-            if (a->job)
-                s_abort(a, NODE_ABORTED, -1, "node shutting down (signal)");
         }
         if (a->exiting && !a->job)
             break;
+        s_pump_uploads(a);
+        if (a->state == A_FETCHING && s_now() - a->fetch.progress > S_FETCH_TIMEOUT_S)
+            s_abort(a, NODE_FAILED, -1, "no answer from the coordinator while fetching the checkpoint replica");
         double next = a->job ? s_flush(a) : -1.0;
-        if (a->exit_pending && (!s_queued(a) || a->state != A_RUNNING)) {
+        if (a->exit_pending && (!s_queued(a) || a->state != A_RUNNING) && a->nup == 0) {
             s_on_exit(a);
             next = -1.0;
         }
+        if (a->exiting && !a->job)
+            break;
         int timeout = 100;
         if (next >= 0 && next * 1e3 < timeout)
             timeout = (int)ceil(next * 1e3);
@@ -1158,6 +1493,12 @@ out:
     }
     s_close_links(a);
     s_free_job(a);
+    for (int i = 0; i < a->nup; i++)
+        free(a->up[i].buf);
+    if (a->coord) { /* let the last events (DRAINED, ABORTED) reach the coordinator */
+        int linger = 2000;
+        zmq_setsockopt(a->coord, ZMQ_LINGER, &linger, sizeof linger);
+    }
     if (a->pipe)
         zmq_close(a->pipe);
     if (a->coord)

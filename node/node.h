@@ -11,6 +11,8 @@
  *   runner -> agent  'Y'                       stage built; job->x is filled
  *                    'S' [dest][header][frame] send to a neighbour (zero-copy frame)
  *                    'R' [packed Envelope]     forward to the coordinator
+ *                    'C' [int32 step][path]    a checkpoint was written: replicate it
+ *                                              to the coordinator
  *                    'X'                       runner is done; job->result says how
  *   agent -> runner  'D' [node_meta_t][data]   a validated message's content
  *                    'A' [reason]              abort the job
@@ -25,7 +27,7 @@
 #include "link.h" /* link_expect_t */
 
 enum { NODE_DEST_DOWN = 1, NODE_DEST_UP = 2, NODE_DEST_TIED = 3 };
-enum { NODE_DONE = 1, NODE_FAILED = 2, NODE_ABORTED = 3 };
+enum { NODE_DONE = 1, NODE_FAILED = 2, NODE_ABORTED = 3, NODE_DRAINED = 4 };
 
 typedef struct node_meta { /* what the agent tells the runner about a data message */
     uint32_t kind;
@@ -46,6 +48,7 @@ typedef struct node_job {
     char *ini;                     /* owned */
     char base_dir[1024];
     char ckpt_prefix[2200];
+    char resume_file[2300];        /* "" or a checkpoint to start from (the coordinator's replica) */
     char (*endpoints)[256];        /* per stage */
     char (*names)[64];             /* per stage */
     char (*keys)[41];              /* per stage: CURVE public key (Z85); NULL: plaintext data plane */
@@ -57,10 +60,12 @@ typedef struct node_job {
     link_expect_t x;
     int result;                    /* NODE_DONE / NODE_FAILED / NODE_ABORTED */
     int fail_step;
+    int drained_step;              /* NODE_DRAINED: the last step applied (its checkpoint was written) */
     char reason[512];
     /* shared counters */
     atomic_int cur_step;           /* step the runner works on (1-based) */
     atomic_int abort;              /* set by the agent */
+    atomic_int drain_step;         /* > 0: stop after this step (Drain); set by the agent */
     atomic_ullong *rejected;       /* the agent's rejection counter */
 } node_job_t;
 

@@ -19,7 +19,12 @@
  *       the norm travels back up (NORM): every stage clips with the same
  *       value tah-train computes
  *     AdamW with optim_lr(step), checkpoint every checkpoint_every steps
+ *       (the agent replicates each to the coordinator)
  *     report: loss (last stage), bytes sent per link, step time
+ *   Drain (the agent sets drain_step D): stop after step D, or, when step
+ *   D+1 has started (its update cannot have happened: it needs every
+ *   stage), abandon it; either way write a checkpoint of the last applied
+ *   step and exit with NODE_DRAINED.
  * Every received tensor was validated and decoded by the agent. */
 #include <errno.h>
 #include <math.h>
@@ -457,7 +462,7 @@ static int s_setup(runner_t *r, int *start)
 {
     node_job_t *j = r->job;
     link_expect_t *x = &j->x;
-    char err[1024] = "", path[2200];
+    char err[1024] = "", path[2400];
     gpt2_model_t *model = NULL;
     int rc = TAH_EINVAL;
     r->spec = malloc(sizeof *r->spec);
@@ -508,10 +513,13 @@ static int s_setup(runner_t *r, int *start)
         goto fail;
     }
     gpt2_model_destroy(&model);
-    if (t->resume[0]) {
+    if (j->resume_file[0] || t->resume[0]) {
         char rp[2200];
         jobfile_resolve(j->base_dir, t->resume, rp, sizeof rp);
-        snprintf(path, sizeof path, "%.2150s.stage%d.ckpt", rp, j->stage);
+        if (j->resume_file[0])
+            snprintf(path, sizeof path, "%s", j->resume_file);
+        else
+            snprintf(path, sizeof path, "%.2150s.stage%d.ckpt", rp, j->stage);
         ckpt_meta_t meta;
         if (ckpt_load(r->st, path, &meta, err, sizeof err) != 0)
             goto fail;
@@ -572,7 +580,7 @@ static int s_setup(runner_t *r, int *start)
         if (data_load(path, cfg->V, &r->train, err, sizeof err) != 0 ||
             data_loader_init(&r->dl, r->train, x->B, x->T, err, sizeof err) != 0)
             goto fail;
-        if (t->resume[0]) {
+        if (j->resume_file[0] || t->resume[0]) {
             if (r->data_pos + BT + 1 > r->train->n) {
                 snprintf(err, sizeof err, "resume: data position %llu is beyond %.900s",
                          (unsigned long long)r->data_pos, path);
@@ -634,17 +642,25 @@ static void s_teardown(runner_t *r)
     free(r->spec);
 }
 
-static int s_save(runner_t *r, int step)
+/* Checkpoint of `step` (data position data_pos after it), then ask the
+ * agent to replicate it to the coordinator. */
+static int s_save(runner_t *r, int step, uint64_t data_pos)
 {
     char path[2300], err[512];
     snprintf(path, sizeof path, "%s.stage%d.ckpt", r->job->ckpt_prefix, r->x->stage);
-    ckpt_meta_t meta = { .step = step, .data_pos = r->data_pos, .seed = (uint64_t)r->spec->t.seed };
+    ckpt_meta_t meta = { .step = step, .data_pos = data_pos, .seed = (uint64_t)r->spec->t.seed };
     if (ckpt_save(r->st, path, &meta, err, sizeof err) != 0) {
         snprintf(r->job->reason, sizeof r->job->reason, "checkpoint at step %d: %.400s", step, err);
         r->job->fail_step = step;
         return TAH_EIO;
     }
     log_info("job %llu step %d: wrote %s", (unsigned long long)r->job->id, step, path);
+    size_t pl = strlen(path);
+    char msg[sizeof(int32_t) + sizeof path];
+    int32_t st32 = step;
+    memcpy(msg, &st32, sizeof st32);
+    memcpy(msg + sizeof st32, path, pl);
+    s_send_cmd(r, 'C', msg, sizeof st32 + pl);
     return 0;
 }
 
@@ -677,12 +693,19 @@ void *node_runner_main(void *arg)
     r->t_start = s_now();
     const trainopts_t *t = &r->spec->t;
     const int steps = t->steps, k = j->stage, S = j->S;
+    int drained = -1; /* >= 0: stop; the last applied step */
     for (int s1 = start + 1; s1 <= steps; s1++) {
         atomic_store(&j->cur_step, s1);
         s_purge(r, s1);
+        const uint64_t pos_before = r->data_pos; /* the data position after step s1 - 1 */
         double val_loss = NAN;
         if (r->x->val_batches && (s1 == 1 || s1 % t->val_every == 0 || s1 == steps)) {
             int rc = s_eval(r, s1, &val_loss);
+            if (rc && atomic_load(&j->drain_step) > 0 && atomic_load(&j->drain_step) < s1) {
+                r->data_pos = pos_before;
+                drained = s1 - 1;
+                break;
+            }
             if (rc)
                 goto out;
         }
@@ -690,6 +713,11 @@ void *node_runner_main(void *arg)
         double t0 = s_now(), loss = 0.0, norm = 0.0;
         float lr = 0.0f;
         int rc = s_step(r, s1, &loss, &norm, &lr);
+        if (rc && atomic_load(&j->drain_step) > 0 && atomic_load(&j->drain_step) < s1) {
+            r->data_pos = pos_before; /* step s1 was abandoned before its update */
+            drained = s1 - 1;
+            break;
+        }
         if (rc) {
             if (atomic_load(&j->abort))
                 j->result = NODE_ABORTED;
@@ -727,15 +755,28 @@ void *node_runner_main(void *arg)
         if (k == S - 1)
             log_info("job %llu step %d/%d: loss %.4f | norm %.4f | %.1f ms", (unsigned long long)j->id, s1, steps,
                      loss, norm, dt * 1e3);
+        int ds = atomic_load(&j->drain_step);
+        if (ds > 0 && s1 >= ds && s1 < steps) {
+            drained = s1;
+            break;
+        }
         int ce = r->spec->checkpoint_every;
-        if (ce && s1 % ce == 0 && s1 < steps && s_save(r, s1) != 0)
+        if (ce && s1 % ce == 0 && s1 < steps && s_save(r, s1, r->data_pos) != 0)
             goto out;
     }
-    if ((t->save_ckpt[0] || r->spec->checkpoint_every) && s_save(r, steps) != 0)
+    if (drained >= 0) {
+        if (s_save(r, drained, r->data_pos) != 0)
+            goto out;
+        j->drained_step = drained;
+        j->result = NODE_DRAINED;
+        log_info("job %llu: stage %d drained after step %d", (unsigned long long)j->id, k, drained);
+        goto out;
+    }
+    if ((t->save_ckpt[0] || r->spec->checkpoint_every) && s_save(r, steps, r->data_pos) != 0)
         goto out;
     j->result = NODE_DONE;
 out:
-    if (atomic_load(&j->abort) && j->result != NODE_DONE)
+    if (atomic_load(&j->abort) && j->result != NODE_DONE && j->result != NODE_DRAINED)
         j->result = NODE_ABORTED;
     if (j->result != NODE_DONE && !j->fail_step)
         j->fail_step = atomic_load(&j->cur_step);

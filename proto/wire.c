@@ -93,6 +93,10 @@ const char *wire_body_name(const Tah__Envelope *e)
     case TAH__ENVELOPE__BODY_STEP_REPORT: return "step_report";
     case TAH__ENVELOPE__BODY_ABORT: return "abort";
     case TAH__ENVELOPE__BODY_PEER_REPORT: return "peer_report";
+    case TAH__ENVELOPE__BODY_CKPT_PUT: return "ckpt_put";
+    case TAH__ENVELOPE__BODY_CKPT_GET: return "ckpt_get";
+    case TAH__ENVELOPE__BODY_CKPT_CHUNK: return "ckpt_chunk";
+    case TAH__ENVELOPE__BODY_DRAIN: return "drain";
     case TAH__ENVELOPE__BODY_SUBMIT: return "submit";
     case TAH__ENVELOPE__BODY_SUBMIT_REP: return "submit_rep";
     case TAH__ENVELOPE__BODY_STATUS: return "status";

@@ -278,7 +278,7 @@ int rt_wait_job(rt_t *r, uint64_t job, double timeout, char *state, size_t slen,
         Tah__Envelope *e = rt_status(r, job);
         if (e && e->status_rep->n_jobs == 1) {
             const Tah__JobInfo *j = e->status_rep->jobs[0];
-            if (strcmp(j->state, "queued") && strcmp(j->state, "running")) {
+            if (strcmp(j->state, "queued") && strcmp(j->state, "running") && strcmp(j->state, "paused")) {
                 snprintf(state, slen, "%s", j->state);
                 snprintf(reason, rlen, "%s", j->reason);
                 wire_envelope_free(&e);

@@ -2,10 +2,12 @@
  *   bad job files      rejected at submit with file:line, nothing scheduled
  *   rogue peer         malformed data and control messages rejected and
  *                      counted; the job's losses still equal tah-train's
- *   node killed        job "failed: node X lost at step N", the other nodes
- *                      idle again, the coordinator still runs jobs
- *   coordinator restart  jobs and their history still listed; nodes
- *                      re-announce and a queued job runs */
+ *   node killed        with max_recoveries = 0: job "failed: node X lost at
+ *                      step N", the other nodes idle again, the coordinator
+ *                      still runs jobs (recovery: test_runtime_recovery.c)
+ *   coordinator restart  jobs and their history still listed; the running
+ *                      job's nodes re-announce with their stage and it goes
+ *                      on; a queued job runs after it */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -328,8 +330,10 @@ static void test_node_killed(void **state)
     rt_start_coord(&r, 1.5, 0);
     rt_start_nodes(&r, 4);
     char ini[1024], out[4096], st[64], reason[512];
-    snprintf(ini, sizeof ini, s_base, 1000000, 4);
-    uint64_t job = rt_submit(&r, rt_write(&r, "long.ini", ini), out, sizeof out);
+    snprintf(ini, sizeof ini, "%s%s", s_base, "max_recoveries = 0\n");
+    char ini2[1024];
+    snprintf(ini2, sizeof ini2, ini, 1000000, 4);
+    uint64_t job = rt_submit(&r, rt_write(&r, "long.ini", ini2), out, sizeof out);
     assert_true(job > 0);
     while (s_job_step(&r, job) < 3)
         s_sleep(0.01);
@@ -386,17 +390,32 @@ static void test_coordinator_restart(void **state)
     assert_int_equal(rt_stop_coord(&r), 0);
     rt_start_coord(&r, 10.0, port);
 
-    /* every job is still listed; the one that was running failed with a reason */
+    /* every job is still listed; the one that was running waits for its nodes */
     Tah__Envelope *e = rt_status(&r, 0);
     assert_non_null(e);
     assert_int_equal(e->status_rep->n_jobs, 3);
     assert_string_equal(e->status_rep->jobs[0]->state, "succeeded");
     assert_int_equal(e->status_rep->jobs[0]->step, 6);
     assert_true(e->status_rep->jobs[0]->n_links > 0);
-    assert_string_equal(e->status_rep->jobs[1]->state, "failed");
-    assert_non_null(strstr(e->status_rep->jobs[1]->reason, "coordinator restarted"));
+    const char *st1 = e->status_rep->jobs[1]->state;
+    if (strcmp(st1, "running") != 0 &&
+        !(strcmp(st1, "paused") == 0 && strstr(e->status_rep->jobs[1]->reason, "coordinator restarted")))
+        fail_msg("running job after the restart: %s: %s", st1, e->status_rep->jobs[1]->reason);
+    int at_restart = e->status_rep->jobs[1]->step;
+    assert_string_equal(e->status_rep->jobs[2]->state, "queued");
     wire_envelope_free(&e);
-    /* the nodes find the new coordinator, and the queued job runs */
+    /* its nodes re-announce with their stages and it goes on */
+    while (s_job_step(&r, j2) < at_restart + 3)
+        s_sleep(0.01);
+    e = rt_status(&r, j2);
+    assert_string_equal(e->status_rep->jobs[0]->state, "running");
+    wire_envelope_free(&e);
+    char coord[160], js[32];
+    snprintf(coord, sizeof coord, "%s", r.ep);
+    snprintf(js, sizeof js, "%llu", (unsigned long long)j2);
+    char *cancel_argv[] = { TAH_COORD_EXE, "cancel", "--coordinator", coord, js, NULL };
+    assert_int_equal(rt_run(cancel_argv, out, sizeof out), 0);
+    /* then the queued job runs */
     assert_true(rt_wait_job(&r, j3, 120, st, sizeof st, reason, sizeof reason));
     if (strcmp(st, "succeeded") != 0)
         fail_msg("queued job after restart: %s: %s", st, reason);

@@ -120,7 +120,7 @@ static void test_secure_admission_and_training(void **state)
     char *c3[] = { TAH_COORD_EXE, "token", "create", "--coordinator", r.ep, "--job", "99", "--expires", "1h",
                    "--coordinator-key", r.coord_pub, "--key", r.admin_key, NULL };
     assert_int_equal(rt_run(c3, out, sizeof out), 1);
-    assert_non_null(strstr(out, "no queued or running job 99"));
+    assert_non_null(strstr(out, "no queued, running or paused job 99"));
 
     const char *tok = rt_token(&r, job, "10m", out, sizeof out);
     if (!tok)

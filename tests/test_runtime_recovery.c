@@ -1,0 +1,270 @@
+/* test_runtime_recovery.c — volunteers come and go (issue 8), on loopback
+ * with the real tah-coord / tah-node binaries and the fp32 codec, checked
+ * against an uninterrupted tah-train run of the same job (the runtime is
+ * tah-train's computation bit for bit, so every step's loss and gradient
+ * norm must match; the tolerance only absorbs metrics.jsonl's 6 decimals):
+ *
+ *   chaos             4 stages on 5 nodes (one spare). A node of the job is
+ *                     SIGKILLed at a random step: the spare takes its stage,
+ *                     every stage rolls back to the last complete set of
+ *                     checkpoint replicas. Then another node of the job
+ *                     leaves with SIGTERM: every stage stops after the same
+ *                     step, checkpoints, and with no spare left the job
+ *                     waits, paused, naming the stage; a new node joins and
+ *                     the job goes on from that step (no rollback). The job
+ *                     finishes with tah-train's losses at every step, each
+ *                     step recorded once, and the coordinator's record
+ *                     shows both events with their steps.
+ *   coordinator restart  the coordinator is stopped and restarted mid-job;
+ *                     the nodes keep training, re-announce with their
+ *                     stage, and the job finishes with every step recorded
+ *                     once and tah-train's losses. */
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "rt_harness.h"
+
+#define S_STEPS 240
+
+static const char *s_job =
+    "[job]\nmodel = 4,2,64,32,256\ntrain_data = train.txt\nbatch = 2\nseq = 16\nsteps = %d\nlr = 1e-3\n"
+    "stages = %d\nmicro_batches = 2\nfwd_codec = fp32\nbwd_codec = fp32\ncheckpoint_every = 5\nseed = 11\n";
+
+static void s_sleep(double s)
+{
+    struct timespec ts = { (time_t)s, (long)((s - (double)(time_t)s) * 1e9) };
+    nanosleep(&ts, NULL);
+}
+
+static Tah__JobInfo *s_job_info(Tah__Envelope *e)
+{
+    return e && e->status_rep->n_jobs == 1 ? e->status_rep->jobs[0] : NULL;
+}
+
+/* Wait until the job's step reaches `step` (or it ends); returns the step. */
+static int s_wait_step(rt_t *r, uint64_t job, int step, double timeout)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        Tah__Envelope *e = rt_status(r, job);
+        Tah__JobInfo *j = s_job_info(e);
+        int st = j ? j->step : -1;
+        int ended = j && strcmp(j->state, "running") && strcmp(j->state, "paused") && strcmp(j->state, "queued");
+        wire_envelope_free(&e);
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (st >= step || ended || (double)(t.tv_sec - t0.tv_sec) > timeout)
+            return st;
+        s_sleep(0.005);
+    }
+}
+
+/* Wait until the job's record holds `count` events of `kind`. */
+static int s_wait_event(rt_t *r, uint64_t job, const char *kind, int count, double timeout)
+{
+    for (double t = 0; t < timeout; t += 0.05) {
+        Tah__Envelope *e = rt_status(r, job);
+        Tah__JobInfo *j = s_job_info(e);
+        int n = 0;
+        for (size_t i = 0; j && i < j->n_events; i++)
+            n += !strcmp(j->events[i]->kind, kind);
+        wire_envelope_free(&e);
+        if (n >= count)
+            return 1;
+        s_sleep(0.05);
+    }
+    return 0;
+}
+
+/* The job's node of a stage, as an index into r->names. */
+static int s_node_of_stage(rt_t *r, uint64_t job, int stage)
+{
+    Tah__Envelope *e = rt_status(r, job);
+    Tah__JobInfo *j = s_job_info(e);
+    int idx = -1;
+    for (int i = 0; j && (size_t)stage < j->n_nodes && i < r->nn; i++)
+        if (!strcmp(r->names[i], j->nodes[stage]))
+            idx = i;
+    wire_envelope_free(&e);
+    return idx;
+}
+
+/* Every step 1..steps once, in order, with tah-train's loss and norm. */
+static void s_compare(const char *dist, const char *ref, int steps)
+{
+    static const char *keys[] = { "step", "loss", "grad_norm", "lr" };
+    for (int k = 0; k < 4; k++) {
+        double a[S_STEPS + 8], b[S_STEPS + 8];
+        int na = rt_metrics(dist, keys[k], a, S_STEPS + 8), nb = rt_metrics(ref, keys[k], b, S_STEPS + 8);
+        if (na != steps || nb != steps)
+            fail_msg("%s: %d lines in the job's metrics, %d in tah-train's (want %d)", keys[k], na, nb, steps);
+        for (int i = 0; i < steps; i++) {
+            if (k == 0 && a[i] != i + 1)
+                fail_msg("line %d of the job's metrics is step %.0f", i + 1, a[i]);
+            if (fabs(a[i] - b[i]) > 1e-6 * (1.0 + fabs(b[i])))
+                fail_msg("step %d: %s %.6f after recovery vs %.6f uninterrupted (tah-train)", i + 1, keys[k], a[i],
+                         b[i]);
+        }
+    }
+}
+
+static void s_reference(rt_t *r, int stages, const char *ref)
+{
+    char train[700], out[4096], st[16], steps[16];
+    snprintf(train, sizeof train, "%s/train.txt", r->dir);
+    snprintf(st, sizeof st, "%d", stages);
+    snprintf(steps, sizeof steps, "%d", S_STEPS);
+    char *argv[] = { TAH_TRAIN_EXE, "--model", "4,2,64,32,256", "--train-data", train, "--batch", "2", "--seq", "16",
+                     "--steps", steps, "--lr", "1e-3", "--stages", st, "--micro-batches", "2", "--seed", "11",
+                     "--threads", "1", "--metrics", (char *)ref, "--quiet", NULL };
+    int rc = rt_run(argv, out, sizeof out);
+    if (rc != 0)
+        fail_msg("tah-train failed (%d): %s", rc, out);
+}
+
+static void test_chaos_kill_and_leave(void **state)
+{
+    (void)state;
+    unsigned seed = (unsigned)time(NULL);
+    srand(seed);
+    const int kill_at = 10 + rand() % 60, kill_stage = rand() % 4;
+    printf("chaos: seed %u: SIGKILL the node of stage %d at step %d\n", seed, kill_stage, kill_at);
+    rt_t r;
+    rt_init(&r, "rt_chaos");
+    rt_start_coord(&r, 1.5, 0);
+    rt_start_nodes(&r, 5);
+    char ini[1024], out[4096], st[64], reason[512];
+    snprintf(ini, sizeof ini, s_job, S_STEPS, 4);
+    uint64_t job = rt_submit(&r, rt_write(&r, "chaos.ini", ini), out, sizeof out);
+    assert_true(job > 0);
+
+    /* 1. SIGKILL */
+    assert_true(s_wait_step(&r, job, kill_at, 60) >= kill_at);
+    int victim = s_node_of_stage(&r, job, kill_stage);
+    assert_true(victim >= 0);
+    rt_kill_node(&r, victim, SIGKILL);
+    if (!s_wait_event(&r, job, "resumed", 1, 30))
+        fail_msg("no recovery after node %s was killed", r.names[victim]);
+
+    /* 2. graceful leave of another node of the job, with no spare left */
+    Tah__Envelope *e = rt_status(&r, job);
+    int resumed_at = s_job_info(e)->step;
+    wire_envelope_free(&e);
+    assert_true(s_wait_step(&r, job, resumed_at + 20, 60) >= resumed_at + 20);
+    const int leave_stage = (kill_stage + 1 + rand() % 3) % 4;
+    int leaver = s_node_of_stage(&r, job, leave_stage);
+    assert_true(leaver >= 0 && leaver != victim);
+    rt_kill_node(&r, leaver, SIGTERM);
+    assert_int_equal(rt_node_exit(&r, leaver, 30), 0); /* it hands the stage over, then exits 0 */
+    /* paused, naming the stage it waits for */
+    char want[64];
+    snprintf(want, sizeof want, "waiting for a node for stage %d", leave_stage);
+    int waited = 0;
+    for (int i = 0; i < 200 && !waited; i++) {
+        e = rt_status(&r, job);
+        Tah__JobInfo *j = s_job_info(e);
+        waited = j && !strcmp(j->state, "paused") && strstr(j->reason, want);
+        wire_envelope_free(&e);
+        if (!waited)
+            s_sleep(0.05);
+    }
+    if (!waited)
+        fail_msg("the job does not wait for a node for stage %d", leave_stage);
+    const char *extra[] = { NULL };
+    rt_spawn_node(&r, "spare", extra);
+
+    /* 3. the job finishes as if nothing happened */
+    assert_true(rt_wait_job(&r, job, 240, st, sizeof st, reason, sizeof reason));
+    if (strcmp(st, "succeeded") != 0)
+        fail_msg("job: %s: %s", st, reason);
+    e = rt_status(&r, job);
+    Tah__JobInfo *j = s_job_info(e);
+    assert_non_null(j);
+    char metrics[1200];
+    snprintf(metrics, sizeof metrics, "%s", j->metrics_path);
+    assert_int_equal(j->recoveries, 2);
+    int lost_step = -1, leave_step = -1, resumed = 0;
+    for (size_t i = 0; i < j->n_events; i++) {
+        const Tah__EventInfo *ev = j->events[i];
+        printf("event %s step %d node %s stage %d: %s\n", ev->kind, ev->step, ev->node, ev->stage, ev->detail);
+        if (!strcmp(ev->kind, "node_lost") && !strcmp(ev->node, r.names[victim]) && ev->stage == kill_stage)
+            lost_step = ev->step;
+        if (!strcmp(ev->kind, "leave") && !strcmp(ev->node, r.names[leaver]) && ev->stage == leave_stage)
+            leave_step = ev->step;
+        resumed += !strcmp(ev->kind, "resumed");
+    }
+    wire_envelope_free(&e);
+    if (lost_step < kill_at || lost_step > S_STEPS)
+        fail_msg("the record has no node_lost event for %s (stage %d) at step >= %d", r.names[victim], kill_stage,
+                 kill_at);
+    if (leave_step <= lost_step - 5 || leave_step > S_STEPS)
+        fail_msg("the record has no leave event for %s (stage %d) with its step", r.names[leaver], leave_stage);
+    assert_int_equal(resumed, 2);
+    char ref[700];
+    snprintf(ref, sizeof ref, "%s/chaos.ref.jsonl", r.dir);
+    s_reference(&r, 4, ref);
+    s_compare(metrics, ref, S_STEPS);
+    assert_true(rt_log_has(&r, "spare.log", "from its checkpoint replica") ||
+                rt_log_has(&r, "spare.log", "resuming stage"));
+    assert_int_equal(rt_stop(&r), 0);
+}
+
+static void test_coordinator_restart_mid_job(void **state)
+{
+    (void)state;
+    rt_t r;
+    rt_init(&r, "rt_restart_mid");
+    rt_start_coord(&r, 5.0, 0);
+    rt_start_nodes(&r, 2);
+    char ini[1024], out[4096], st[64], reason[512];
+    snprintf(ini, sizeof ini, s_job, S_STEPS, 2);
+    uint64_t job = rt_submit(&r, rt_write(&r, "mid.ini", ini), out, sizeof out);
+    assert_true(job > 0);
+    int before = s_wait_step(&r, job, 40, 60);
+    assert_true(before >= 40 && before < S_STEPS);
+    int port = atoi(strrchr(r.ep, ':') + 1);
+    assert_int_equal(rt_stop_coord(&r), 0);
+    s_sleep(0.3); /* the nodes train on meanwhile */
+    rt_start_coord(&r, 5.0, port);
+    assert_true(rt_wait_job(&r, job, 240, st, sizeof st, reason, sizeof reason));
+    if (strcmp(st, "succeeded") != 0)
+        fail_msg("job after the restart: %s: %s", st, reason);
+    Tah__Envelope *e = rt_status(&r, job);
+    Tah__JobInfo *j = s_job_info(e);
+    assert_non_null(j);
+    char metrics[1200];
+    snprintf(metrics, sizeof metrics, "%s", j->metrics_path);
+    int restarts = 0, adopted = 0;
+    for (size_t i = 0; i < j->n_events; i++) {
+        restarts += !strcmp(j->events[i]->kind, "coordinator_restart");
+        adopted += !strcmp(j->events[i]->kind, "adopted");
+    }
+    assert_int_equal(j->recoveries, 0); /* nothing rolled back */
+    wire_envelope_free(&e);
+    assert_int_equal(restarts, 1);
+    assert_int_equal(adopted, 2);
+    char ref[700];
+    snprintf(ref, sizeof ref, "%s/mid.ref.jsonl", r.dir);
+    s_reference(&r, 2, ref);
+    s_compare(metrics, ref, S_STEPS);
+    assert_int_equal(rt_stop(&r), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chaos_kill_and_leave),
+        cmocka_unit_test(test_coordinator_restart_mid_job),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
