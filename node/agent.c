@@ -1357,7 +1357,10 @@ int node_agent_run(const node_opts_t *o)
     if (o->advertise) {
         const char *port = strrchr(a->endpoint, ':');
         char adv[300];
-        snprintf(adv, sizeof adv, "tcp://%s%s", o->advertise, port ? port : "");
+        if (strchr(o->advertise, ':')) /* HOST:PORT (a port forward) */
+            snprintf(adv, sizeof adv, "tcp://%s", o->advertise);
+        else
+            snprintf(adv, sizeof adv, "tcp://%s%s", o->advertise, port ? port : "");
         snprintf(a->endpoint, sizeof a->endpoint, "%s", adv);
     }
     if (s_new_pipe(a) != 0)

@@ -1,36 +1,51 @@
 /* main.c — tah-node: a volunteer node.
  *
  *   tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]
- *                 [--advertise HOST] [--threads N] [--device cpu] [-v]
+ *                 [--advertise HOST[:PORT]] [--threads N] [--device cpu] [-v]
+ *                 [--pid-file FILE]
  *                 [--coordinator-key FILE|Z85 [--key FILE] [--token T]]
+ *   tah-node leave --pid-file FILE [--timeout SEC]
  *   tah-node keygen [--out DIR]
  *
  * Announces itself, runs the stages it is assigned (node.h), and goes back
- * to idle after each job, until SIGINT/SIGTERM. Exit status: 0 after a
+ * to idle after each job, until SIGINT/SIGTERM. A signal while it runs a
+ * stage is a graceful leave: the step in flight finishes, every stage of
+ * the job checkpoints, the coordinator moves the stage, then the node
+ * exits (a second signal stops at once). `leave` sends that signal to the
+ * node of a pid file and waits for it to exit. Exit status: 0 after a
  * signal, 1 runtime error (cannot bind, refused by the coordinator), 2 usage. */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h> /* execv */
+#include <time.h>
+#include <unistd.h> /* execv, getpid */
 
-#include "keys.h" /* keys_new, keys_write */
+#include "fileio.h" /* tah_file_read, tah_file_write_atomic */
+#include "keys.h"   /* keys_new, keys_write */
 #include "log.h"
 #include "node.h"
 
 static const char *s_usage =
     "usage: tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]\n"
-    "                     [--advertise HOST] [--threads N] [--device cpu|cuda:K] [-v]\n"
-    "                     [--coordinator-key FILE|Z85 [--key FILE] [--token T]]\n"
+    "                     [--advertise HOST[:PORT]] [--threads N] [--device cpu|cuda:K] [-v]\n"
+    "                     [--pid-file FILE] [--coordinator-key FILE|Z85 [--key FILE] [--token T]]\n"
+    "       tah-node leave --pid-file FILE [--timeout SEC]\n"
     "       tah-node keygen [--out DIR]\n"
     "\n"
+    "  leave           make the node of FILE leave gracefully (SIGTERM): it finishes the step,\n"
+    "                  its job checkpoints and moves the stage to another node, then it exits;\n"
+    "                  waits up to SEC (600) for that\n"
     "  keygen          write a CURVE key pair: DIR/node.key (secret, mode 0600) and\n"
     "                  DIR/node.pub (default DIR: $HOME/.tah)\n"
     "  --coordinator   where `tah-coord serve` listens\n"
     "  --name N        unique node name (default: HOSTNAME-PID)\n"
     "  --listen H:P    data-plane endpoint neighbours connect to (127.0.0.1:0 = a free port)\n"
-    "  --advertise H   host name others use to reach --listen (default: its host)\n"
+    "  --advertise H[:P]  host (and port, e.g. behind a port forward) others use to reach\n"
+    "                  --listen (default: the --listen host and the bound port)\n"
+    "  --pid-file FILE write this process's id to FILE (removed at exit), for `leave`\n"
     "  --threads N     compute threads of the stage (default 1; the job's `threads` if 0)\n"
     "  --device D      cpu (the CUDA backend is not built yet)\n"
     "  --coord-timeout SEC  coordinator silence that stops the current job (30)\n"
@@ -45,6 +60,94 @@ static int s_usage_error(const char *what, const char *arg)
 {
     fprintf(stderr, "tah-node: %s%s%s\n%s", what, arg ? " " : "", arg ? arg : "", s_usage);
     return 2;
+}
+
+/* Exited, but not yet reaped by its parent. */
+static int s_zombie(long pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* "pid (comm) S ..." */
+    return p && p[1] == ' ' && p[2] == 'Z';
+}
+
+/* tah-node leave --pid-file FILE [--timeout SEC] */
+static int s_leave(int argc, char **argv)
+{
+    const char *pidfile = NULL;
+    double timeout = 600.0;
+    for (int i = 2; i < argc; i++) {
+        char *end = NULL;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(s_usage, stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--pid-file") && i + 1 < argc) {
+            pidfile = argv[++i];
+        } else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
+            timeout = strtod(argv[++i], &end);
+            if (*end || end == argv[i] || !isfinite(timeout) || timeout <= 0)
+                return s_usage_error("leave: --timeout wants seconds > 0, got", argv[i]);
+        } else {
+            return s_usage_error("leave: unknown argument", argv[i]);
+        }
+    }
+    if (!pidfile)
+        return s_usage_error("leave: --pid-file FILE is required (the one given to `join`)", NULL);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    char err[1024], text[32] = "";
+    if (tah_file_read(pidfile, 31, &buf, &len, err, sizeof err) != 0) {
+        fprintf(stderr, "tah-node: leave: %s\n", err);
+        return 1;
+    }
+    memcpy(text, buf, len);
+    free(buf);
+    char *end = NULL;
+    long pid = strtol(text, &end, 10);
+    if (end == text || (*end && *end != '\n') || pid <= 1) {
+        fprintf(stderr, "tah-node: leave: %s does not hold a process id\n", pidfile);
+        return 1;
+    }
+    /* the pid must still be a tah-node (pids are reused) */
+    char path[64], cmd[256] = "";
+    snprintf(path, sizeof path, "/proc/%ld/cmdline", pid);
+    FILE *f = fopen(path, "rb");
+    size_t n = f ? fread(cmd, 1, sizeof cmd - 1, f) : 0;
+    if (f)
+        fclose(f);
+    cmd[n] = 0;
+    if (!f || !strstr(cmd, "tah-node")) {
+        fprintf(stderr, "tah-node: leave: process %ld (from %s) is not a running tah-node\n", pid, pidfile);
+        return 1;
+    }
+    if (kill((pid_t)pid, SIGTERM) != 0) {
+        fprintf(stderr, "tah-node: leave: cannot signal process %ld: %s\n", pid, strerror(errno));
+        return 1;
+    }
+    printf("node %ld: leaving (finishing its step, handing its stage over)\n", pid);
+    fflush(stdout);
+    struct timespec t0, now, pause = { 0, 100 * 1000000L };
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        if ((kill((pid_t)pid, 0) != 0 && errno == ESRCH) || s_zombie(pid)) {
+            printf("node %ld: left\n", pid);
+            return 0;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec) > timeout) {
+            fprintf(stderr, "tah-node: leave: node %ld still runs after %.0f s; HINT: its log says why; "
+                            "a second `leave` (or SIGTERM) stops it at once\n",
+                    pid, timeout);
+            return 1;
+        }
+        nanosleep(&pause, NULL);
+    }
 }
 
 static int s_keygen(int argc, char **argv)
@@ -90,11 +193,13 @@ int main(int argc, char **argv)
     }
     if (argc >= 2 && !strcmp(argv[1], "keygen"))
         return s_keygen(argc, argv);
+    if (argc >= 2 && !strcmp(argv[1], "leave"))
+        return s_leave(argc, argv);
     if (argc < 2 || strcmp(argv[1], "join") != 0)
-        return s_usage_error("the command is `join` or `keygen`", NULL);
+        return s_usage_error("the command is `join`, `leave` or `keygen`", NULL);
     s_single_thread_blas(argv);
     node_opts_t o = { .listen = "127.0.0.1:0", .threads = 1, .coord_timeout = 30.0 };
-    const char *device = "cpu";
+    const char *device = "cpu", *pidfile = NULL;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -127,6 +232,8 @@ int main(int argc, char **argv)
             o.key_file = v;
         else if (!strcmp(a, "--token"))
             o.token = v;
+        else if (!strcmp(a, "--pid-file"))
+            pidfile = v;
         else if (!strcmp(a, "--threads")) {
             long t = strtol(v, &end, 10);
             if (*end || end == v || t < 0 || t > 1024)
@@ -145,6 +252,13 @@ int main(int argc, char **argv)
         return s_usage_error("--key and --token need --coordinator-key (a secure coordinator's public key)", NULL);
     if (o.name && (strlen(o.name) == 0 || strlen(o.name) > 63))
         return s_usage_error("--name must be 1..63 characters, got", o.name);
+    if (o.advertise) {
+        const char *colon = strchr(o.advertise, ':');
+        long port = colon ? strtol(colon + 1, NULL, 10) : 1;
+        if (!o.advertise[0] || colon == o.advertise || strlen(o.advertise) > 200 || port < 1 || port > 65535 ||
+            (colon && strspn(colon + 1, "0123456789") != strlen(colon + 1)))
+            return s_usage_error("--advertise wants HOST or HOST:PORT (1..65535), got", o.advertise);
+    }
     tah_log_init("tah-node", o.name);
     if (strcmp(device, "cpu") != 0) {
         if (!strncmp(device, "cuda:", 5)) {
@@ -154,5 +268,18 @@ int main(int argc, char **argv)
         }
         return s_usage_error("--device wants cpu or cuda:K, got", device);
     }
-    return node_agent_run(&o);
+    if (pidfile) {
+        char line[32], err[1024];
+        int n = snprintf(line, sizeof line, "%ld\n", (long)getpid());
+        const void *parts[1] = { line };
+        size_t sizes[1] = { (size_t)n };
+        if (tah_file_write_atomic(pidfile, parts, sizes, 1, err, sizeof err) != 0) {
+            log_error("--pid-file: %s", err);
+            return 1;
+        }
+    }
+    int rc = node_agent_run(&o);
+    if (pidfile)
+        unlink(pidfile);
+    return rc;
 }

@@ -197,12 +197,13 @@ void rt_start_nodes(rt_t *r, int n)
     for (int i = 0; i < n && r->nn < RT_MAX_NODES; i++) {
         int k = r->nn;
         snprintf(r->names[k], sizeof r->names[k], "n%d", k);
-        char log[600];
+        char log[600], pid[600];
         snprintf(log, sizeof log, "%s/%s.log", r->dir, r->names[k]);
+        snprintf(pid, sizeof pid, "%s/%s.pid", r->dir, r->names[k]);
         char coord[160];
         snprintf(coord, sizeof coord, "%s", r->ep);
         char *argv[] = { TAH_NODE_EXE, "join", "--coordinator", coord, "--name", r->names[k], "--threads", "1",
-                         "--listen", "127.0.0.1:0", "-v", NULL };
+                         "--listen", "127.0.0.1:0", "--pid-file", pid, "-v", NULL };
         r->nodes[k] = s_spawn(argv, log);
         r->nn++;
         if (!rt_wait_nodes(r, "idle", r->nn, 30))
@@ -401,12 +402,13 @@ int rt_spawn_node(rt_t *r, const char *name, const char *const extra[])
         s_die("too many nodes");
     int k = r->nn;
     snprintf(r->names[k], sizeof r->names[k], "%s", name);
-    char log[600], coord[160];
+    char log[600], pid[600], coord[160];
     snprintf(log, sizeof log, "%s/%s.log", r->dir, name);
+    snprintf(pid, sizeof pid, "%s/%s.pid", r->dir, name);
     snprintf(coord, sizeof coord, "%s", r->ep);
     char *argv[32] = { TAH_NODE_EXE, "join", "--coordinator", coord, "--name", r->names[k], "--threads", "1",
-                       "--listen", "127.0.0.1:0", "-v" };
-    int n = 11;
+                       "--listen", "127.0.0.1:0", "--pid-file", pid, "-v" };
+    int n = 13;
     for (int i = 0; extra && extra[i] && n < 31; i++)
         argv[n++] = (char *)extra[i];
     argv[n] = NULL;

@@ -33,7 +33,8 @@ void rt_init(rt_t *r, const char *name);
  * (serve --open) unless r->secure; client calls below use the admin key
  * when secure. */
 void rt_start_coord(rt_t *r, double node_timeout, int port);
-/* Starts nodes n0..n(n-1) one after another (each joins before the next
+/* Nodes write their pid to DIR/NAME.pid (join --pid-file, for `tah-node leave`).
+ * Starts nodes n0..n(n-1) one after another (each joins before the next
  * starts, so their speed measurements do not overlap) and waits until the
  * coordinator lists them idle. */
 void rt_start_nodes(rt_t *r, int n);

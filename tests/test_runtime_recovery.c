@@ -8,7 +8,7 @@
  *                     SIGKILLed at a random step: the spare takes its stage,
  *                     every stage rolls back to the last complete set of
  *                     checkpoint replicas. Then another node of the job
- *                     leaves with SIGTERM: every stage stops after the same
+ *                     leaves (`tah-node leave`): every stage stops after the same
  *                     step, checkpoints, and with no spare left the job
  *                     waits, paused, naming the stage; a new node joins and
  *                     the job goes on from that step (no rollback). The job
@@ -164,8 +164,13 @@ static void test_chaos_kill_and_leave(void **state)
     const int leave_stage = (kill_stage + 1 + rand() % 3) % 4;
     int leaver = s_node_of_stage(&r, job, leave_stage);
     assert_true(leaver >= 0 && leaver != victim);
-    rt_kill_node(&r, leaver, SIGTERM);
-    assert_int_equal(rt_node_exit(&r, leaver, 30), 0); /* it hands the stage over, then exits 0 */
+    char pidfile[700];
+    snprintf(pidfile, sizeof pidfile, "%s/%s.pid", r.dir, r.names[leaver]);
+    char *leave_argv[] = { TAH_NODE_EXE, "leave", "--pid-file", pidfile, "--timeout", "60", NULL };
+    int lrc = rt_run(leave_argv, out, sizeof out);
+    if (lrc != 0 || !strstr(out, "left"))
+        fail_msg("tah-node leave: %d: %s", lrc, out);
+    assert_int_equal(rt_node_exit(&r, leaver, 30), 0); /* it handed the stage over, then exited 0 */
     /* paused, naming the stage it waits for */
     char want[64];
     snprintf(want, sizeof want, "waiting for a node for stage %d", leave_stage);
