@@ -1,7 +1,7 @@
 /* main.c — tah-node: a volunteer node.
  *
  *   tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]
- *                 [--advertise HOST] [--threads N] [--device cpu] [-v]
+ *                 [--advertise HOST] [--threads N] [--device cpu|cuda:K] [-v]
  *                 [--coordinator-key FILE|Z85 [--key FILE] [--token T]]
  *   tah-node keygen [--out DIR]
  *
@@ -18,6 +18,9 @@
 #include "keys.h" /* keys_new, keys_write */
 #include "log.h"
 #include "node.h"
+#ifdef TAH_HAVE_CUDA_STAGE
+#include "cu_stage.h" /* cu_stage_register, cu_stage_device_count */
+#endif
 
 static const char *s_usage =
     "usage: tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]\n"
@@ -32,7 +35,7 @@ static const char *s_usage =
     "  --listen H:P    data-plane endpoint neighbours connect to (127.0.0.1:0 = a free port)\n"
     "  --advertise H   host name others use to reach --listen (default: its host)\n"
     "  --threads N     compute threads of the stage (default 1; the job's `threads` if 0)\n"
-    "  --device D      cpu (the CUDA backend is not built yet)\n"
+    "  --device D      cpu (default) or cuda:K: run the assigned stage on GPU K (job option precision = fp32|bf16)\n"
     "  --coord-timeout SEC  coordinator silence that stops the current job (30)\n"
     "  --coordinator-key K  the secure coordinator's public key (its STATE_DIR/coord.pub, or\n"
     "                  the 40 Z85 characters); without it the link is plaintext (`serve --open`)\n"
@@ -147,12 +150,24 @@ int main(int argc, char **argv)
         return s_usage_error("--name must be 1..63 characters, got", o.name);
     tah_log_init("tah-node", o.name);
     if (strcmp(device, "cpu") != 0) {
-        if (!strncmp(device, "cuda:", 5)) {
-            log_error("--device %s: this build has no CUDA backend (cuda/ is not built); HINT: --device cpu",
-                      device);
+        char *dend = NULL;
+        long k = !strncmp(device, "cuda:", 5) ? strtol(device + 5, &dend, 10) : -1;
+        if (k < 0 || k > 1023 || dend == device + 5 || *dend)
+            return s_usage_error("--device wants cpu or cuda:K, got", device);
+#ifdef TAH_HAVE_CUDA_STAGE
+        int ndev = cu_stage_device_count();
+        if (k >= ndev) {
+            log_error("--device %s: no such device (%d CUDA devices visible); HINT: --device cpu", device, ndev);
             return 1;
         }
-        return s_usage_error("--device wants cpu or cuda:K, got", device);
+        cu_stage_register();
+        o.cuda = 1;
+        o.device = (int)k;
+#else
+        log_error("--device %s: this build has no CUDA backend (TAH_CUDA=OFF or no nvcc); HINT: --device cpu",
+                  device);
+        return 1;
+#endif
     }
     return node_agent_run(&o);
 }
