@@ -534,6 +534,8 @@ static void s_on_assign(agent_t *a, const Tah__Assign *as)
     if (a->secure)
         j->keys = calloc(as->stages, sizeof *j->keys);
     j->threads = a->o->threads;
+    j->cuda = a->o->cuda;
+    j->device = a->o->device;
     j->peer_timeout_ms = as->peer_timeout_ms ? as->peer_timeout_ms : 15000;
     j->ctx = a->ctx;
     j->rejected = &a->rejected;

@@ -1,7 +1,7 @@
 /* main.c — tah-node: a volunteer node.
  *
  *   tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]
- *                 [--advertise HOST[:PORT]] [--threads N] [--device cpu] [-v]
+ *                 [--advertise HOST[:PORT]] [--threads N] [--device cpu|cuda:K] [-v]
  *                 [--pid-file FILE]
  *                 [--coordinator-key FILE|Z85 [--key FILE] [--token T]]
  *   tah-node leave --pid-file FILE [--timeout SEC]
@@ -27,6 +27,9 @@
 #include "keys.h"   /* keys_new, keys_write */
 #include "log.h"
 #include "node.h"
+#ifdef TAH_HAVE_CUDA_STAGE
+#include "cu_stage.h" /* cu_stage_register, cu_stage_device_count */
+#endif
 
 static const char *s_usage =
     "usage: tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]\n"
@@ -47,7 +50,7 @@ static const char *s_usage =
     "                  --listen (default: the --listen host and the bound port)\n"
     "  --pid-file FILE write this process's id to FILE (removed at exit), for `leave`\n"
     "  --threads N     compute threads of the stage (default 1; the job's `threads` if 0)\n"
-    "  --device D      cpu (the CUDA backend is not built yet)\n"
+    "  --device D      cpu (default) or cuda:K: run the assigned stage on GPU K (job option precision = fp32|bf16)\n"
     "  --coord-timeout SEC  coordinator silence that stops the current job (30)\n"
     "  --coordinator-key K  the secure coordinator's public key (its STATE_DIR/coord.pub, or\n"
     "                  the 40 Z85 characters); without it the link is plaintext (`serve --open`)\n"
@@ -261,12 +264,24 @@ int main(int argc, char **argv)
     }
     tah_log_init("tah-node", o.name);
     if (strcmp(device, "cpu") != 0) {
-        if (!strncmp(device, "cuda:", 5)) {
-            log_error("--device %s: this build has no CUDA backend (cuda/ is not built); HINT: --device cpu",
-                      device);
+        char *dend = NULL;
+        long k = !strncmp(device, "cuda:", 5) ? strtol(device + 5, &dend, 10) : -1;
+        if (k < 0 || k > 1023 || dend == device + 5 || *dend)
+            return s_usage_error("--device wants cpu or cuda:K, got", device);
+#ifdef TAH_HAVE_CUDA_STAGE
+        int ndev = cu_stage_device_count();
+        if (k >= ndev) {
+            log_error("--device %s: no such device (%d CUDA devices visible); HINT: --device cpu", device, ndev);
             return 1;
         }
-        return s_usage_error("--device wants cpu or cuda:K, got", device);
+        cu_stage_register();
+        o.cuda = 1;
+        o.device = (int)k;
+#else
+        log_error("--device %s: this build has no CUDA backend (TAH_CUDA=OFF or no nvcc); HINT: --device cpu",
+                  device);
+        return 1;
+#endif
     }
     if (pidfile) {
         char line[32], err[1024];

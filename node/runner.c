@@ -379,6 +379,8 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
         codec_shape_t ts = { 1, (uint32_t)x->Vp, (uint32_t)x->C };
         float *mine = k == 0 ? st->g[GPT2_WTE] : st->g[STAGE_HEAD];
         size_t n = (size_t)x->Vp * x->C;
+        if (stage_sync_to_host(st, STAGE_SYNC_TIED) != 0) /* GPU stage: mine is its host mirror */
+            return s_fail(r, step, "copying the tied gradient from the GPU failed: %s", stage_error(st));
         if (k == 0) {
             rc = s_send_tensor(r, NODE_DEST_TIED, TAH__DATA_KIND__DATA_TIED, step, 0, &fp32, ts, mine);
             if (rc)
@@ -396,6 +398,8 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
         }
         stage_tied_reduce(mine, zmq_msg_data(&r->stash[idx].msg), n, k == 0);
         s_release(r, idx);
+        if (stage_sync_to_device(st, STAGE_SYNC_TIED) != 0)
+            return s_fail(r, step, "copying the tied gradient to the GPU failed: %s", stage_error(st));
     }
 
     /* global norm over every stage, in tah-train's slot order */
@@ -490,7 +494,8 @@ static int s_setup(runner_t *r, int *start)
                  t->stages, j->S, cfg->L, t->seq, cfg->maxT);
         goto fail;
     }
-    stage_opts_t so = { .cfg = *cfg, .B = t->batch, .T = t->seq, .tied = !t->untied };
+    stage_opts_t so = { .cfg = *cfg, .B = t->batch, .T = t->seq, .tied = !t->untied,
+                        .backend = j->cuda ? STAGE_CUDA : STAGE_CPU, .device = j->device, .precision = t->precision };
     if (j->layer0 >= 0) {
         so.layer0 = j->layer0;
         so.layer1 = j->layer1;

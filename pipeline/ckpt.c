@@ -48,6 +48,11 @@ static void s_header(const stage_t *s, const ckpt_meta_t *meta, unsigned char h[
 int ckpt_save(const stage_t *s, const char *path, const ckpt_meta_t *meta, char *err, size_t errlen)
 {
     unsigned char h[CKPT_HEADER_SIZE];
+    if (stage_sync_to_host(s, STAGE_SYNC_PARAMS | STAGE_SYNC_MOMENTS) != 0) {
+        if (err)
+            snprintf(err, errlen, "%s: copying the stage from the GPU failed: %s", path, stage_error(s));
+        return TAH_EDEVICE;
+    }
     s_header(s, meta, h);
     size_t nb = s->nparams * sizeof(float);
     uint32_t crc = crc32c_update(0, h, 124);
@@ -129,6 +134,12 @@ int ckpt_load(stage_t *s, const char *path, ckpt_meta_t *meta, char *err, size_t
     memcpy(s->params, buf + CKPT_HEADER_SIZE, nb);
     memcpy(s->moments, buf + CKPT_HEADER_SIZE + nb, 2 * nb);
     s->t = (long long)s_get64(buf + 64);
+    if (stage_sync_to_device(s, STAGE_SYNC_PARAMS | STAGE_SYNC_MOMENTS) != 0) {
+        if (err)
+            snprintf(err, errlen, "%s: copying the checkpoint to the GPU failed: %s", path, stage_error(s));
+        rc = TAH_EDEVICE;
+        goto out;
+    }
     if (meta) {
         meta->step = (long long)s_get64(buf + 72);
         meta->data_pos = s_get64(buf + 80);

@@ -8,8 +8,21 @@
 
 #include "errors.h"
 #include "layers.h"
+#include "stage_backend.h" /* the CUDA backend's table */
 
 #define S_NORM_CHUNK 65536
+
+static const stage_backend_t *s_backend; /* STAGE_CUDA, when registered */
+
+void stage_backend_register(const stage_backend_t *b)
+{
+    s_backend = b;
+}
+
+const stage_backend_t *stage_backend_get(void)
+{
+    return s_backend;
+}
 
 /* ---- size tables ---- */
 
@@ -87,6 +100,12 @@ static int s_validate(const stage_opts_t *o, char *err, size_t errlen)
         what = "sequence length T (must be 1..maxT)";
     else if (o->nslots < 1 || o->nslots > 4096)
         what = "number of in-flight slots";
+    else if (o->backend != STAGE_CPU && o->backend != STAGE_CUDA)
+        what = "backend";
+    else if (o->precision != STAGE_FP32 && o->precision != STAGE_BF16)
+        what = "precision (fp32 or bf16)";
+    else if (o->backend == STAGE_CPU && o->precision != STAGE_FP32)
+        what = "precision (the cpu backend computes in fp32 only)";
     if (what) {
         if (err)
             snprintf(err, errlen, "bad stage options: %s (layers %d..%d of L=%d, B=%d, T=%d, maxT=%d, slots=%d)",
@@ -118,6 +137,21 @@ stage_t *stage_new(const stage_opts_t *o, char *err, size_t errlen)
         s->m[i] = s->sizes[i] ? s->moments + off : NULL;
         s->v[i] = s->sizes[i] ? s->moments + s->nparams + off : NULL;
         off += s->sizes[i];
+    }
+    if (o->backend == STAGE_CUDA) {
+        if (!s_backend) {
+            if (err)
+                snprintf(err, errlen, "cuda:%d: this program was built without the CUDA backend "
+                         "(TAH_CUDA=OFF or no nvcc); HINT: --device cpu", o->device);
+            stage_destroy(&s);
+            return NULL;
+        }
+        s->cu = s_backend->create(s, err, errlen);
+        if (!s->cu) {
+            stage_destroy(&s);
+            return NULL;
+        }
+        return s;
     }
 
     /* activations: nslots x size table */
@@ -199,6 +233,8 @@ void stage_destroy(stage_t **self_p)
     if (!self_p || !*self_p)
         return;
     stage_t *s = *self_p;
+    if (s->cu)
+        s_backend->destroy(s);
     free(s->params);
     free(s->grads);
     free(s->moments);
@@ -229,13 +265,16 @@ int stage_load_params(stage_t *s, const gpt2_model_t *model)
     }
     if (s->sizes[STAGE_HEAD])
         memcpy(s->p[STAGE_HEAD], model->t[GPT2_WTE], s->sizes[STAGE_HEAD] * sizeof(float));
-    return 0;
+    return stage_sync_to_device(s, STAGE_SYNC_PARAMS);
 }
 
 int stage_store_params(const stage_t *s, gpt2_model_t *model)
 {
     if (!s_same_config(&s->o.cfg, &model->cfg))
         return TAH_EINVAL;
+    int rc = stage_sync_to_host(s, STAGE_SYNC_PARAMS);
+    if (rc)
+        return rc;
     for (int i = 0; i < GPT2_NTENSORS; i++) {
         if (!s->sizes[i])
             continue;
@@ -257,6 +296,8 @@ static stage_slot_t *s_find(stage_t *s, int mb)
 
 int stage_inflight(const stage_t *s)
 {
+    if (s->cu)
+        return s_backend->inflight(s);
     int n = 0;
     for (int k = 0; k < s->o.nslots; k++)
         n += s->slots[k].mb >= 0;
@@ -266,6 +307,8 @@ int stage_inflight(const stage_t *s)
 int stage_forward(stage_t *s, int mb, const int *tokens, const float *in, const int *targets,
                   float *out, float *loss)
 {
+    if (s->cu)
+        return s_backend->forward(s, mb, tokens, in, targets, out, loss);
     if (mb < 0 || s_find(s, mb))
         return TAH_EINVAL;
     stage_slot_t *sl = s_find(s, -1);
@@ -334,6 +377,8 @@ int stage_forward(stage_t *s, int mb, const int *tokens, const float *in, const 
 
 int stage_backward(stage_t *s, int mb, const float *dout, float dloss, float *dinp)
 {
+    if (s->cu)
+        return s_backend->backward(s, mb, dout, dloss, dinp);
     stage_slot_t *sl = mb >= 0 ? s_find(s, mb) : NULL;
     if (!sl)
         return TAH_EINVAL;
@@ -405,6 +450,10 @@ int stage_backward(stage_t *s, int mb, const float *dout, float dloss, float *di
 
 void stage_discard(stage_t *s, int mb)
 {
+    if (s->cu) {
+        s_backend->discard(s, mb);
+        return;
+    }
     stage_slot_t *sl = mb >= 0 ? s_find(s, mb) : NULL;
     if (sl)
         sl->mb = -1;
@@ -412,6 +461,10 @@ void stage_discard(stage_t *s, int mb)
 
 void stage_zero_grad(stage_t *s)
 {
+    if (s->cu) {
+        s_backend->zero_grad(s);
+        return;
+    }
     memset(s->grads, 0, s->nparams * sizeof(float));
 }
 
@@ -426,6 +479,14 @@ void stage_tied_sync(stage_t *first, stage_t *last)
 {
     if (!first->o.tied || !last->o.tied)
         return;
+    if (first == last && first->cu) {
+        s_backend->tied_sync_self(first);
+        return;
+    }
+    /* a device stage among them: sum the host mirrors, then copy back */
+    if ((first->cu || last->cu) &&
+        (stage_sync_to_host(first, STAGE_SYNC_TIED) || stage_sync_to_host(last, STAGE_SYNC_TIED)))
+        return; /* the error stays in stage_error */
     float *a = first->g[GPT2_WTE], *b = last->g[STAGE_HEAD];
     size_t n = first->sizes[GPT2_WTE];
 #pragma omp parallel for schedule(static)
@@ -434,6 +495,9 @@ void stage_tied_sync(stage_t *first, stage_t *last)
         a[i] = sum;
         b[i] = sum;
     }
+    stage_sync_to_device(first, STAGE_SYNC_TIED);
+    if (last != first)
+        stage_sync_to_device(last, STAGE_SYNC_TIED);
 }
 
 /* ---- norm and update ---- */
@@ -443,7 +507,7 @@ size_t stage_norm_nslots(const gpt2_config_t *cfg)
     return 5 + 12 * (size_t)cfg->L;
 }
 
-static size_t s_norm_slot(const gpt2_config_t *cfg, int i, int layer)
+size_t stage_norm_slot(const gpt2_config_t *cfg, int i, int layer)
 {
     if (i == GPT2_WTE || i == GPT2_WPE)
         return (size_t)i;
@@ -473,16 +537,20 @@ static double s_sumsq(const float *x, size_t n, double *partials)
 
 void stage_grad_sumsq(stage_t *s, double *slots)
 {
+    if (s->cu) {
+        s_backend->grad_sumsq(s, slots);
+        return;
+    }
     for (int i = 0; i < STAGE_NTENSORS; i++) {
         if (!s->sizes[i] || (i == STAGE_HEAD && s->o.tied))
             continue;
         if (gpt2_tensor_per_layer(i)) {
             size_t per = gpt2_tensor_layer_size(&s->o.cfg, i);
             for (int l = 0; l < s->nl; l++)
-                slots[s_norm_slot(&s->o.cfg, i, s->o.layer0 + l)] +=
+                slots[stage_norm_slot(&s->o.cfg, i, s->o.layer0 + l)] +=
                     s_sumsq(s->g[i] + (size_t)l * per, per, s->partials);
         } else {
-            slots[s_norm_slot(&s->o.cfg, i, 0)] += s_sumsq(s->g[i], s->sizes[i], s->partials);
+            slots[stage_norm_slot(&s->o.cfg, i, 0)] += s_sumsq(s->g[i], s->sizes[i], s->partials);
         }
     }
 }
@@ -498,6 +566,10 @@ double stage_norm_total(const double *slots, size_t n)
 void stage_step(stage_t *s, const optim_opts_t *o, float lr, float grad_scale)
 {
     s->t++;
+    if (s->cu) {
+        s_backend->step(s, o, lr, grad_scale);
+        return;
+    }
     for (int i = 0; i < STAGE_NTENSORS; i++) {
         if (!s->sizes[i])
             continue;
@@ -507,8 +579,27 @@ void stage_step(stage_t *s, const optim_opts_t *o, float lr, float grad_scale)
     }
 }
 
+int stage_sync_to_host(const stage_t *s, int what)
+{
+    return s->cu ? s_backend->to_host(s, what) : 0;
+}
+
+int stage_sync_to_device(stage_t *s, int what)
+{
+    return s->cu ? s_backend->to_device(s, what) : 0;
+}
+
+const char *stage_error(const stage_t *s)
+{
+    return s->cu ? s_backend->error(s) : NULL;
+}
+
 void stage_describe(const stage_t *s, char *buf, size_t buflen)
 {
+    if (s->cu) {
+        s_backend->describe(s, buf, buflen);
+        return;
+    }
     snprintf(buf, buflen, "layers %d..%d%s%s, %zu params, cpu backend (OpenBLAS sgemm + OpenMP, %d threads)",
              s->o.layer0, s->o.layer1 - 1, s->o.first ? ", embeddings" : "",
              s->o.last ? (s->o.tied ? ", lnf + tied head + loss" : ", lnf + untied head + loss") : "",

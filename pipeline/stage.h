@@ -9,8 +9,9 @@
  * single-stage model keeps both copies too, so every split computes the same
  * bits). Untied, HEAD is an independent parameter initialised from wte.
  *
- * Interface (backend-neutral; the CUDA backend of a later issue implements
- * the same calls):
+ * Interface (backend-neutral; the CUDA backend, cuda/cu_stage.h, selected
+ * by o->backend = STAGE_CUDA, implements the same calls through
+ * stage_backend.h):
  *   stage_forward(mb, input)   -> boundary activation (B,T,C), or the loss on
  *                                 the last stage. Activations needed by
  *                                 backward are kept in one of nslots slots
@@ -41,7 +42,13 @@ typedef struct stage_opts {
     int B, T;           /* micro-batch shape, 1 <= T <= maxT */
     int nslots;         /* micro-batches in flight at most (>= 1) */
     int tied;           /* 1: HEAD is a tied copy of wte */
+    int backend;        /* STAGE_CPU (0, the default) or STAGE_CUDA (stage_backend.h) */
+    int device;         /* STAGE_CUDA: GPU index (cuda:device) */
+    int precision;      /* STAGE_CUDA: STAGE_FP32 (0) or STAGE_BF16 */
 } stage_opts_t;
+
+enum { STAGE_CPU = 0, STAGE_CUDA = 1 };
+enum { STAGE_FP32 = 0, STAGE_BF16 = 1 };
 
 /* Activations of one in-flight micro-batch; per-layer buffers hold nl layers. */
 typedef struct stage_slot {
@@ -78,6 +85,7 @@ typedef struct stage {
     double *partials;                /* norm chunk partial sums */
     size_t npartials;
     long long t;                     /* AdamW steps taken */
+    void *cu;                        /* STAGE_CUDA: the backend's state (stage_backend.h) */
 } stage_t;
 
 /* Elements per tensor of a stage with these options; returns the total. */
@@ -127,9 +135,25 @@ size_t stage_norm_nslots(const gpt2_config_t *cfg);
  * tied HEAD copy is not counted (its gradient is wte's). */
 void stage_grad_sumsq(stage_t *s, double *slots);
 double stage_norm_total(const double *slots, size_t n);
+/* The canonical slot of tensor i (layer: the model layer of a per-layer
+ * tensor, else ignored); STAGE_HEAD has its own. */
+size_t stage_norm_slot(const gpt2_config_t *cfg, int i, int layer);
 
 /* AdamW on every parameter of this stage (t increments). */
 void stage_step(stage_t *s, const optim_opts_t *o, float lr, float grad_scale);
+
+/* Host mirrors of a device stage (no-ops, 0, on the CPU backend):
+ * to_host copies the device's values into s->params / s->moments / the
+ * tied gradient tensor (g[wte] on the first, g[head] on the last stage)
+ * / every gradient (s->grads, for tests and debugging);
+ * to_device copies the host values back (after ckpt_load, or after a tied
+ * gradient exchange over a link). 0 or TAH_EDEVICE. */
+enum { STAGE_SYNC_PARAMS = 1, STAGE_SYNC_MOMENTS = 2, STAGE_SYNC_TIED = 4, STAGE_SYNC_GRADS = 8 /* all */ };
+int stage_sync_to_host(const stage_t *s, int what);
+int stage_sync_to_device(stage_t *s, int what);
+/* The first device error of this stage ("cuda:0: ...: out of memory"), or
+ * NULL (always NULL on the CPU backend). */
+const char *stage_error(const stage_t *s);
 
 /* One line: "layers 0..3 (first, last), 1234 params, cpu backend (OpenBLAS, 2 threads)". */
 void stage_describe(const stage_t *s, char *buf, size_t buflen);

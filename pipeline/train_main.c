@@ -15,6 +15,9 @@
 #include "layers.h"  /* layers_set_threads, layers_max_threads */
 #include "trainer.h" /* trainer_* */
 #include "trainopts.h" /* trainopts_*: the option table shared with job files */
+#ifdef TAH_HAVE_CUDA_STAGE
+#include "cu_stage.h" /* cu_stage_register, cu_stage_device_count */
+#endif
 
 static const char *s_usage =
     "usage: tah-train (--init-from MODEL.bin | --model L,NH,C,maxT,V[,Vp]) --train-data F\n"
@@ -26,6 +29,7 @@ static const char *s_usage =
     "                 [--metrics FILE] [--save MODEL.bin]\n"
     "                 [--val-every N] [--val-batches N] [--lr-min-frac X] [--untied]\n"
     "                 [--save-ckpt PREFIX] [--ckpt-every N] [--resume PREFIX] [--quiet]\n"
+    "                 [--device cpu|cuda:K] [--precision fp32|bf16]\n"
     "\n"
     "  --init-from F     start from an llm.c GPT-2 model file (version 3)\n"
     "  --model ...       random GPT-2 init (--seed); Vp defaults to V rounded up to 128 (V >= 1024)\n"
@@ -48,7 +52,9 @@ static const char *s_usage =
     "  --untied          LM head independent of wte (no tied-embedding sync)\n"
     "  --save-ckpt P     write per-stage checkpoints P.stage<k>.ckpt (atomically) at the end,\n"
     "                    and every N steps with --ckpt-every N\n"
-    "  --resume P        continue from per-stage checkpoints P.stage<k>.ckpt\n";
+    "  --resume P        continue from per-stage checkpoints P.stage<k>.ckpt\n"
+    "  --device D        cpu (default) or cuda:K: every stage on GPU K (the CUDA backend)\n"
+    "  --precision P     fp32 (default) or bf16 (cuda only: bf16 activations, fp32 master weights)\n";
 
 static int s_usage_error(const char *fmt, const char *a, const char *b)
 {
@@ -114,6 +120,23 @@ int main(int argc, char **argv)
         return s_usage_error("--ckpt-every needs --save-ckpt PREFIX%s%s", "", "");
     if (!o.batch || !o.seq || !o.steps || !o.have_lr)
         return s_usage_error("--batch, --seq, --steps and --lr are required%s%s", "", "");
+    if (o.precision != 0 && o.device < 0)
+        return s_usage_error("--precision bf16 needs --device cuda:K%s%s", "", "");
+    if (o.device >= 0) {
+#ifdef TAH_HAVE_CUDA_STAGE
+        int ndev = cu_stage_device_count();
+        if (o.device >= ndev) {
+            fprintf(stderr, "tah-train: --device cuda:%d: no such device (%d CUDA devices visible)%s\n", o.device,
+                    ndev, ndev ? "" : "; HINT: is the NVIDIA driver loaded? --device cpu runs without a GPU");
+            return 1;
+        }
+        cu_stage_register();
+#else
+        fprintf(stderr, "tah-train: --device cuda:%d: this tah-train was built without the CUDA backend "
+                        "(TAH_CUDA=OFF or no nvcc at build time); HINT: --device cpu\n", o.device);
+        return 1;
+#endif
+    }
     /* the model's own limits are checked against the model below (exit 1),
      * as for --init-from */
     const char *init_from = o.init_from[0] ? o.init_from : NULL, *model_str = o.model[0] ? o.model : NULL;
@@ -181,7 +204,8 @@ int main(int argc, char **argv)
     opt.total_steps = steps;
     trainer_opts_t to = { .cfg = *cfg, .S = S, .M = M, .B = B, .T = T, .sched = sched,
                           .tied = !untied, .fwd_codec = fwd_codec, .bwd_codec = bwd_codec,
-                          .optim = opt };
+                          .optim = opt, .backend = o.device >= 0 ? STAGE_CUDA : STAGE_CPU,
+                          .device = o.device >= 0 ? o.device : 0, .precision = o.precision };
     tr = trainer_new(&to, model, err, sizeof err);
     if (!tr) {
         fprintf(stderr, "tah-train: %s\n", err);

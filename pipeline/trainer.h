@@ -35,6 +35,9 @@ typedef struct trainer_opts {
     const char *fwd_codec; /* codec spec for activations, NULL = plain copy */
     const char *bwd_codec; /* codec spec for gradients, NULL = plain copy */
     optim_opts_t optim;
+    int backend;           /* STAGE_CPU (0) or STAGE_CUDA: every stage */
+    int device;            /* STAGE_CUDA: cuda:device (all stages share it) */
+    int precision;         /* STAGE_FP32 (0) or STAGE_BF16 */
 } trainer_opts_t;
 
 typedef struct trainer_stats {

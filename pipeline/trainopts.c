@@ -11,7 +11,7 @@
 #include "codec.h" /* codec_spec_parse */
 #include "errors.h"
 
-typedef enum { O_PATH, O_SPEC, O_MODEL, O_INT, O_FLOAT, O_FLAG, O_SCHED, O_LRSCHED } s_kind_t;
+typedef enum { O_PATH, O_SPEC, O_MODEL, O_INT, O_FLOAT, O_FLAG, O_SCHED, O_LRSCHED, O_DEVICE, O_PRECISION } s_kind_t;
 
 typedef struct s_opt {
     const char *name; /* with dashes, as on tah-train's command line */
@@ -57,6 +57,8 @@ static const s_opt_t s_opts[] = {
     { "ckpt-every", O_INT, F(ckpt_every), 1, 1 << 30, 0, 0 },
     { "resume", O_PATH, F(resume), 0, 0, 0, 0 },
     { "quiet", O_FLAG, F(quiet), 0, 0, 0, 0 },
+    { "device", O_DEVICE, F(device), 0, 0, 0, 0 },
+    { "precision", O_PRECISION, F(precision), 0, 0, 0, 0 },
 };
 #define S_NOPTS (sizeof s_opts / sizeof s_opts[0])
 
@@ -71,6 +73,7 @@ void trainopts_defaults(trainopts_t *o)
     o->seed = 1337;
     o->val_every = 50;
     o->val_batches = 8;
+    o->device = -1;
     optim_defaults(&o->optim);
 }
 
@@ -214,6 +217,26 @@ int trainopts_set(trainopts_t *o, const char *name, const char *value, char *err
         if (sched_parse(value, &o->schedule) != 0)
             why = "wants 1f1b or gpipe";
         break;
+    case O_DEVICE: {
+        char *end = NULL;
+        long k = -1;
+        if (!strcmp(value, "cpu"))
+            o->device = -1;
+        else if (!strncmp(value, "cuda:", 5) && (errno = 0, k = strtol(value + 5, &end, 10), !errno) &&
+                 end != value + 5 && !*end && k >= 0 && k < 1024)
+            o->device = (int)k;
+        else
+            why = "wants cpu or cuda:K (K = 0..1023)";
+        break;
+    }
+    case O_PRECISION:
+        if (!strcmp(value, "fp32"))
+            o->precision = 0;
+        else if (!strcmp(value, "bf16"))
+            o->precision = 1;
+        else
+            why = "wants fp32 or bf16";
+        break;
     case O_LRSCHED:
         if (!strcmp(value, "constant"))
             o->optim.schedule = OPTIM_CONSTANT;
@@ -241,6 +264,8 @@ int trainopts_check(const trainopts_t *o, char *err, size_t errlen)
         why = "train_data is required";
     else if (!o->batch || !o->seq || !o->steps || !o->have_lr)
         why = "batch, seq, steps and lr are required";
+    else if (o->precision != 0 && o->device < 0)
+        why = "precision bf16 needs a cuda device (the cpu backend computes in fp32)";
     else if (o->model[0]) {
         if (gpt2_config_validate(&o->mcfg, buf, sizeof buf) != 0)
             why = buf;

@@ -1,0 +1,89 @@
+// cu_layers.cuh — the GPT-2 layer kernels of the CUDA stage (private to
+// cuda/): launchers mirroring pipeline/layers.h (outputs first, then saved
+// state, inputs, weights, sizes; a stream last). X is the activation type
+// (float or __nv_bfloat16); parameters and their gradients are always fp32;
+// every reduction accumulates in fp32. Launchers return the launch's
+// cudaGetLastError(). Backward launchers ADD (+=) into parameter gradients,
+// like layers.c, unless the comment says "=".
+#ifndef TAH_CU_LAYERS_CUH
+#define TAH_CU_LAYERS_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+typedef __nv_bfloat16 cu_bf16;
+
+__device__ __forceinline__ float cu_ld(float x) { return x; }
+__device__ __forceinline__ float cu_ld(cu_bf16 x) { return __bfloat162float(x); }
+template <class X> __device__ __forceinline__ X cu_st(float x);
+template <> __device__ __forceinline__ float cu_st<float>(float x) { return x; }
+template <> __device__ __forceinline__ cu_bf16 cu_st<cu_bf16>(float x) { return __float2bfloat16_rn(x); }
+
+// y = (X) x, n elements (and back)
+template <class X> cudaError_t cl_from_f32(X *y, const float *x, size_t n, cudaStream_t st);
+template <class X> cudaError_t cl_to_f32(float *y, const X *x, size_t n, cudaStream_t st);
+
+template <class X>
+cudaError_t cl_encoder_forward(X *out /* (B,T,C) */, const int *tok /* (B,T) */, const float *wte /* (Vp,C) */,
+                               const float *wpe /* (maxT,C) */, int B, int T, int C, cudaStream_t st);
+template <class X>
+cudaError_t cl_encoder_backward(float *dwte /* (Vp,C) += */, float *dwpe /* (maxT,C) += */,
+                                const X *dout /* (B,T,C) */, const int *tok /* (B,T) */, int B, int T, int C,
+                                cudaStream_t st);
+template <class X>
+cudaError_t cl_layernorm_forward(X *out /* (N,C) */, float *mean /* (N) */, float *rstd /* (N) */,
+                                 const X *inp /* (N,C) */, const float *w /* (C) */, const float *b /* (C) */,
+                                 int N, int C, cudaStream_t st);
+// dinp += LN backward (may not alias dout); dw, db +=
+template <class X>
+cudaError_t cl_layernorm_backward(X *dinp /* (N,C) += */, float *dw /* (C) += */, float *db /* (C) += */,
+                                  const X *dout /* (N,C) */, const X *inp /* (N,C) */, const float *w /* (C) */,
+                                  const float *mean /* (N) */, const float *rstd /* (N) */, int N, int C,
+                                  cudaStream_t st);
+// dbias[j] += sum_n dout[n,j]
+template <class X>
+cudaError_t cl_bias_backward(float *dbias /* (OC) += */, const X *dout /* (N,OC) */, int N, int OC, cudaStream_t st);
+template <class X> cudaError_t cl_gelu_forward(X *out, const X *inp, size_t n, cudaStream_t st);
+// dinp = gelu'(inp) * dout (=, dinp may alias dout)
+template <class X> cudaError_t cl_gelu_backward(X *dinp, const X *inp, const X *dout, size_t n, cudaStream_t st);
+// losses[n] = lse[n] - logits[n, targets[n]], lse over the first V columns
+template <class X>
+cudaError_t cl_crossentropy_forward(float *losses /* (N) */, float *lse /* (N) */, const X *logits /* (N,Vp) */,
+                                    const int *targets /* (N) */, int N, int V, int Vp, cudaStream_t st);
+// logits (in place) = (softmax - onehot) * dloss, padding columns 0
+template <class X>
+cudaError_t cl_crossentropy_backward(X *logits /* (N,Vp) */, const float *lse /* (N) */, const int *targets /* (N) */,
+                                     float dloss, int N, int V, int Vp, cudaStream_t st);
+// causal self-attention, flash style: out (=), lse (B,NH,T) (=)
+template <class X>
+cudaError_t cl_attention_forward(X *out /* (B,T,C) */, float *lse /* (B,NH,T) */, const X *qkv /* (B,T,3C) */,
+                                 int B, int T, int C, int NH, cudaStream_t st);
+// dqkv (=) from dout; dsum (B,NH,T) scratch
+template <class X>
+cudaError_t cl_attention_backward(X *dqkv /* (B,T,3C) */, float *dsum /* (B,NH,T) */, const X *dout /* (B,T,C) */,
+                                  const X *out /* (B,T,C) */, const float *lse /* (B,NH,T) */,
+                                  const X *qkv /* (B,T,3C) */, int B, int T, int C, int NH, cudaStream_t st);
+// 1 when the attention kernels support head size hs
+int cl_attention_supports(int hs);
+
+#endif
+
+// ---- optimizer and gradient bookkeeping (cu_optim.cu) ----
+// One AdamW launch over every tensor of a stage: blockIdx.y picks the tensor.
+#define CL_MAX_TENSORS 24
+struct cl_adamw_tensors {
+    size_t off[CL_MAX_TENSORS], n[CL_MAX_TENSORS]; // element offset and count in the allocation
+    float wd[CL_MAX_TENSORS];                      // weight decay of the tensor
+    int count;
+};
+// p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p) exactly as optim_adamw; p16
+// (NULL in fp32 mode) gets bf16(p) of every updated element.
+cudaError_t cl_adamw(float *p, cu_bf16 *p16, float *m, float *v, const float *g, const cl_adamw_tensors *t,
+                     float lr, float b1, float b2, float eps, float bc1, float bc2, float grad_scale, cudaStream_t st);
+// Sum of squares (double) of each segment [off, off+n) of x: partials[seg * CL_SUMSQ_BLOCKS + k]
+// for k < CL_SUMSQ_BLOCKS; segs is a device array of (off, n) pairs.
+#define CL_SUMSQ_BLOCKS 64
+cudaError_t cl_sumsq(double *partials, const float *x, const unsigned long long *segs, int nseg, cudaStream_t st);
+// a = b = a + b (a first, as stage_tied_sync)
+cudaError_t cl_tied_sum(float *a, float *b, size_t n, cudaStream_t st);

@@ -1,0 +1,53 @@
+/* cu_stage.h — the CUDA backend of the pipeline stage (pipeline/stage.h).
+ *
+ * Same tensors, llm.c parameter layout, layer range, first/last roles, slot
+ * bookkeeping and AdamW as the CPU stage (pipeline/stage.c, layers.c,
+ * optim.c); a program selects it per stage with stage_opts_t.backend =
+ * STAGE_CUDA, .device = K (cuda:K), .precision = STAGE_FP32 | STAGE_BF16,
+ * after calling cu_stage_register() once.
+ *
+ * On the device: fp32 master parameters, gradients and AdamW moments (one
+ * allocation each, carved like stage.c's), and per in-flight slot one
+ * activation allocation. Precision:
+ *   fp32  activations fp32, cuBLASLt CUBLAS_COMPUTE_32F (no TF32): the mode
+ *         that matches the CPU backend to rounding (tests/test_cu_stage.c);
+ *   bf16  activations and a bf16 copy of the parameters for the matrix
+ *         products (refreshed by every AdamW step and every upload), fp32
+ *         accumulation, LayerNorm statistics, softmax, loss, gradients of
+ *         the parameters, master weights and moments in fp32.
+ * Attention is causal flash-style (online softmax; per-row logsumexp kept
+ * for backward, which recomputes the probabilities): no (T,T) buffer.
+ * Boundary activations, gradients, tokens and the loss stay host pointers
+ * at the interface; the copies happen inside. Every CUDA and cuBLASLt call
+ * is checked: the first failure is kept as a message (stage_error), printed
+ * once on stderr, and every later call returns TAH_EDEVICE.
+ *
+ * Kernels use fast contraction (FMA) and the hardware exp/log where noted;
+ * they are not bit-identical to the CPU, which the test's tolerances state. */
+#ifndef TAH_CU_STAGE_H
+#define TAH_CU_STAGE_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Register the backend with stage_backend_register (stage_backend.h). */
+void cu_stage_register(void);
+/* CUDA devices visible to this process (0 when none or no driver). */
+int cu_stage_device_count(void);
+
+/* Test hook: the attention kernels alone on host arrays. qkv (B,T,3C),
+ * dout (B,T,C) in; out (B,T,C), lse (B,NH,T) and dqkv (B,T,3C) out (dout
+ * and dqkv may be NULL: forward only). bf16: inputs rounded to bf16 and the
+ * bf16 kernels run. 0 or TAH_EINVAL / TAH_EDEVICE with err filled. */
+int cu_stage_attention_host(int device, int bf16, const float *qkv, const float *dout, float *out,
+                            float *lse, float *dqkv, int B, int T, int C, int NH, char *err,
+                            size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
