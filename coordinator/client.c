@@ -254,7 +254,7 @@ static void s_print_text(const Tah__StatusRep *r)
             printf("  checkpoint replicas complete at step %d; %u recoveries\n", j->ckpt_step, j->recoveries);
         for (size_t k = 0; k < j->n_events; k++) {
             const Tah__EventInfo *ev = j->events[k];
-            printf("  event %-19s step %-5d", ev->kind, ev->step);
+            printf("  event %s at step %d", ev->kind, ev->step);
             if (ev->node[0])
                 printf(" node %s", ev->node);
             if (ev->stage >= 0)
