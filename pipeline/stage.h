@@ -22,6 +22,11 @@
  *   save/load                  -> ckpt.h (per-stage) and stage_load_params/
  *                                 stage_store_params (whole llm.c model).
  *
+ * Tensor parallelism (o.tp > 1, blocks.h): the layers run Megatron-style on
+ * tp worker threads with a (compressed) all-reduce between them; the
+ * stage's tensors stay whole, so everything above (gradients, norm, AdamW,
+ * checkpoints) is the same at any tp.
+ *
  * Memory: parameters, gradients, moments (m then v) and activations are
  * each one allocation, carved from the size table stage_param_sizes(). */
 #ifndef TAH_STAGE_H
@@ -29,8 +34,11 @@
 
 #include <stddef.h>
 
-#include "gpt2.h"  /* gpt2_config_t, GPT2_* tensor ids */
-#include "optim.h" /* optim_opts_t */
+#include "codec.h"  /* codec_spec_t */
+#include "gpt2.h"   /* gpt2_config_t, GPT2_* tensor ids */
+#include "optim.h"  /* optim_opts_t */
+#include "tpcomm.h" /* tp_comm_t, TP_MAX */
+#include "tpteam.h" /* tp_team_t */
 
 enum { STAGE_HEAD = GPT2_NTENSORS, STAGE_NTENSORS };
 
@@ -41,6 +49,8 @@ typedef struct stage_opts {
     int B, T;           /* micro-batch shape, 1 <= T <= maxT */
     int nslots;         /* micro-batches in flight at most (>= 1) */
     int tied;           /* 1: HEAD is a tied copy of wte */
+    int tp;             /* tensor-parallel degree: 0 or 1 = none; else 2..TP_MAX dividing NH */
+    codec_spec_t tp_rs, tp_ag; /* all-reduce codecs, reduce-scatter and all-gather (id 0 = none) */
 } stage_opts_t;
 
 /* Activations of one in-flight micro-batch; per-layer buffers hold nl layers. */
@@ -74,7 +84,17 @@ typedef struct stage {
     int *acts_i;                     /* tokens/targets of all slots */
     stage_slot_t *slots;
     float *scratch;                  /* one allocation: backward buffers below */
-    float *dres, *dbuf, *dqkv, *dbig, *proj, *attscr;
+    float *dres, *dbuf, *dqkv, *dbig;
+    int tp;                          /* >= 1 */
+    tp_team_t *team;                 /* tp > 1: one worker per rank */
+    tp_comm_t *comm;                 /* tp > 1: the all-reduce group */
+    float *red;                      /* (tp, B,T,C): each rank's all-reduce buffer */
+    float *tpscr;                    /* (tp, tpscr_n): attention scratch per rank */
+    size_t tpscr_n;
+    int rank_threads;                /* OpenMP threads of each rank */
+    int tp_rc[TP_MAX];
+    char tp_err[TP_MAX][256];
+    char err[512];                   /* why the last forward/backward failed */
     double *partials;                /* norm chunk partial sums */
     size_t npartials;
     long long t;                     /* AdamW steps taken */
@@ -105,6 +125,9 @@ int stage_forward(stage_t *s, int mb, const int *tokens, const float *in, const 
  * micro-batch) / (B*T) (last stage); dinp (B,T,C) gets the input gradient
  * (non-first stages). 0 or TAH_EINVAL when mb is not in flight. */
 int stage_backward(stage_t *s, int mb, const float *dout, float dloss, float *dinp);
+/* Why the last stage_forward / stage_backward failed (all-reduce errors:
+ * a codec refusing a non-finite tensor), "" after success. */
+const char *stage_error(const stage_t *s);
 /* Drop micro-batch mb's activations without backward (evaluation). */
 void stage_discard(stage_t *s, int mb);
 /* Micro-batches currently in flight. */
@@ -131,7 +154,8 @@ double stage_norm_total(const double *slots, size_t n);
 /* AdamW on every parameter of this stage (t increments). */
 void stage_step(stage_t *s, const optim_opts_t *o, float lr, float grad_scale);
 
-/* One line: "layers 0..3 (first, last), 1234 params, cpu backend (OpenBLAS, 2 threads)". */
+/* One line: "layers 0..3 (first, last), 1234 params, cpu backend (OpenBLAS, 2 threads)"
+ * plus the tensor-parallel degree and codecs when tp > 1. */
 void stage_describe(const stage_t *s, char *buf, size_t buflen);
 
 #endif
