@@ -92,7 +92,7 @@ static int s_bench(const gpt2_model_t *model, int device, int prec, int B, int M
         stage_grad_sumsq(s, slots);
         float scale = optim_clip_scale(stage_norm_total(slots, nn), 1.0f);
         stage_step(s, &oo, 3e-4f, scale);
-        if (stage_error(s))
+        if (*stage_error(s))
             rc = TAH_EDEVICE;
         double t3 = s_now();
         if (it == 0)
@@ -110,7 +110,7 @@ static int s_bench(const gpt2_model_t *model, int device, int prec, int B, int M
     }
     if (rc) {
         fprintf(stderr, "bench_cu_stage: %s failed: %s\n", prec ? "bf16" : "fp32",
-                stage_error(s) ? stage_error(s) : tah_strerror(rc));
+                *stage_error(s) ? stage_error(s) : tah_strerror(rc));
     } else {
         r->step_ms = s_median(ts, steps);
         r->fwd_ms = s_median(tf, steps);

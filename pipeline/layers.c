@@ -109,9 +109,8 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, c
     }
 }
 
-void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, const float *mean, const float *rstd,
-                        int N, int C)
+void layernorm_backward_input(float *dinp, const float *dout, const float *inp, const float *weight,
+                              const float *mean, const float *rstd, int N, int C)
 {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -134,9 +133,14 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
             dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
         }
     }
+}
+
+void layernorm_backward_params(float *dweight, float *dbias, const float *dout, const float *inp,
+                               const float *mean, const float *rstd, int N, int C, int c0, int c1)
+{
 #pragma omp parallel for schedule(static)
-    for (int c0 = 0; c0 < C; c0 += S_CBLOCK) {
-        int c1 = c0 + S_CBLOCK < C ? c0 + S_CBLOCK : C;
+    for (int b0 = c0; b0 < c1; b0 += S_CBLOCK) {
+        int b1 = b0 + S_CBLOCK < c1 ? b0 + S_CBLOCK : c1;
         float dw[S_CBLOCK], db[S_CBLOCK];
         memset(dw, 0, sizeof dw);
         memset(db, 0, sizeof db);
@@ -144,16 +148,24 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
             const float *d = dout + (size_t)n * C;
             const float *x = inp + (size_t)n * C;
             float m = mean[n], s = rstd[n];
-            for (int i = c0; i < c1; i++) {
-                dw[i - c0] += d[i] * ((x[i] - m) * s);
-                db[i - c0] += d[i];
+            for (int i = b0; i < b1; i++) {
+                dw[i - b0] += d[i] * ((x[i] - m) * s);
+                db[i - b0] += d[i];
             }
         }
-        for (int i = c0; i < c1; i++) {
-            dweight[i] += dw[i - c0];
-            dbias[i] += db[i - c0];
+        for (int i = b0; i < b1; i++) {
+            dweight[i] += dw[i - b0];
+            dbias[i] += db[i - b0];
         }
     }
+}
+
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const float *mean, const float *rstd,
+                        int N, int C)
+{
+    layernorm_backward_input(dinp, dout, inp, weight, mean, rstd, N, C);
+    layernorm_backward_params(dweight, dbias, dout, inp, mean, rstd, N, C, 0, C);
 }
 
 /* Matrix products: OpenBLAS runs single-threaded inside our OpenMP threads,
@@ -173,8 +185,8 @@ static void s_rows(int n, int *lo, int *hi)
     *hi = *lo + per < n ? *lo + per : n;
 }
 
-void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
-                    int C, int OC)
+void matmul_forward_strided(float *out, int ldo, const float *inp, int ldi, const float *weight,
+                            int ldw, const float *bias, int N, int C, int OC)
 {
 #pragma omp parallel
     {
@@ -182,10 +194,10 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
         s_rows(N, &lo, &hi);
         if (hi > lo) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, OC, C, 1.0f,
-                        inp + (size_t)lo * C, C, weight, C, 0.0f, out + (size_t)lo * OC, OC);
+                        inp + (size_t)lo * ldi, ldi, weight, ldw, 0.0f, out + (size_t)lo * ldo, ldo);
             if (bias) {
                 for (int n = lo; n < hi; n++) {
-                    float *o = out + (size_t)n * OC;
+                    float *o = out + (size_t)n * ldo;
                     for (int j = 0; j < OC; j++)
                         o[j] += bias[j];
                 }
@@ -194,8 +206,34 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
     }
 }
 
-void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                     const float *inp, const float *weight, int N, int C, int OC)
+void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
+                    int C, int OC)
+{
+    matmul_forward_strided(out, OC, inp, C, weight, C, bias, N, C, OC);
+}
+
+/* dbias[j] += sum over n of d[n*ld + j], j in [j0, j1): one float
+ * accumulator per column, rows in order (the same bits for any split of
+ * the columns) */
+static void s_bias_cols(float *dbias, const float *dout, int ld, int N, int j0, int j1)
+{
+    for (int b0 = j0; b0 < j1; b0 += S_CBLOCK) {
+        int b1 = b0 + S_CBLOCK < j1 ? b0 + S_CBLOCK : j1;
+        float acc[S_CBLOCK];
+        memset(acc, 0, sizeof acc);
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * ld;
+            for (int j = b0; j < b1; j++)
+                acc[j - b0] += d[j];
+        }
+        for (int j = b0; j < b1; j++)
+            dbias[j] += acc[j - b0];
+    }
+}
+
+void matmul_backward_strided(float *dinp, int lddi, float *dweight, int lddw, float *dbias,
+                             const float *dout, int lddo, const float *inp, int ldi,
+                             const float *weight, int ldw, int N, int C, int OC)
 {
 #pragma omp parallel
     {
@@ -204,28 +242,30 @@ void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dou
             s_rows(N, &lo, &hi);
             if (hi > lo)
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, hi - lo, C, OC, 1.0f,
-                            dout + (size_t)lo * OC, OC, weight, C, 1.0f, dinp + (size_t)lo * C, C);
+                            dout + (size_t)lo * lddo, lddo, weight, ldw, 1.0f,
+                            dinp + (size_t)lo * lddi, lddi);
         }
         s_rows(OC, &lo, &hi);
         if (hi > lo) {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, C, N, 1.0f, dout + lo, OC,
-                        inp, C, 1.0f, dweight + (size_t)lo * C, C);
-            if (dbias) {
-                for (int j0 = lo; j0 < hi; j0 += S_CBLOCK) {
-                    int j1 = j0 + S_CBLOCK < hi ? j0 + S_CBLOCK : hi;
-                    float acc[S_CBLOCK];
-                    memset(acc, 0, sizeof acc);
-                    for (int n = 0; n < N; n++) {
-                        const float *d = dout + (size_t)n * OC;
-                        for (int j = j0; j < j1; j++)
-                            acc[j - j0] += d[j];
-                    }
-                    for (int j = j0; j < j1; j++)
-                        dbias[j] += acc[j - j0];
-                }
-            }
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, C, N, 1.0f, dout + lo, lddo,
+                        inp, ldi, 1.0f, dweight + (size_t)lo * lddw, lddw);
+            if (dbias)
+                s_bias_cols(dbias, dout, lddo, N, lo, hi);
         }
     }
+}
+
+void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                     const float *inp, const float *weight, int N, int C, int OC)
+{
+    matmul_backward_strided(dinp, C, dweight, C, dbias, dout, OC, inp, C, weight, C, N, C, OC);
+}
+
+void bias_backward(float *dbias, const float *dout, int ld, int N, int OC)
+{
+#pragma omp parallel for schedule(static)
+    for (int j0 = 0; j0 < OC; j0 += S_CBLOCK)
+        s_bias_cols(dbias, dout, ld, N, j0, j0 + S_CBLOCK < OC ? j0 + S_CBLOCK : OC);
 }
 
 size_t attention_scratch_floats(int T)

@@ -31,6 +31,17 @@ void layernorm_backward(float *dinp /* (N,C) += */, float *dweight /* (C) += */,
                         float *dbias /* (C) += */, const float *dout /* (N,C) */,
                         const float *inp /* (N,C) */, const float *weight /* (C) */,
                         const float *mean /* (N) */, const float *rstd /* (N) */, int N, int C);
+/* The two halves of layernorm_backward, for splitting it across
+ * tensor-parallel ranks with the same bits: the input gradient row by row
+ * (any block of rows: offset the pointers), and the weight/bias gradients
+ * of channels [c0, c1) (each channel sums its N rows in order). */
+void layernorm_backward_input(float *dinp /* (N,C) += */, const float *dout /* (N,C) */,
+                              const float *inp /* (N,C) */, const float *weight /* (C) */,
+                              const float *mean /* (N) */, const float *rstd /* (N) */, int N, int C);
+void layernorm_backward_params(float *dweight /* (C) += */, float *dbias /* (C) += */,
+                               const float *dout /* (N,C) */, const float *inp /* (N,C) */,
+                               const float *mean /* (N) */, const float *rstd /* (N) */, int N, int C,
+                               int c0, int c1);
 
 /* out = inp @ weight^T + bias (bias may be NULL) */
 void matmul_forward(float *out /* (N,OC) */, const float *inp /* (N,C) */,
@@ -42,6 +53,24 @@ void matmul_backward(float *dinp /* (N,C) */, float *dweight /* (OC,C) */,
                      float *dbias /* (OC) */, const float *dout /* (N,OC) */,
                      const float *inp /* (N,C) */, const float *weight /* (OC,C) */,
                      int N, int C, int OC);
+/* The same on blocks of larger row-major matrices: ld* is the row stride
+ * (elements) of each matrix, >= its width (tensor-parallel shards: a block
+ * of weight rows is a pointer offset, a block of columns a pointer offset
+ * plus the full row stride). */
+void matmul_forward_strided(float *out /* (N,OC) ld ldo */, int ldo,
+                            const float *inp /* (N,C) ld ldi */, int ldi,
+                            const float *weight /* (OC,C) ld ldw */, int ldw,
+                            const float *bias /* (OC) or NULL */, int N, int C, int OC);
+void matmul_backward_strided(float *dinp /* (N,C) ld lddi, or NULL */, int lddi,
+                             float *dweight /* (OC,C) ld lddw */, int lddw,
+                             float *dbias /* (OC) or NULL */,
+                             const float *dout /* (N,OC) ld lddo */, int lddo,
+                             const float *inp /* (N,C) ld ldi */, int ldi,
+                             const float *weight /* (OC,C) ld ldw */, int ldw, int N, int C, int OC);
+/* dbias += column sums of dout: the bias gradient of matmul_backward alone,
+ * with the same bits (each column sums its N rows in order). */
+void bias_backward(float *dbias /* (OC) += */, const float *dout /* (N,OC) ld ld */, int ld, int N,
+                   int OC);
 
 /* Causal multi-head self-attention. qkv rows are [q | k | v], each C wide,
  * head h owning channels h*hs..(h+1)*hs-1. att keeps the softmax

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blocks.h" /* blocks_init, blocks_forward, blocks_backward */
 #include "errors.h"
 #include "layers.h"
 #include "stage_backend.h" /* the CUDA backend's table */
@@ -106,6 +107,14 @@ static int s_validate(const stage_opts_t *o, char *err, size_t errlen)
         what = "precision (fp32 or bf16)";
     else if (o->backend == STAGE_CPU && o->precision != STAGE_FP32)
         what = "precision (the cpu backend computes in fp32 only)";
+    else if (o->backend == STAGE_CUDA && o->tp > 1)
+        what = "tp (tensor parallelism runs on the cpu backend only, so far)";
+    else if (o->tp < 0 || o->tp > TP_MAX || (o->tp > 1 && o->cfg.NH % o->tp != 0)) {
+        if (err)
+            snprintf(err, errlen, "bad stage options: tensor-parallel degree tp=%d must be 1..%d and divide the number "
+                                  "of heads NH=%d (then it divides C=%d and 4C)", o->tp, TP_MAX, o->cfg.NH, o->cfg.C);
+        return TAH_EINVAL;
+    }
     if (what) {
         if (err)
             snprintf(err, errlen, "bad stage options: %s (layers %d..%d of L=%d, B=%d, T=%d, maxT=%d, slots=%d)",
@@ -195,19 +204,21 @@ stage_t *stage_new(const stage_opts_t *o, char *err, size_t errlen)
         sl->losses = ptrs[A_LOSSES];
     }
 
-    /* backward scratch: dres, dbuf (B,T,C); dqkv (B,T,3C); dbig (B,T,4C);
-     * proj (B,T,C); attention rows */
+    /* backward scratch: dres, dbuf (B,T,C); dqkv (B,T,3C); dbig (B,T,4C),
+     * the last two split rank-major between tensor-parallel ranks */
     size_t C = (size_t)o->cfg.C;
-    size_t natt = attention_scratch_floats(o->T);
-    s->scratch = malloc((BT * C * 3 + BT * 3 * C + BT * 4 * C + natt) * sizeof(float));
+    s->scratch = malloc((BT * C * 2 + BT * 3 * C + BT * 4 * C) * sizeof(float));
     if (!s->scratch)
         goto nomem;
     s->dres = s->scratch;
     s->dbuf = s->dres + BT * C;
-    s->proj = s->dbuf + BT * C;
-    s->dqkv = s->proj + BT * C;
+    s->dqkv = s->dbuf + BT * C;
     s->dbig = s->dqkv + BT * 3 * C;
-    s->attscr = s->dbig + BT * 4 * C;
+    s->tp = o->tp > 1 ? o->tp : 1;
+    if (blocks_init(s, err, errlen) != 0) {
+        stage_destroy(&s);
+        return NULL;
+    }
 
     size_t maxslice = 0;
     for (int i = 0; i < STAGE_NTENSORS; i++) {
@@ -242,6 +253,7 @@ void stage_destroy(stage_t **self_p)
     free(s->acts_i);
     free(s->slots);
     free(s->scratch);
+    blocks_free(s);
     free(s->partials);
     free(s);
     *self_p = NULL;
@@ -309,12 +321,13 @@ int stage_forward(stage_t *s, int mb, const int *tokens, const float *in, const 
 {
     if (s->cu)
         return s_backend->forward(s, mb, tokens, in, targets, out, loss);
+    s->err[0] = 0;
     if (mb < 0 || s_find(s, mb))
         return TAH_EINVAL;
     stage_slot_t *sl = s_find(s, -1);
     if (!sl)
         return TAH_EINVAL;
-    const int B = s->o.B, T = s->o.T, C = s->o.cfg.C, NH = s->o.cfg.NH;
+    const int B = s->o.B, T = s->o.T, C = s->o.cfg.C;
     const int BT = B * T;
     const size_t BTC = (size_t)BT * C;
 
@@ -327,36 +340,10 @@ int stage_forward(stage_t *s, int mb, const int *tokens, const float *in, const 
     if (s->o.last)
         memcpy(sl->targets, targets, (size_t)BT * sizeof(int));
 
-    const float *x = sl->in;
-    for (int l = 0; l < s->nl; l++) {
-        size_t C1 = (size_t)C;
-        const float *ln1w = s->p[GPT2_LN1W] + l * C1, *ln1b = s->p[GPT2_LN1B] + l * C1;
-        const float *qkvw = s->p[GPT2_QKVW] + l * 3 * C1 * C1, *qkvb = s->p[GPT2_QKVB] + l * 3 * C1;
-        const float *apw = s->p[GPT2_ATTPROJW] + l * C1 * C1, *apb = s->p[GPT2_ATTPROJB] + l * C1;
-        const float *ln2w = s->p[GPT2_LN2W] + l * C1, *ln2b = s->p[GPT2_LN2B] + l * C1;
-        const float *fcw = s->p[GPT2_FCW] + l * 4 * C1 * C1, *fcb = s->p[GPT2_FCB] + l * 4 * C1;
-        const float *fpw = s->p[GPT2_FCPROJW] + l * 4 * C1 * C1, *fpb = s->p[GPT2_FCPROJB] + l * C1;
-        float *ln1 = sl->ln1 + l * BTC, *ln1_mean = sl->ln1_mean + (size_t)l * BT;
-        float *ln1_rstd = sl->ln1_rstd + (size_t)l * BT, *qkv = sl->qkv + l * 3 * BTC;
-        float *atty = sl->atty + l * BTC, *att = sl->att + (size_t)l * B * NH * T * T;
-        float *res2 = sl->res2 + l * BTC, *ln2 = sl->ln2 + l * BTC;
-        float *ln2_mean = sl->ln2_mean + (size_t)l * BT, *ln2_rstd = sl->ln2_rstd + (size_t)l * BT;
-        float *fch = sl->fch + l * 4 * BTC, *fchg = sl->fchg + l * 4 * BTC;
-        float *res3 = sl->res3 + l * BTC;
-
-        layernorm_forward(ln1, ln1_mean, ln1_rstd, x, ln1w, ln1b, BT, C);
-        matmul_forward(qkv, ln1, qkvw, qkvb, BT, C, 3 * C);
-        attention_forward(atty, att, qkv, B, T, C, NH);
-        matmul_forward(s->proj, atty, apw, apb, BT, C, C);
-        residual_forward(res2, x, s->proj, BTC);
-        layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, ln2w, ln2b, BT, C);
-        matmul_forward(fch, ln2, fcw, fcb, BT, C, 4 * C);
-        gelu_forward(fchg, fch, 4 * BTC);
-        matmul_forward(s->proj, fchg, fpw, fpb, BT, 4 * C, C);
-        residual_forward(res3, res2, s->proj, BTC);
-        x = res3;
-    }
-
+    int rc = blocks_forward(s, sl);
+    if (rc)
+        return rc;
+    const float *x = sl->res3 + (size_t)(s->nl - 1) * BTC;
     if (s->o.last) {
         const int V = s->o.cfg.V, Vp = s->o.cfg.Vp;
         layernorm_forward(sl->lnf, sl->lnf_mean, sl->lnf_rstd, x, s->p[GPT2_LNFW], s->p[GPT2_LNFB],
@@ -379,13 +366,13 @@ int stage_backward(stage_t *s, int mb, const float *dout, float dloss, float *di
 {
     if (s->cu)
         return s_backend->backward(s, mb, dout, dloss, dinp);
+    s->err[0] = 0;
     stage_slot_t *sl = mb >= 0 ? s_find(s, mb) : NULL;
     if (!sl)
         return TAH_EINVAL;
-    const int B = s->o.B, T = s->o.T, C = s->o.cfg.C, NH = s->o.cfg.NH;
+    const int B = s->o.B, T = s->o.T, C = s->o.cfg.C;
     const int BT = B * T;
     const size_t BTC = (size_t)BT * C;
-    const size_t C1 = (size_t)C;
 
     if (s->o.last) {
         const int V = s->o.cfg.V, Vp = s->o.cfg.Vp;
@@ -401,51 +388,23 @@ int stage_backward(stage_t *s, int mb, const float *dout, float dloss, float *di
         memcpy(s->dres, dout, BTC * sizeof(float));
     }
 
-    for (int l = s->nl - 1; l >= 0; l--) {
-        const float *x = l == 0 ? sl->in : sl->res3 + (size_t)(l - 1) * BTC;
-        const float *ln1w = s->p[GPT2_LN1W] + l * C1;
-        const float *qkvw = s->p[GPT2_QKVW] + l * 3 * C1 * C1;
-        const float *apw = s->p[GPT2_ATTPROJW] + l * C1 * C1;
-        const float *ln2w = s->p[GPT2_LN2W] + l * C1;
-        const float *fcw = s->p[GPT2_FCW] + l * 4 * C1 * C1;
-        const float *fpw = s->p[GPT2_FCPROJW] + l * 4 * C1 * C1;
-        float *d_ln1w = s->g[GPT2_LN1W] + l * C1, *d_ln1b = s->g[GPT2_LN1B] + l * C1;
-        float *d_qkvw = s->g[GPT2_QKVW] + l * 3 * C1 * C1, *d_qkvb = s->g[GPT2_QKVB] + l * 3 * C1;
-        float *d_apw = s->g[GPT2_ATTPROJW] + l * C1 * C1, *d_apb = s->g[GPT2_ATTPROJB] + l * C1;
-        float *d_ln2w = s->g[GPT2_LN2W] + l * C1, *d_ln2b = s->g[GPT2_LN2B] + l * C1;
-        float *d_fcw = s->g[GPT2_FCW] + l * 4 * C1 * C1, *d_fcb = s->g[GPT2_FCB] + l * 4 * C1;
-        float *d_fpw = s->g[GPT2_FCPROJW] + l * 4 * C1 * C1, *d_fpb = s->g[GPT2_FCPROJB] + l * C1;
-        const float *ln1 = sl->ln1 + l * BTC, *ln1_mean = sl->ln1_mean + (size_t)l * BT;
-        const float *ln1_rstd = sl->ln1_rstd + (size_t)l * BT, *qkv = sl->qkv + l * 3 * BTC;
-        const float *atty = sl->atty + l * BTC, *att = sl->att + (size_t)l * B * NH * T * T;
-        const float *res2 = sl->res2 + l * BTC, *ln2 = sl->ln2 + l * BTC;
-        const float *ln2_mean = sl->ln2_mean + (size_t)l * BT, *ln2_rstd = sl->ln2_rstd + (size_t)l * BT;
-        const float *fch = sl->fch + l * 4 * BTC, *fchg = sl->fchg + l * 4 * BTC;
-
-        /* MLP: dres holds d(res3) */
-        memset(s->dbig, 0, 4 * BTC * sizeof(float));
-        matmul_backward(s->dbig, d_fpw, d_fpb, s->dres, fchg, fpw, BT, 4 * C, C);
-        gelu_backward(s->dbig, fch, s->dbig, 4 * BTC);
-        memset(s->dbuf, 0, BTC * sizeof(float));
-        matmul_backward(s->dbuf, d_fcw, d_fcb, s->dbig, ln2, fcw, BT, C, 4 * C);
-        layernorm_backward(s->dres, d_ln2w, d_ln2b, s->dbuf, res2, ln2w, ln2_mean, ln2_rstd, BT, C);
-        /* attention: dres holds d(res2) */
-        memset(s->dbuf, 0, BTC * sizeof(float));
-        matmul_backward(s->dbuf, d_apw, d_apb, s->dres, atty, apw, BT, C, C);
-        memset(s->dqkv, 0, 3 * BTC * sizeof(float));
-        attention_backward(s->dqkv, s->attscr, s->dbuf, att, qkv, B, T, C, NH);
-        memset(s->dbuf, 0, BTC * sizeof(float));
-        matmul_backward(s->dbuf, d_qkvw, d_qkvb, s->dqkv, ln1, qkvw, BT, C, 3 * C);
-        layernorm_backward(s->dres, d_ln1w, d_ln1b, s->dbuf, x, ln1w, ln1_mean, ln1_rstd, BT, C);
-        /* dres holds d(x) */
+    int rc = blocks_backward(s, sl);
+    if (rc) {
+        sl->mb = -1;
+        return rc;
     }
-
     if (s->o.first)
         encoder_backward(s->g[GPT2_WTE], s->g[GPT2_WPE], s->dres, sl->tokens, B, T, C);
     else if (dinp)
         memcpy(dinp, s->dres, BTC * sizeof(float));
     sl->mb = -1;
     return 0;
+}
+
+const char *stage_error(const stage_t *s)
+{
+    const char *e = s->cu ? s_backend->error(s) : s->err;
+    return e ? e : "";
 }
 
 void stage_discard(stage_t *s, int mb)
@@ -589,19 +548,21 @@ int stage_sync_to_device(stage_t *s, int what)
     return s->cu ? s_backend->to_device(s, what) : 0;
 }
 
-const char *stage_error(const stage_t *s)
-{
-    return s->cu ? s_backend->error(s) : NULL;
-}
-
 void stage_describe(const stage_t *s, char *buf, size_t buflen)
 {
     if (s->cu) {
         s_backend->describe(s, buf, buflen);
         return;
     }
-    snprintf(buf, buflen, "layers %d..%d%s%s, %zu params, cpu backend (OpenBLAS sgemm + OpenMP, %d threads)",
-             s->o.layer0, s->o.layer1 - 1, s->o.first ? ", embeddings" : "",
-             s->o.last ? (s->o.tied ? ", lnf + tied head + loss" : ", lnf + untied head + loss") : "",
-             s->nparams, layers_max_threads());
+    int n = snprintf(buf, buflen, "layers %d..%d%s%s, %zu params, cpu backend (OpenBLAS sgemm + OpenMP, %d threads)",
+                     s->o.layer0, s->o.layer1 - 1, s->o.first ? ", embeddings" : "",
+                     s->o.last ? (s->o.tied ? ", lnf + tied head + loss" : ", lnf + untied head + loss") : "",
+                     s->nparams, layers_max_threads());
+    if (s->tp > 1 && n > 0 && (size_t)n < buflen) {
+        char rs[128], ag[128];
+        tp_codec_format(&s->o.tp_rs, rs, sizeof rs);
+        tp_codec_format(&s->o.tp_ag, ag, sizeof ag);
+        snprintf(buf + n, buflen - (size_t)n, ", tensor parallel tp=%d (%d thread%s per rank, all-reduce %s / %s)",
+                 s->tp, s->rank_threads, s->rank_threads > 1 ? "s" : "", rs, ag);
+    }
 }

@@ -23,6 +23,11 @@
  *   save/load                  -> ckpt.h (per-stage) and stage_load_params/
  *                                 stage_store_params (whole llm.c model).
  *
+ * Tensor parallelism (o.tp > 1, blocks.h): the layers run Megatron-style on
+ * tp worker threads with a (compressed) all-reduce between them; the
+ * stage's tensors stay whole, so everything above (gradients, norm, AdamW,
+ * checkpoints) is the same at any tp.
+ *
  * Memory: parameters, gradients, moments (m then v) and activations are
  * each one allocation, carved from the size table stage_param_sizes(). */
 #ifndef TAH_STAGE_H
@@ -30,8 +35,11 @@
 
 #include <stddef.h>
 
-#include "gpt2.h"  /* gpt2_config_t, GPT2_* tensor ids */
-#include "optim.h" /* optim_opts_t */
+#include "codec.h"  /* codec_spec_t */
+#include "gpt2.h"   /* gpt2_config_t, GPT2_* tensor ids */
+#include "optim.h"  /* optim_opts_t */
+#include "tpcomm.h" /* tp_comm_t, TP_MAX */
+#include "tpteam.h" /* tp_team_t */
 
 enum { STAGE_HEAD = GPT2_NTENSORS, STAGE_NTENSORS };
 
@@ -45,6 +53,8 @@ typedef struct stage_opts {
     int backend;        /* STAGE_CPU (0, the default) or STAGE_CUDA (stage_backend.h) */
     int device;         /* STAGE_CUDA: GPU index (cuda:device) */
     int precision;      /* STAGE_CUDA: STAGE_FP32 (0) or STAGE_BF16 */
+    int tp;             /* tensor-parallel degree: 0 or 1 = none; else 2..TP_MAX dividing NH */
+    codec_spec_t tp_rs, tp_ag; /* all-reduce codecs, reduce-scatter and all-gather (id 0 = none) */
 } stage_opts_t;
 
 enum { STAGE_CPU = 0, STAGE_CUDA = 1 };
@@ -81,7 +91,17 @@ typedef struct stage {
     int *acts_i;                     /* tokens/targets of all slots */
     stage_slot_t *slots;
     float *scratch;                  /* one allocation: backward buffers below */
-    float *dres, *dbuf, *dqkv, *dbig, *proj, *attscr;
+    float *dres, *dbuf, *dqkv, *dbig;
+    int tp;                          /* >= 1 */
+    tp_team_t *team;                 /* tp > 1: one worker per rank */
+    tp_comm_t *comm;                 /* tp > 1: the all-reduce group */
+    float *red;                      /* (tp, B,T,C): each rank's all-reduce buffer */
+    float *tpscr;                    /* (tp, tpscr_n): attention scratch per rank */
+    size_t tpscr_n;
+    int rank_threads;                /* OpenMP threads of each rank */
+    int tp_rc[TP_MAX];
+    char tp_err[TP_MAX][256];
+    char err[512];                   /* why the last forward/backward failed */
     double *partials;                /* norm chunk partial sums */
     size_t npartials;
     long long t;                     /* AdamW steps taken */
@@ -113,6 +133,11 @@ int stage_forward(stage_t *s, int mb, const int *tokens, const float *in, const 
  * micro-batch) / (B*T) (last stage); dinp (B,T,C) gets the input gradient
  * (non-first stages). 0 or TAH_EINVAL when mb is not in flight. */
 int stage_backward(stage_t *s, int mb, const float *dout, float dloss, float *dinp);
+/* Why the last stage_forward / stage_backward failed (all-reduce errors: a
+ * codec refusing a non-finite tensor), "" after success; on the CUDA
+ * backend the first device error ("cuda:0: ...: out of memory"), sticky.
+ * Never NULL. */
+const char *stage_error(const stage_t *s);
 /* Drop micro-batch mb's activations without backward (evaluation). */
 void stage_discard(stage_t *s, int mb);
 /* Micro-batches currently in flight. */
@@ -151,11 +176,9 @@ void stage_step(stage_t *s, const optim_opts_t *o, float lr, float grad_scale);
 enum { STAGE_SYNC_PARAMS = 1, STAGE_SYNC_MOMENTS = 2, STAGE_SYNC_TIED = 4, STAGE_SYNC_GRADS = 8 /* all */ };
 int stage_sync_to_host(const stage_t *s, int what);
 int stage_sync_to_device(stage_t *s, int what);
-/* The first device error of this stage ("cuda:0: ...: out of memory"), or
- * NULL (always NULL on the CPU backend). */
-const char *stage_error(const stage_t *s);
 
-/* One line: "layers 0..3 (first, last), 1234 params, cpu backend (OpenBLAS, 2 threads)". */
+/* One line: "layers 0..3 (first, last), 1234 params, cpu backend (OpenBLAS, 2 threads)"
+ * plus the tensor-parallel degree and codecs when tp > 1. */
 void stage_describe(const stage_t *s, char *buf, size_t buflen);
 
 #endif

@@ -26,6 +26,7 @@ static const char *s_usage =
     "                 [--beta1 X] [--beta2 X] [--eps X] [--grad-clip X (0 = off)]\n"
     "                 [--stages S] [--micro-batches M] [--schedule 1f1b|gpipe]\n"
     "                 [--fwd-codec SPEC] [--bwd-codec SPEC] [--threads N] [--seed N]\n"
+    "                 [--tp N] [--tp-codec SPEC] [--tp-codec-ag SPEC]\n"
     "                 [--metrics FILE] [--save MODEL.bin]\n"
     "                 [--val-every N] [--val-batches N] [--lr-min-frac X] [--untied]\n"
     "                 [--save-ckpt PREFIX] [--ckpt-every N] [--resume PREFIX] [--quiet]\n"
@@ -46,6 +47,11 @@ static const char *s_usage =
     "  --fwd-codec SPEC  codec of every stage-boundary activation (fp32); e.g. tah:hi_frac=0.8\n"
     "  --bwd-codec SPEC  codec of every stage-boundary gradient (fp32); e.g. fixpt:bits=8\n"
     "  --threads N       OpenMP/OpenBLAS threads (default: all cores)\n"
+    "  --tp N            tensor parallelism: every stage's layers on N worker threads, Megatron-style\n"
+    "                    (1..8, must divide NH; each worker gets threads/N threads)\n"
+    "  --tp-codec SPEC   codec of the tensor-parallel all-reduce: none (exact fp32 sum, default),\n"
+    "                    ash-fp8, int:bits=4, fp16, bf16, fixpt; --tp-codec-ag SPEC for its\n"
+    "                    all-gather shot (default: the same), e.g. --tp-codec int:bits=4 --tp-codec-ag int:bits=8\n"
     "  --metrics FILE    one JSON object per step (default metrics.jsonl; '' = none)\n"
     "  --save F          write the trained model as an llm.c model file (atomically)\n"
     "  --val-every N     evaluate every N steps (50), on --val-batches batches (8)\n"
@@ -148,6 +154,10 @@ int main(int argc, char **argv)
     const int val_every = o.val_every, val_batches = o.val_batches, untied = o.untied, quiet = o.quiet;
     const int ckpt_every = o.ckpt_every, seed = o.seed;
     const sched_kind_t sched = o.schedule;
+    const int tp = o.tp;
+    codec_spec_t tp_rs, tp_ag;
+    if (trainopts_tp_codecs(&o, &tp_rs, &tp_ag, err, sizeof err) != 0)
+        return s_usage_error("bad value: %s%s", err, "");
     const gpt2_config_t mcfg = o.mcfg;
     optim_opts_t opt = o.optim;
 
@@ -184,6 +194,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "tah-train: --stages %d exceeds the model's %d layers (each stage needs >= 1)\n", S, cfg->L);
         goto out;
     }
+    if (tp > 1 && cfg->NH % tp != 0) {
+        fprintf(stderr, "tah-train: --tp %d must divide the model's NH = %d attention heads\n", tp, cfg->NH);
+        goto out;
+    }
     if (data_load(train_path, cfg->V, &train, err, sizeof err) != 0) {
         fprintf(stderr, "tah-train: %s\n", err);
         goto out;
@@ -204,6 +218,7 @@ int main(int argc, char **argv)
     opt.total_steps = steps;
     trainer_opts_t to = { .cfg = *cfg, .S = S, .M = M, .B = B, .T = T, .sched = sched,
                           .tied = !untied, .fwd_codec = fwd_codec, .bwd_codec = bwd_codec,
+                          .tp = tp, .tp_rs = tp_rs, .tp_ag = tp_ag,
                           .optim = opt, .backend = o.device >= 0 ? STAGE_CUDA : STAGE_CPU,
                           .device = o.device >= 0 ? o.device : 0, .precision = o.precision };
     tr = trainer_new(&to, model, err, sizeof err);

@@ -64,7 +64,8 @@ trainer_t *trainer_new(const trainer_opts_t *o, const gpt2_model_t *init, char *
         goto nomem;
     for (int k = 0; k < S; k++) {
         stage_opts_t so = { .cfg = o->cfg, .B = o->B, .T = o->T, .tied = o->tied, .backend = o->backend,
-                            .device = o->device, .precision = o->precision };
+                            .device = o->device, .precision = o->precision,
+                            .tp = o->tp, .tp_rs = o->tp_rs, .tp_ag = o->tp_ag };
         trainer_split(o->cfg.L, S, k, &so.layer0, &so.layer1);
         so.first = k == 0;
         so.last = k == S - 1;
@@ -196,7 +197,10 @@ int trainer_accumulate(trainer_t *t, data_loader_t *dl, double *loss, char *err,
                     bdone[k * M + m] = 1;
                 }
                 if (rc) {
-                    if (err && rc == TAH_EINVAL)
+                    if (err && *stage_error(st))
+                        snprintf(err, errlen, "step %d: stage %d, micro-batch %d: %s", t->step + 1, k, m,
+                                 stage_error(st));
+                    else if (err && rc == TAH_EINVAL)
                         snprintf(err, errlen, "schedule error: stage %d cannot run %c%d", k,
                                  a.op == SCHED_F ? 'F' : 'B', m);
                     return rc;
@@ -259,6 +263,8 @@ int trainer_eval(trainer_t *t, data_loader_t *dl, int nbatches, double *loss, ch
             float l = 0.0f;
             int rc = stage_forward(t->stages[k], 0, t->inputs, other, t->targets, a, &l);
             stage_discard(t->stages[k], 0);
+            if (rc && err && *stage_error(t->stages[k]))
+                snprintf(err, errlen, "evaluation: stage %d: %s", k, stage_error(t->stages[k]));
             if (!rc && k < S - 1)
                 rc = s_transfer(t, 0, a, other, err, errlen);
             if (rc)

@@ -34,6 +34,8 @@ typedef struct trainer_opts {
     int tied;              /* tied embeddings (1) or independent LM head (0) */
     const char *fwd_codec; /* codec spec for activations, NULL = plain copy */
     const char *bwd_codec; /* codec spec for gradients, NULL = plain copy */
+    int tp;                /* tensor-parallel degree of every stage (0/1 = none) */
+    codec_spec_t tp_rs, tp_ag; /* its all-reduce codecs (tpcomm.h; id 0 = none) */
     optim_opts_t optim;
     int backend;           /* STAGE_CPU (0) or STAGE_CUDA: every stage */
     int device;            /* STAGE_CUDA: cuda:device (all stages share it) */

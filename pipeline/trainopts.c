@@ -8,10 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec.h" /* codec_spec_parse */
+#include "codec.h"  /* codec_spec_parse */
 #include "errors.h"
+#include "tpcomm.h" /* tp_codec_parse, TP_MAX */
 
-typedef enum { O_PATH, O_SPEC, O_MODEL, O_INT, O_FLOAT, O_FLAG, O_SCHED, O_LRSCHED, O_DEVICE, O_PRECISION } s_kind_t;
+typedef enum { O_PATH, O_SPEC, O_TPSPEC, O_MODEL, O_INT, O_FLOAT, O_FLAG, O_SCHED, O_LRSCHED, O_DEVICE, O_PRECISION } s_kind_t;
 
 typedef struct s_opt {
     const char *name; /* with dashes, as on tah-train's command line */
@@ -46,6 +47,9 @@ static const s_opt_t s_opts[] = {
     { "schedule", O_SCHED, F(schedule), 0, 0, 0, 0 },
     { "fwd-codec", O_SPEC, F(fwd_codec), 0, 0, 0, 0 },
     { "bwd-codec", O_SPEC, F(bwd_codec), 0, 0, 0, 0 },
+    { "tp", O_INT, F(tp), 1, TP_MAX, 0, 0 },
+    { "tp-codec", O_TPSPEC, F(tp_codec), 0, 0, 0, 0 },
+    { "tp-codec-ag", O_TPSPEC, F(tp_codec_ag), 0, 0, 0, 0 },
     { "threads", O_INT, F(threads), 1, 1024, 0, 0 },
     { "seed", O_INT, F(seed), 0, 2147483647.0, 0, 0 },
     { "metrics", O_PATH, F(metrics), 0, 0, 0, 0 },
@@ -69,6 +73,8 @@ void trainopts_defaults(trainopts_t *o)
     snprintf(o->bwd_codec, sizeof o->bwd_codec, "fp32");
     o->stages = 1;
     o->micro_batches = 1;
+    o->tp = 1;
+    snprintf(o->tp_codec, sizeof o->tp_codec, "none");
     o->schedule = SCHED_1F1B;
     o->seed = 1337;
     o->val_every = 50;
@@ -149,16 +155,19 @@ int trainopts_set(trainopts_t *o, const char *name, const char *value, char *err
     char range[128] = "";
     switch (d->kind) {
     case O_PATH:
-    case O_SPEC: {
+    case O_SPEC:
+    case O_TPSPEC: {
         size_t cap = d->kind == O_PATH ? TRAINOPTS_PATH : TRAINOPTS_SPEC;
         if (!*value)
             why = "must not be empty";
         else if (strlen(value) >= cap)
             why = "is too long";
-        else if (d->kind == O_SPEC) {
+        else if (d->kind != O_PATH) {
             codec_spec_t cs;
             char cerr[256] = "";
-            if (codec_spec_parse(value, &cs, cerr, sizeof cerr) != 0) {
+            int bad = d->kind == O_SPEC ? codec_spec_parse(value, &cs, cerr, sizeof cerr)
+                                        : tp_codec_parse(value, &cs, cerr, sizeof cerr);
+            if (bad != 0) {
                 if (err)
                     snprintf(err, errlen, "%s = '%s': %s", d->name, value, cerr);
                 return TAH_EINVAL;
@@ -276,6 +285,9 @@ int trainopts_check(const trainopts_t *o, char *err, size_t errlen)
             snprintf(buf, sizeof buf, "stages %d exceeds the model's %d layers (each stage needs >= 1)", o->stages,
                      o->mcfg.L);
             why = buf;
+        } else if (o->tp > 1 && o->mcfg.NH % o->tp != 0) {
+            snprintf(buf, sizeof buf, "tp %d must divide the model's NH = %d attention heads", o->tp, o->mcfg.NH);
+            why = buf;
         }
     }
     if (why) {
@@ -284,4 +296,16 @@ int trainopts_check(const trainopts_t *o, char *err, size_t errlen)
         return TAH_EINVAL;
     }
     return 0;
+}
+
+int trainopts_tp_codecs(const trainopts_t *o, codec_spec_t *rs, codec_spec_t *ag, char *err, size_t errlen)
+{
+    const char *a = o->tp_codec[0] ? o->tp_codec : "none", *b = o->tp_codec_ag[0] ? o->tp_codec_ag : a;
+    char cerr[256] = "";
+    int rc = tp_codec_parse(a, rs, cerr, sizeof cerr);
+    if (!rc)
+        rc = tp_codec_parse(b, ag, cerr, sizeof cerr);
+    if (rc && err)
+        snprintf(err, errlen, "tp codec: %s", cerr);
+    return rc;
 }

@@ -6,7 +6,8 @@
  * one option exactly as tah-train does (same ranges, same defaults);
  * trainopts_check verifies the required ones and the cross-option rules
  * that need no files (exactly one of init_from/model, codecs parse,
- * stages <= L and seq <= maxT for --model). Flags (untied, quiet) take
+ * stages <= L, seq <= maxT and tp dividing NH for --model). tp codecs are
+ * "none" or a codec spec (tpcomm.h, tp_codec_parse). Flags (untied, quiet) take
  * true/false/yes/no/1/0.
  *
  * Memory: strings are copied into the struct (fixed-size fields); nothing
@@ -16,6 +17,7 @@
 
 #include <stddef.h>
 
+#include "codec.h"    /* codec_spec_t */
 #include "gpt2.h"     /* gpt2_config_t */
 #include "optim.h"    /* optim_opts_t */
 #include "schedule.h" /* sched_kind_t */
@@ -31,6 +33,9 @@ typedef struct trainopts {
     char metrics[TRAINOPTS_PATH], save[TRAINOPTS_PATH];
     char save_ckpt[TRAINOPTS_PATH], resume[TRAINOPTS_PATH];
     char fwd_codec[TRAINOPTS_SPEC], bwd_codec[TRAINOPTS_SPEC];
+    int tp;                   /* tensor-parallel degree of every stage (1) */
+    char tp_codec[TRAINOPTS_SPEC];    /* its all-reduce codec, reduce-scatter shot ("none") */
+    char tp_codec_ag[TRAINOPTS_SPEC]; /* all-gather shot; "" = the same as tp_codec */
     int batch, seq, steps;    /* required */
     int have_lr;
     int stages, micro_batches;
@@ -58,5 +63,7 @@ const char *const *trainopts_names(void);
 int trainopts_set(trainopts_t *o, const char *name, const char *value, char *err, size_t errlen);
 /* Required options and cross-option rules; 0 or TAH_EINVAL with a message. */
 int trainopts_check(const trainopts_t *o, char *err, size_t errlen);
+/* The two all-reduce codecs (the all-gather one defaults to tp_codec). */
+int trainopts_tp_codecs(const trainopts_t *o, codec_spec_t *rs, codec_spec_t *ag, char *err, size_t errlen);
 
 #endif

@@ -127,7 +127,7 @@ static void s_run_split(const gpt2_model_t *model, int S, int tied, int precisio
             goto out;
         CHECK(stage_load_params(cpu[k], model) == 0, "cpu load");
         int rc = stage_load_params(gpu[k], model);
-        CHECK(rc == 0, "cuda load: %s", stage_error(gpu[k]) ? stage_error(gpu[k]) : tah_strerror(rc));
+        CHECK(rc == 0, "cuda load: %s", *stage_error(gpu[k]) ? stage_error(gpu[k]) : tah_strerror(rc));
         if (k == 0) {
             char d[256];
             stage_describe(gpu[k], d, sizeof d);
@@ -153,7 +153,7 @@ static void s_run_split(const gpt2_model_t *model, int S, int tied, int precisio
                 CHECK(rc == 0, "cpu forward");
                 memset(gout, 0xff, BTC * sizeof(float)); /* NaN: unwritten output fails */
                 rc = stage_forward(gpu[k], m, tk, in, tg, k < S - 1 ? gout : NULL, &lg);
-                CHECK(rc == 0, "cuda forward stage %d mb %d: %s", k, m, stage_error(gpu[k]) ? stage_error(gpu[k]) : tah_strerror(rc));
+                CHECK(rc == 0, "cuda forward stage %d mb %d: %s", k, m, *stage_error(gpu[k]) ? stage_error(gpu[k]) : tah_strerror(rc));
                 if (rc)
                     goto out;
                 char w[64];
@@ -175,7 +175,7 @@ static void s_run_split(const gpt2_model_t *model, int S, int tied, int precisio
                 CHECK(rc == 0, "cpu backward");
                 memset(gout, 0xff, BTC * sizeof(float));
                 rc = stage_backward(gpu[k], m, dout, dloss, k ? gout : NULL);
-                CHECK(rc == 0, "cuda backward stage %d mb %d: %s", k, m, stage_error(gpu[k]) ? stage_error(gpu[k]) : tah_strerror(rc));
+                CHECK(rc == 0, "cuda backward stage %d mb %d: %s", k, m, *stage_error(gpu[k]) ? stage_error(gpu[k]) : tah_strerror(rc));
                 if (rc)
                     goto out;
                 if (k) {
@@ -226,7 +226,7 @@ static void s_run_split(const gpt2_model_t *model, int S, int tied, int precisio
         for (int k = 0; k < S; k++) {
             stage_step(cpu[k], &oo, 1e-4f, 1.0f);
             stage_step(gpu[k], &oo, 1e-4f, 1.0f);
-            CHECK(stage_error(gpu[k]) == NULL, "step: %s", stage_error(gpu[k]));
+            CHECK(!*stage_error(gpu[k]), "step: %s", stage_error(gpu[k]));
         }
     }
     for (int k = 0; k < S; k++) {

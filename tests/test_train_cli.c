@@ -120,6 +120,13 @@ static void test_usage_errors(void **state)
     s_expect(TINY "--steps 1 --train-data train.txt --steps", 2, "needs a value");
     s_expect(TINY "--steps 1 --train-data train.txt --ckpt-every 2", 2, "--ckpt-every needs --save-ckpt");
     s_expect("--help", 0, "--micro-batches");
+    /* tensor parallelism */
+    s_expect(TINY "--steps 1 --train-data train.txt --tp 0", 2, "bad value for --tp: tp = '0' is not an integer in range 1..8");
+    s_expect(TINY "--steps 1 --train-data train.txt --tp 9", 2, "range 1..8");
+    s_expect(TINY "--steps 1 --train-data train.txt --tp two", 2, "bad value for --tp");
+    s_expect(TINY "--steps 1 --train-data train.txt --tp 2 --tp-codec tah", 2, "not the tensor-parallel all-reduce");
+    s_expect(TINY "--steps 1 --train-data train.txt --tp 2 --tp-codec-ag int:bits=7", 2, "bad value for --tp-codec-ag");
+    s_expect("--help", 0, "--tp-codec-ag SPEC");
 }
 
 static void test_runtime_errors(void **state)
@@ -134,6 +141,8 @@ static void test_runtime_errors(void **state)
     s_expect("--model 2,2,32,16,256 --batch 2 --seq 32 --lr 1e-3 --steps 1 --train-data train.txt", 1,
              "--seq 32 exceeds the model's maxT = 16");
     s_expect(TINY "--steps 1 --train-data train.txt --stages 3", 1, "--stages 3 exceeds the model's 2 layers");
+    s_expect("--model 2,4,32,16,256 --batch 2 --seq 16 --lr 1e-3 --steps 1 --train-data train.txt --tp 8", 1,
+             "--tp 8 must divide the model's NH = 4 attention heads");
     s_expect("--model 2,3,32,16,256 --batch 2 --seq 16 --lr 1e-3 --steps 1 --train-data train.txt", 1,
              "C = 32 is not divisible by NH = 3");
     s_expect(TINY "--steps 1 --train-data train.txt --save nodir/m.bin --metrics ''", 1, "nodir/m.bin");
@@ -176,6 +185,12 @@ static void test_small_run(void **state)
     assert_int_equal(m->cfg.L, 2);
     assert_int_equal(m->cfg.C, 32);
     gpt2_model_destroy(&m);
+    /* the same run at tp = 2 with compressed all-reduces */
+    s_expect(TINY "--steps 2 --train-data train.txt --stages 2 --tp 2 --tp-codec int:bits=4 --tp-codec-ag int:bits=8 "
+                  "--metrics ''",
+             0, "tensor parallel tp=2 (1 thread per rank, all-reduce int:bits=4,group=128,symmetric=0 / "
+                "int:bits=8,group=128,symmetric=0)");
+    assert_non_null(strstr(s_out, "step     2/2 | loss "));
     /* continue training from the written model file */
     s_expect("--init-from out.bin --batch 2 --seq 16 --lr 1e-3 --steps 1 --train-data train.txt --metrics ''", 0,
              "step     1/1 | loss");

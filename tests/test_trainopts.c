@@ -57,6 +57,23 @@ static void test_values(void **state)
     assert_int_equal(j.checkpoint_every, 3);
     assert_true(j.t.optim.grad_clip == 0.0f);
     assert_int_equal(j.t.mcfg.Vp, 256);
+    /* tensor parallelism: tp and its two codecs reach the stage options */
+    assert_int_equal(jobfile_parse("[job]\nmodel = 4,2,64,32,256\ntrain_data = t\nbatch = 2\nseq = 16\nsteps = 5\n"
+                                   "lr = 1e-3\ntp = 2\ntp_codec = int:bits=4\ntp_codec_ag = int:bits=8\n",
+                                   "j.ini", &j, err, sizeof err),
+                     0);
+    assert_int_equal(j.t.tp, 2);
+    codec_spec_t rs, ag;
+    assert_int_equal(trainopts_tp_codecs(&j.t, &rs, &ag, err, sizeof err), 0);
+    assert_int_equal(rs.p.intq.bits, 4);
+    assert_int_equal(ag.p.intq.bits, 8);
+    assert_int_equal(jobfile_parse("[job]\ntp = 9\n", "j.ini", &j, err, sizeof err) != 0, 1);
+    assert_non_null(strstr(err, "1..8"));
+    assert_int_equal(jobfile_parse("[job]\ntp_codec = tah\n", "j.ini", &j, err, sizeof err) != 0, 1);
+    assert_non_null(strstr(err, "tensor-parallel"));
+    assert_int_equal(jobfile_parse("[job]\nmodel = 4,2,64,32,256\ntrain_data = t\nbatch = 2\nseq = 16\nsteps = 5\n"
+                                   "lr = 1e-3\ntp = 4\n", "j.ini", &j, err, sizeof err) != 0, 1);
+    assert_non_null(strstr(err, "tp 4 must divide the model's NH = 2"));
     assert_int_equal(jobfile_parse("[job]\nbeta2 = 1\n", "j.ini", &j, err, sizeof err) != 0, 1);
     assert_non_null(strstr(err, "j.ini:2: beta2"));
 }
