@@ -536,6 +536,7 @@ static void s_on_assign(agent_t *a, const Tah__Assign *as)
     j->threads = a->o->threads;
     j->cuda = a->o->cuda;
     j->device = a->o->device;
+    j->tp = a->o->tp;
     j->peer_timeout_ms = as->peer_timeout_ms ? as->peer_timeout_ms : 15000;
     j->ctx = a->ctx;
     j->rejected = &a->rejected;

@@ -2,7 +2,7 @@
  *
  *   tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]
  *                 [--advertise HOST[:PORT]] [--threads N] [--device cpu|cuda:K] [-v]
- *                 [--pid-file FILE]
+ *                 [--pid-file FILE] [--tp N]
  *                 [--coordinator-key FILE|Z85 [--key FILE] [--token T]]
  *   tah-node leave --pid-file FILE [--timeout SEC]
  *   tah-node keygen [--out DIR]
@@ -34,7 +34,7 @@
 static const char *s_usage =
     "usage: tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]\n"
     "                     [--advertise HOST[:PORT]] [--threads N] [--device cpu|cuda:K] [-v]\n"
-    "                     [--pid-file FILE] [--coordinator-key FILE|Z85 [--key FILE] [--token T]]\n"
+    "                     [--pid-file FILE] [--tp N] [--coordinator-key FILE|Z85 [--key FILE] [--token T]]\n"
     "       tah-node leave --pid-file FILE [--timeout SEC]\n"
     "       tah-node keygen [--out DIR]\n"
     "\n"
@@ -49,6 +49,9 @@ static const char *s_usage =
     "  --advertise H[:P]  host (and port, e.g. behind a port forward) others use to reach\n"
     "                  --listen (default: the --listen host and the bound port)\n"
     "  --pid-file FILE write this process's id to FILE (removed at exit), for `leave`\n"
+    "  --tp N          split each stage it runs over N tensor-parallel ranks (CPU worker threads;\n"
+    "                  1..8, must divide the model's heads; default: the job's tp); the job's\n"
+    "                  tp_codec compresses the all-reduces. Neighbours see no difference\n"
     "  --threads N     compute threads of the stage (default 1; the job's `threads` if 0)\n"
     "  --device D      cpu (default) or cuda:K: run the assigned stage on GPU K (job option precision = fp32|bf16)\n"
     "  --coord-timeout SEC  coordinator silence that stops the current job (30)\n"
@@ -242,6 +245,11 @@ int main(int argc, char **argv)
             if (*end || end == v || t < 0 || t > 1024)
                 return s_usage_error("--threads wants 0..1024, got", v);
             o.threads = (int)t;
+        } else if (!strcmp(a, "--tp")) {
+            long t = strtol(v, &end, 10);
+            if (*end || end == v || t < 1 || t > 8)
+                return s_usage_error("--tp wants 1..8, got", v);
+            o.tp = (int)t;
         } else if (!strcmp(a, "--coord-timeout")) {
             o.coord_timeout = strtod(v, &end);
             if (*end || end == v || !isfinite(o.coord_timeout) || o.coord_timeout < 1)

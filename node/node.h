@@ -54,6 +54,7 @@ typedef struct node_job {
     char (*keys)[41];              /* per stage: CURVE public key (Z85); NULL: plaintext data plane */
     int threads;
     int cuda, device;              /* cuda: the stage runs on cuda:device (the node's --device) */
+    int tp;                        /* > 0: the node's --tp (overrides the job's tp) */
     uint32_t peer_timeout_ms;
     void *ctx;                     /* ZeroMQ context (for the runner's pipe end) */
     char pipe_ep[64];              /* inproc endpoint */
@@ -80,6 +81,7 @@ typedef struct node_opts {
     const char *advertise;         /* host others use to reach us (default: the listen host) */
     int threads;
     int cuda, device;              /* --device cuda:K: cuda = 1, device = K (0, 0: cpu) */
+    int tp;                        /* --tp N: tensor-parallel degree of the stages it runs (0: the job's) */
     double coord_timeout;          /* s */
     const char *coordinator_key;   /* secure coordinator: its public key (Z85 or file); NULL: plaintext */
     const char *key_file;          /* our secret key (tah-node keygen); NULL: a one-off key */

@@ -494,7 +494,8 @@ static int s_setup(runner_t *r, int *start)
                  t->stages, j->S, cfg->L, t->seq, cfg->maxT);
         goto fail;
     }
-    stage_opts_t so = { .cfg = *cfg, .B = t->batch, .T = t->seq, .tied = !t->untied, .tp = t->tp,
+    stage_opts_t so = { .cfg = *cfg, .B = t->batch, .T = t->seq, .tied = !t->untied,
+                        .tp = j->tp > 0 ? j->tp : t->tp,
                         .backend = j->cuda ? STAGE_CUDA : STAGE_CPU, .device = j->device, .precision = t->precision };
     if (trainopts_tp_codecs(t, &so.tp_rs, &so.tp_ag, err, sizeof err) != 0)
         goto fail;

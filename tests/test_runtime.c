@@ -118,10 +118,38 @@ static void test_fp32_equals_tah_train(void **state)
     assert_int_equal(rt_stop(&r), 0);
 }
 
+/* A node that splits its stage over 2 tensor-parallel ranks (join --tp 2)
+ * next to a plain one: its neighbour sees the same messages, and the job's
+ * losses are tah-train's (tp = 1) within the tolerance (TP only reorders
+ * float sums: test_tp.c). */
+static void test_tp_node_in_a_pipeline(void **state)
+{
+    (void)state;
+    rt_t r;
+    rt_init(&r, "rt_tpnode");
+    rt_start_coord(&r, 10.0, 0);
+    rt_start_nodes(&r, 1);
+    rt_spawn_node(&r, "tp2", (const char *const[]){ "--tp", "2", NULL });
+    assert_true(rt_wait_nodes(&r, "idle", 2, 30));
+    char ini[1024], train[700], ref[700];
+    snprintf(train, sizeof train, "%s/train.txt", r.dir);
+    snprintf(ini, sizeof ini,
+             "[job]\nmodel = 4,2,64,32,256\ntrain_data = train.txt\nbatch = 2\nseq = 16\nsteps = 8\n"
+             "lr = 1e-3\nstages = 2\nmicro_batches = 2\nfwd_codec = fp32\nbwd_codec = fp32\n");
+    snprintf(ref, sizeof ref, "%s/tp.ini.ref.jsonl", r.dir);
+    char *argv[] = { TAH_TRAIN_EXE, "--model", "4,2,64,32,256", "--train-data", train, "--batch", "2", "--seq",
+                     "16", "--steps", "8", "--lr", "1e-3", "--stages", "2", "--micro-batches", "2", "--threads", "1",
+                     "--metrics", ref, "--quiet", NULL };
+    s_run_job(&r, "tp.ini", ini, argv, 8);
+    assert_true(rt_log_has(&r, "tp2.log", "tensor parallel tp=2"));
+    assert_int_equal(rt_stop(&r), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp32_equals_tah_train),
+        cmocka_unit_test(test_tp_node_in_a_pipeline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
