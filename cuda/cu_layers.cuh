@@ -64,6 +64,14 @@ template <class X>
 cudaError_t cl_attention_backward(X *dqkv /* (B,T,3C) */, float *dsum /* (B,NH,T) */, const X *dout /* (B,T,C) */,
                                   const X *out /* (B,T,C) */, const float *lse /* (B,NH,T) */,
                                   const X *qkv /* (B,T,3C) */, int B, int T, int C, int NH, cudaStream_t st);
+// the same on the tensor cores (cu_flash.cu, bf16 only); the two above call
+// these for bf16 unless TAH_CU_ATTN_LEGACY=1
+cudaError_t cl_flash_forward(cu_bf16 *out /* (B,T,C) */, float *lse /* (B,NH,T) */, const cu_bf16 *qkv /* (B,T,3C) */,
+                             int B, int T, int C, int NH, cudaStream_t st);
+cudaError_t cl_flash_backward(cu_bf16 *dqkv /* (B,T,3C) */, float *dsum /* (B,NH,T) */,
+                              const cu_bf16 *dout /* (B,T,C) */, const cu_bf16 *out /* (B,T,C) */,
+                              const float *lse /* (B,NH,T) */, const cu_bf16 *qkv /* (B,T,3C) */, int B, int T,
+                              int C, int NH, cudaStream_t st);
 // 1 when the attention kernels support head size hs
 int cl_attention_supports(int hs);
 
