@@ -46,6 +46,14 @@ int cu_stage_attention_host(int device, int bf16, const float *qkv, const float 
                             float *lse, float *dqkv, int B, int T, int C, int NH, char *err,
                             size_t errlen);
 
+/* Benchmark hook: with TAH_CU_PROFILE=1 in the environment when the stage
+ * was created, CUDA events split every forward and backward into phases
+ * (layernorm, matmul fwd, attn fwd, ..., "copies"); this writes up to max
+ * accumulated milliseconds and the phase names (static strings), zeroes
+ * them when reset, and returns the count (0: profiling off). */
+struct stage;
+int cu_stage_profile(struct stage *s, double *ms, const char **names, int max, int reset);
+
 #ifdef __cplusplus
 }
 #endif
