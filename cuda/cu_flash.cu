@@ -74,7 +74,7 @@ __device__ __forceinline__ void d_cp16(cu_bf16 *s, const cu_bf16 *g, bool valid)
 }
 
 __device__ __forceinline__ void d_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void d_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+template <int N> __device__ __forceinline__ void d_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 __device__ __forceinline__ uint32_t d_pack(float lo, float hi)
 {
@@ -146,15 +146,16 @@ __device__ __forceinline__ void d_pm(float acc[HS / 8][4], const float p[NB][4],
     }
 }
 
-// rows (row0 + g, row0 + g + 8) of a 16 x HS accumulator * mul[0 / 1] -> bf16
+// this thread's rows (r0 = tile row + g, r0 + 8) of a 16 x HS accumulator,
+// times mul0 / mul1, -> bf16
 template <int HS>
-__device__ __forceinline__ void d_store(cu_bf16 *base, size_t ld, int row0, int T, const float acc[HS / 8][4],
+__device__ __forceinline__ void d_store(cu_bf16 *base, size_t ld, int r0, int T, const float acc[HS / 8][4],
                                         float mul0, float mul1, int lane)
 {
-    const int g = lane >> 2, t = lane & 3;
+    const int t = lane & 3;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const int row = row0 + g + 8 * h;
+        const int row = r0 + 8 * h;
         if (row >= T)
             continue;
         const float mul = h ? mul1 : mul0;
