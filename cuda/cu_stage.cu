@@ -79,6 +79,7 @@ struct s_dev {
     char *scratch;                   // dres, dbuf, dqkv, dbig (X), dsum (float), stage (float)
     char *dres, *dbuf, *dqkv, *dbig;
     float *dsum, *stage_f;
+    float *colpart;                  // column partial sums (LayerNorm / bias gradients, no atomics)
     float *h_losses;                 // host (B*T)
     unsigned long long *segs;        // device (off, n) pairs
     double *partials;                // device (nseg * CL_SUMSQ_BLOCKS)
@@ -165,12 +166,11 @@ static int s_align_of(const void *p)
 // with ldb = k, or stored (n,k) with ldb = n when tb; Cm and D have ld = m.
 // abt: type of A and B (and bias), cdt: type of Cm and D. fp32 compute, no TF32.
 static int s_gemm_run(s_dev *c, const stage_t *s, void *D, const void *A, const void *Bm, const void *Cm,
-                      const void *bias, int m, int n, int k, int ta, int tb, float beta, cudaDataType_t abt,
+                      const void *bias, int m, int n, int k, int ta, int tb, float alpha, float beta, cudaDataType_t abt,
                       cudaDataType_t cdt, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t *lay,
                       cublasLtMatmulPreference_t *pref)
 {
     const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const float alpha = 1.0f;
     if (!Cm)
         Cm = D;
     CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
@@ -229,7 +229,7 @@ static int s_gemm_run(s_dev *c, const stage_t *s, void *D, const void *A, const 
 }
 
 static int s_gemm(s_dev *c, const stage_t *s, void *D, const void *A, const void *Bm, const void *Cm,
-                  const void *bias, int m, int n, int k, int ta, int tb, float beta, cudaDataType_t abt,
+                  const void *bias, int m, int n, int k, int ta, int tb, float alpha, float beta, cudaDataType_t abt,
                   cudaDataType_t cdt)
 {
     if (c->failed)
@@ -241,7 +241,7 @@ static int s_gemm(s_dev *c, const stage_t *s, void *D, const void *A, const void
     cublasStatus_t e = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
     if (e != CUBLAS_STATUS_SUCCESS)
         return s_fail(c, s, "cublasLtMatmulDescCreate", cublasLtGetStatusString(e), __FILE__, __LINE__);
-    rc = s_gemm_run(c, s, D, A, Bm, Cm, bias, m, n, k, ta, tb, beta, abt, cdt, op, lay, &pref);
+    rc = s_gemm_run(c, s, D, A, Bm, Cm, bias, m, n, k, ta, tb, alpha, beta, abt, cdt, op, lay, &pref);
     if (pref)
         cublasLtMatmulPreferenceDestroy(pref);
     for (int i = 0; i < 4; i++)
@@ -270,7 +270,7 @@ template <class X>
 static int s_mm_fwd(s_dev *c, const stage_t *s, X *out, const X *inp, const X *w, const X *bias, const X *res, int N,
                     int C, int OC, int head = 0)
 {
-    int rc = s_gemm(c, s, out, w, inp, res, bias, OC, N, C, 1, 0, res ? 1.0f : 0.0f, s_dt<X>(), s_dt<X>());
+    int rc = s_gemm(c, s, out, w, inp, res, bias, OC, N, C, 1, 0, 1.0f, res ? 1.0f : 0.0f, s_dt<X>(), s_dt<X>());
     s_mark(c, head ? P_HEAD_FWD : P_MM_FWD);
     return rc;
 }
@@ -278,17 +278,18 @@ static int s_mm_fwd(s_dev *c, const stage_t *s, X *out, const X *inp, const X *w
 // dinp (=) dout @ W; dW += dout^T @ inp; dbias += colsum(dout)   [matmul_backward]
 template <class X>
 static int s_mm_bwd(s_dev *c, const stage_t *s, X *dinp, float *dw, float *db, const X *dout, const X *inp,
-                    const X *w, int N, int C, int OC, int head = 0)
+                    const X *w, int N, int C, int OC, int head = 0, float alpha = 1.0f)
 {
     int rc = 0;
-    if (dinp && (rc = s_gemm(c, s, dinp, w, dout, NULL, NULL, C, N, OC, 0, 0, 0.0f, s_dt<X>(), s_dt<X>())) != 0)
+    if (dinp &&
+        (rc = s_gemm(c, s, dinp, w, dout, NULL, NULL, C, N, OC, 0, 0, alpha, 0.0f, s_dt<X>(), s_dt<X>())) != 0)
         return rc;
     s_mark(c, head ? P_HEAD_BWD : P_MM_DX);
-    if ((rc = s_gemm(c, s, dw, inp, dout, dw, NULL, C, OC, N, 0, 1, 1.0f, s_dt<X>(), CUDA_R_32F)) != 0)
+    if ((rc = s_gemm(c, s, dw, inp, dout, dw, NULL, C, OC, N, 0, 1, alpha, 1.0f, s_dt<X>(), CUDA_R_32F)) != 0)
         return rc;
     s_mark(c, head ? P_HEAD_BWD : P_MM_DW);
     if (db) {
-        CK(cl_bias_backward<X>(db, dout, N, OC, c->st));
+        CK(cl_bias_backward<X>(db, dout, N, OC, c->colpart, c->st));
         s_mark(c, P_BIAS_BWD);
     }
     return 0;
@@ -402,7 +403,10 @@ static int s_forward(stage_t *s, s_slot *sl, const int *tokens, const float *in,
         s_mark(c, P_LN);
         if ((rc = s_mm_fwd<X>(c, s, logits, lnf, s_w<X>(c, STAGE_HEAD, 0), NULL, NULL, BT, C, Vp, 1)) != 0)
             return rc;
-        CK(cl_crossentropy_forward<X>(losses, (float *)sl->a[A_ROWLSE], logits, sl->tgt, BT, V, Vp, c->st));
+        if (cl_crossentropy_fusable<X>(logits, Vp))
+            CK(cl_crossentropy_fused<X>(losses, (float *)sl->a[A_ROWLSE], logits, sl->tgt, BT, V, Vp, c->st));
+        else
+            CK(cl_crossentropy_forward<X>(losses, (float *)sl->a[A_ROWLSE], logits, sl->tgt, BT, V, Vp, c->st));
         s_mark(c, P_CE);
         CK(cudaMemcpyAsync(c->h_losses, losses, (size_t)BT * sizeof(float), cudaMemcpyDeviceToHost, c->st));
         CK(cudaStreamSynchronize(c->st));
@@ -440,15 +444,20 @@ template <class X> static int s_backward(stage_t *s, s_slot *sl, const float *do
         const int V = s->o.cfg.V, Vp = s->o.cfg.Vp;
         const X *xlast = (X *)sl->a[A_RES3] + (size_t)(s->nl - 1) * BTC;
         X *logits = (X *)sl->a[A_LOGITS], *lnf = (X *)sl->a[A_LNF];
-        CK(cl_crossentropy_backward<X>(logits, (float *)sl->a[A_ROWLSE], sl->tgt, dloss, BT, V, Vp, c->st));
+        // the fused forward left softmax - onehot in logits: dloss is the GEMMs' alpha
+        float alpha = dloss;
+        if (!cl_crossentropy_fusable<X>(logits, Vp)) {
+            CK(cl_crossentropy_backward<X>(logits, (float *)sl->a[A_ROWLSE], sl->tgt, dloss, BT, V, Vp, c->st));
+            alpha = 1.0f;
+        }
         s_mark(c, P_CE_BWD);
         if ((rc = s_mm_bwd<X>(c, s, dbuf, s_g(c, STAGE_HEAD, 0), NULL, logits, lnf, s_w<X>(c, STAGE_HEAD, 0), BT, C,
-                              Vp, 1)) != 0)
+                              Vp, 1, alpha)) != 0)
             return rc;
         CK(cudaMemsetAsync(dres, 0, BTC * sizeof(X), c->st));
         CK(cl_layernorm_backward<X>(dres, s_g(c, GPT2_LNFW, 0), s_g(c, GPT2_LNFB, 0), dbuf, xlast,
                                     s_p(c, GPT2_LNFW, 0), (float *)sl->a[A_LNF_MEAN], (float *)sl->a[A_LNF_RSTD], BT,
-                                    C, c->st));
+                                    C, c->colpart, c->st));
         s_mark(c, P_LN_BWD);
     } else if (sizeof(X) == sizeof(float)) {
         CK(cudaMemcpyAsync(dres, dout, BTC * sizeof(float), cudaMemcpyHostToDevice, c->st));
@@ -479,7 +488,7 @@ template <class X> static int s_backward(stage_t *s, s_slot *sl, const float *do
                               s_w<X>(c, GPT2_FCW, l * 4 * C1 * C1), BT, C, 4 * C)) != 0)
             return rc;
         CK(cl_layernorm_backward<X>(dres, s_g(c, GPT2_LN2W, l * C1), s_g(c, GPT2_LN2B, l * C1), dbuf, res2,
-                                    s_p(c, GPT2_LN2W, l * C1), ln2_mean, ln2_rstd, BT, C, c->st));
+                                    s_p(c, GPT2_LN2W, l * C1), ln2_mean, ln2_rstd, BT, C, c->colpart, c->st));
         s_mark(c, P_LN_BWD);
         // attention: dres holds d(res2)
         if ((rc = s_mm_bwd<X>(c, s, dbuf, s_g(c, GPT2_ATTPROJW, l * C1 * C1), s_g(c, GPT2_ATTPROJB, l * C1), dres,
@@ -491,7 +500,7 @@ template <class X> static int s_backward(stage_t *s, s_slot *sl, const float *do
                               ln1, s_w<X>(c, GPT2_QKVW, l * 3 * C1 * C1), BT, C, 3 * C)) != 0)
             return rc;
         CK(cl_layernorm_backward<X>(dres, s_g(c, GPT2_LN1W, l * C1), s_g(c, GPT2_LN1B, l * C1), dbuf, x,
-                                    s_p(c, GPT2_LN1W, l * C1), ln1_mean, ln1_rstd, BT, C, c->st));
+                                    s_p(c, GPT2_LN1W, l * C1), ln1_mean, ln1_rstd, BT, C, c->colpart, c->st));
         s_mark(c, P_LN_BWD);
         // dres holds d(x)
     }
@@ -734,6 +743,7 @@ static void b_destroy(stage_t *s)
     cudaFree(c->toks);
     cudaFree(c->scratch);
     cudaFree(c->ws);
+    cudaFree(c->colpart);
     cudaFree(c->segs);
     cudaFree(c->partials);
     cudaFreeHost(c->h_losses);
@@ -797,6 +807,9 @@ static int s_create(stage_t *s, s_dev *c)
     }
     CKB(cublasLtCreate(&c->lt));
     if ((rc = s_alloc(c, s, &c->ws, S_WORKSPACE, "the cuBLASLt workspace")) != 0)
+        return rc;
+    if ((rc = s_alloc(c, s, (void **)&c->colpart, CL_COLPART_FLOATS(4 * (size_t)o->cfg.C) * sizeof(float),
+                      "the column partial sums")) != 0)
         return rc;
 
     // parameters, gradients, moments: one allocation each, stage.c's carving
