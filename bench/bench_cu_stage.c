@@ -6,7 +6,9 @@
  * backwards, tied sync, grad norm, AdamW), median ms/step and tokens/s,
  * plus the median host-timed split forward / backward / norm+AdamW (every
  * stage call ends with a stream synchronize, so host clocks time the GPU
- * work). Prints a table, writes CSV.
+ * work). Prints a table, writes CSV. With TAH_CU_PROFILE=1 in the
+ * environment, also the per-phase device time per step (CUDA events
+ * between the stage's kernel groups, cu_stage_profile).
  *
  *   bench_cu_stage [--device K] [--precision fp32|bf16|both] [--batch B]
  *                  [--micro M] [--seq T] [--steps N] [--layers L] [--csv FILE]
@@ -95,6 +97,8 @@ static int s_bench(const gpt2_model_t *model, int device, int prec, int B, int M
         if (*stage_error(s))
             rc = TAH_EDEVICE;
         double t3 = s_now();
+        if (it == warm - 1)
+            cu_stage_profile(s, NULL, NULL, 0, 1); /* count the timed steps only */
         if (it == 0)
             r->loss0 = loss_sum / M;
         r->loss_last = loss_sum / M;
@@ -117,6 +121,19 @@ static int s_bench(const gpt2_model_t *model, int device, int prec, int B, int M
         r->bwd_ms = s_median(tb, steps);
         r->opt_ms = s_median(to, steps);
         r->tok_s = (double)M * BT / (r->step_ms * 1e-3);
+        double pms[32];
+        const char *pname[32];
+        int np = cu_stage_profile(s, pms, pname, 32, 0);
+        double tot = 0.0;
+        for (int i = 0; i < np; i++)
+            tot += pms[i];
+        if (np > 0) {
+            printf("  device time per step by phase (CUDA events, mean of %d steps; fwd+bwd only):\n", steps);
+            for (int i = 0; i < np; i++)
+                if (pms[i] > 0.0)
+                    printf("    %-12s %8.2f ms %5.1f %%\n", pname[i], pms[i] / steps, 100.0 * pms[i] / tot);
+            printf("    %-12s %8.2f ms\n", "total", tot / steps);
+        }
     }
     free(tok);
     free(tgt);

@@ -21,8 +21,23 @@
 //   D = rowsum(dout * out) first, one thread per row (it equals
 //   rowsum(P * dP) of layers.c's softmax backward).
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <type_traits>
 
 #include "cu_layers.cuh"
+
+// bf16 runs the tensor-core kernels (cu_flash.cu) unless TAH_CU_ATTN_LEGACY=1
+static bool s_legacy(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("TAH_CU_ATTN_LEGACY");
+        v = e && !strcmp(e, "1");
+    }
+    return v == 1;
+}
 
 template <class X, int HS>
 __global__ void __launch_bounds__(64) k_attn_fwd(X *out, float *lse, const X *qkv, int T, int C, int NH, float scale)
@@ -260,6 +275,9 @@ static cudaError_t s_bwd(X *dqkv, float *dsum, const X *dout, const X *out, cons
 template <class X>
 cudaError_t cl_attention_forward(X *out, float *lse, const X *qkv, int B, int T, int C, int NH, cudaStream_t st)
 {
+    if constexpr (std::is_same<X, cu_bf16>::value)
+        if (!s_legacy())
+            return cl_flash_forward(out, lse, qkv, B, T, C, NH, st);
     switch (C / NH) {
     case 16: return s_fwd<X, 16>(out, lse, qkv, B, T, C, NH, st);
     case 32: return s_fwd<X, 32>(out, lse, qkv, B, T, C, NH, st);
@@ -273,6 +291,9 @@ template <class X>
 cudaError_t cl_attention_backward(X *dqkv, float *dsum, const X *dout, const X *out, const float *lse, const X *qkv,
                                   int B, int T, int C, int NH, cudaStream_t st)
 {
+    if constexpr (std::is_same<X, cu_bf16>::value)
+        if (!s_legacy())
+            return cl_flash_backward(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st);
     switch (C / NH) {
     case 16: return s_bwd<X, 16>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st);
     case 32: return s_bwd<X, 32>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st);

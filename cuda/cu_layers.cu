@@ -10,6 +10,7 @@
 //                       sum over y, then one atomicAdd per column per chunk
 //   cross-entropy       one 256-thread block per row
 #include <math.h>
+#include <stdint.h>
 
 #include "cu_layers.cuh"
 
@@ -60,6 +61,47 @@ __device__ float d_block_max(float v, float *sh /* [32] */)
     __syncthreads();
     v = lane < nw ? sh[lane] : -INFINITY;
     return d_warp_max(v);
+}
+
+// ---- 16-byte vectors: 8 bf16 or 4 floats ----
+
+template <class X> struct s_vec {
+    static constexpr int W = 16 / (int)sizeof(X); // elements per 16 bytes
+};
+template <class X> __device__ __forceinline__ void d_ld16(float *f, const X *p);
+template <> __device__ __forceinline__ void d_ld16<float>(float *f, const float *p)
+{
+    const float4 v = *(const float4 *)p;
+    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+}
+template <> __device__ __forceinline__ void d_ld16<cu_bf16>(float *f, const cu_bf16 *p)
+{
+    const uint4 v = *(const uint4 *)p;
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 t = __bfloat1622float2(h[k]);
+        f[2 * k] = t.x, f[2 * k + 1] = t.y;
+    }
+}
+template <class X> __device__ __forceinline__ void d_st16(X *p, const float *f);
+template <> __device__ __forceinline__ void d_st16<float>(float *p, const float *f)
+{
+    *(float4 *)p = make_float4(f[0], f[1], f[2], f[3]);
+}
+template <> __device__ __forceinline__ void d_st16<cu_bf16>(cu_bf16 *p, const float *f)
+{
+    uint4 v;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&v;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+    *(uint4 *)p = v;
+}
+
+static bool s_aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
 }
 
 // ---- conversions ----
@@ -247,6 +289,151 @@ static cudaError_t s_colsum(float *dw, float *db, const X *dout, const X *inp, c
     return cudaGetLastError();
 }
 
+// Fused LayerNorm backward (C % (16-byte vector) == 0, C <= 32 * W * S_LN_NCH):
+// warp per row (rows strided over the grid), lane k owns vectors k, k+32, ...
+// of the row: dx += ..., and the lane's dw/db partial sums stay in registers
+// across its rows; the 8 warps of a block add theirs into shared memory in
+// warp order, the block writes part[block][2C] (dw | db), and k_colpart_sum
+// adds the blocks in block order: no atomics, run-to-run reproducible.
+#define S_LN_NCH 8 /* most vectors per lane (C <= 2048 in bf16) */
+template <class X, int S_NCH>
+__global__ void __launch_bounds__(256) k_layernorm_backward(X *dinp, float *part, const X *dout, const X *inp,
+                                                            const float *w, const float *mean, const float *rstd,
+                                                            int N, int C)
+{
+    constexpr int W = s_vec<X>::W;
+    extern __shared__ float s_acc[]; // [2C]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nv = C / W;
+    float aw[S_NCH][W], ab[S_NCH][W];
+#pragma unroll
+    for (int k = 0; k < S_NCH; k++)
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            aw[k][j] = ab[k][j] = 0.0f;
+    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x)
+        s_acc[i] = 0.0f;
+    for (int row = blockIdx.x * 8 + warp; row < N; row += gridDim.x * 8) {
+        const X *d = dout + (size_t)row * C, *x = inp + (size_t)row * C;
+        X *dx = dinp + (size_t)row * C;
+        const float m = mean[row], rs = rstd[row];
+        float dv[S_NCH][W], xv[S_NCH][W];
+        float a = 0.0f, bn = 0.0f;
+#pragma unroll
+        for (int k = 0; k < S_NCH; k++) {
+            const int v = lane + 32 * k;
+            if (v < nv) {
+                d_ld16<X>(dv[k], d + v * W);
+                d_ld16<X>(xv[k], x + v * W);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < S_NCH; k++) {
+            const int v = lane + 32 * k;
+            if (v < nv) {
+                const float4 w0 = *(const float4 *)(w + v * W);
+                float wv[8] = { w0.x, w0.y, w0.z, w0.w, 0, 0, 0, 0 };
+                if (W == 8) {
+                    const float4 w1 = *(const float4 *)(w + v * W + 4);
+                    wv[4] = w1.x, wv[5] = w1.y, wv[6] = w1.z, wv[7] = w1.w;
+                }
+#pragma unroll
+                for (int j = 0; j < W; j++) {
+                    const float norm = (xv[k][j] - m) * rs, dnorm = wv[j] * dv[k][j];
+                    xv[k][j] = norm;
+                    aw[k][j] += dv[k][j] * norm;
+                    ab[k][j] += dv[k][j];
+                    a += dnorm;
+                    bn += dnorm * norm;
+                    dv[k][j] = dnorm;
+                }
+            }
+        }
+        a = d_warp_sum(a) / (float)C;
+        bn = d_warp_sum(bn) / (float)C;
+#pragma unroll
+        for (int k = 0; k < S_NCH; k++) {
+            const int v = lane + 32 * k;
+            if (v < nv) {
+                float o[W];
+                d_ld16<X>(o, dx + v * W);
+#pragma unroll
+                for (int j = 0; j < W; j++)
+                    o[j] += (dv[k][j] - a - xv[k][j] * bn) * rs;
+                d_st16<X>(dx + v * W, o);
+            }
+        }
+    }
+    for (int ww = 0; ww < 8; ww++) {
+        __syncthreads();
+        if (warp == ww)
+#pragma unroll
+            for (int k = 0; k < S_NCH; k++) {
+                const int v = lane + 32 * k;
+                if (v < nv)
+#pragma unroll
+                    for (int j = 0; j < W; j++) {
+                        s_acc[v * W + j] += aw[k][j];
+                        s_acc[C + v * W + j] += ab[k][j];
+                    }
+            }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x)
+        part[(size_t)blockIdx.x * 2 * C + i] = s_acc[i];
+}
+
+// out[c] += sum over blocks b (in order) of part[b * stride + c], c < n
+__global__ void k_colpart_sum(float *out, const float *part, int nblocks, size_t stride, int n)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n)
+        return;
+    float acc = 0.0f;
+    for (int b = 0; b < nblocks; b++)
+        acc += part[(size_t)b * stride + c];
+    out[c] += acc;
+}
+
+// Column sums db[c] += sum_n d[n,c], deterministic: grid (column groups,
+// CL_COLPART_BLOCKS row chunks), thread = one 16-byte vector of columns over
+// the chunk's rows; part[chunk][OC], then k_colpart_sum.
+template <class X>
+__global__ void k_colsum_part(float *part, const X *dout, int N, int OC, int rows_per_chunk)
+{
+    constexpr int W = s_vec<X>::W;
+    const int v = blockIdx.x * blockDim.x + threadIdx.x;
+    if (v * W >= OC)
+        return;
+    const int n0 = blockIdx.y * rows_per_chunk, n1 = min(N, n0 + rows_per_chunk);
+    float acc[W];
+#pragma unroll
+    for (int j = 0; j < W; j++)
+        acc[j] = 0.0f;
+    int n = n0;
+    for (; n + 4 <= n1; n += 4) {
+        float t[4][W];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            d_ld16<X>(t[u], dout + (size_t)(n + u) * OC + v * W);
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                acc[j] += t[u][j];
+    }
+    for (; n < n1; n++) {
+        float t[W];
+        d_ld16<X>(t, dout + (size_t)n * OC + v * W);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            acc[j] += t[j];
+    }
+#pragma unroll
+    for (int j = 0; j < W; j++)
+        part[(size_t)blockIdx.y * OC + v * W + j] = acc[j];
+}
+
 template <class X>
 cudaError_t cl_layernorm_forward(X *out, float *mean, float *rstd, const X *inp, const float *w, const float *b,
                                  int N, int C, cudaStream_t st)
@@ -257,8 +444,50 @@ cudaError_t cl_layernorm_forward(X *out, float *mean, float *rstd, const X *inp,
 
 template <class X>
 cudaError_t cl_layernorm_backward(X *dinp, float *dw, float *db, const X *dout, const X *inp, const float *w,
-                                  const float *mean, const float *rstd, int N, int C, cudaStream_t st)
+                                  const float *mean, const float *rstd, int N, int C, float *part, cudaStream_t st)
 {
+    constexpr int W = s_vec<X>::W;
+    if (part && C % W == 0 && C <= 32 * W * S_LN_NCH && s_aligned16(dinp) && s_aligned16(dout) &&
+        s_aligned16(inp) && s_aligned16(w)) {
+        const size_t sm = 2 * (size_t)C * sizeof(float); // <= 64 KB (C <= 8192)
+        int nb = (N + 7) / 8;
+        if (nb > CL_COLPART_BLOCKS)
+            nb = CL_COLPART_BLOCKS;
+        const int nch = (C / W + 31) / 32;
+        cudaError_t e = cudaSuccess;
+#define S_LNB(K)                                                                                                  \
+    do {                                                                                                          \
+        static int optin_ = 0;                                                                                    \
+        if (sm > 48 * 1024 && !optin_) {                                                                          \
+            if ((e = cudaFuncSetAttribute(k_layernorm_backward<X, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                          (int)sm)) != cudaSuccess)                                               \
+                return e;                                                                                         \
+            optin_ = 1;                                                                                           \
+        }                                                                                                         \
+        k_layernorm_backward<X, K><<<(unsigned)nb, 256, sm, st>>>(dinp, part, dout, inp, w, mean, rstd, N, C);    \
+    } while (0)
+        if (nch <= 1)
+            S_LNB(1);
+        else if (nch <= 2)
+            S_LNB(2);
+        else if (nch <= 3)
+            S_LNB(3);
+        else if (nch <= 4)
+            S_LNB(4);
+        else if (nch <= 6)
+            S_LNB(6);
+        else
+            S_LNB(8);
+#undef S_LNB
+        e = cudaGetLastError();
+        if (e != cudaSuccess)
+            return e;
+        k_colpart_sum<<<(unsigned)((C + 255) / 256), 256, 0, st>>>(dw, part, nb, 2 * (size_t)C, C);
+        if ((e = cudaGetLastError()) != cudaSuccess)
+            return e;
+        k_colpart_sum<<<(unsigned)((C + 255) / 256), 256, 0, st>>>(db, part + C, nb, 2 * (size_t)C, C);
+        return cudaGetLastError();
+    }
     k_layernorm_backward_x<X><<<(unsigned)((N + 7) / 8), 256, 0, st>>>(dinp, dout, inp, w, mean, rstd, N, C);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
@@ -266,8 +495,23 @@ cudaError_t cl_layernorm_backward(X *dinp, float *dw, float *db, const X *dout, 
     return s_colsum<X>(dw, db, dout, inp, mean, rstd, N, C, st);
 }
 
-template <class X> cudaError_t cl_bias_backward(float *dbias, const X *dout, int N, int OC, cudaStream_t st)
+template <class X>
+cudaError_t cl_bias_backward(float *dbias, const X *dout, int N, int OC, float *part, cudaStream_t st)
 {
+    constexpr int W = s_vec<X>::W;
+    if (part && OC % W == 0 && s_aligned16(dout)) {
+        int chunks = (N + 63) / 64;
+        if (chunks > CL_COLPART_CHUNKS)
+            chunks = CL_COLPART_CHUNKS;
+        const int rows = (N + chunks - 1) / chunks, nv = OC / W;
+        dim3 grid((unsigned)((nv + 127) / 128), (unsigned)chunks);
+        k_colsum_part<X><<<grid, 128, 0, st>>>(part, dout, N, OC, rows);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess)
+            return e;
+        k_colpart_sum<<<(unsigned)((OC + 255) / 256), 256, 0, st>>>(dbias, part, chunks, (size_t)OC, OC);
+        return cudaGetLastError();
+    }
     return s_colsum<X>(NULL, dbias, dout, NULL, NULL, NULL, N, OC, st);
 }
 
@@ -301,14 +545,66 @@ template <class X> __global__ void k_gelu_backward(X *dinp, const X *inp, const 
     }
 }
 
+__device__ __forceinline__ float d_gelu(float x)
+{
+    float cube = 0.044715f * x * x * x;
+    return 0.5f * x * (1.0f + d_tanh(S_GELU_SCALE * (x + cube)));
+}
+
+__device__ __forceinline__ float d_dgelu(float x)
+{
+    float cube = 0.044715f * x * x * x;
+    float th = d_tanh(S_GELU_SCALE * (x + cube));
+    float sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) + x * 0.5f * sech2 * S_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+// 16-byte vectors, one per thread per grid-stride step (n % W == 0)
+template <class X> __global__ void k_gelu_forward_v(X *out, const X *inp, size_t nv)
+{
+    constexpr int W = s_vec<X>::W;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nv; i += (size_t)gridDim.x * blockDim.x) {
+        float f[W];
+        d_ld16<X>(f, inp + i * W);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            f[j] = d_gelu(f[j]);
+        d_st16<X>(out + i * W, f);
+    }
+}
+
+template <class X> __global__ void k_gelu_backward_v(X *dinp, const X *inp, const X *dout, size_t nv)
+{
+    constexpr int W = s_vec<X>::W;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nv; i += (size_t)gridDim.x * blockDim.x) {
+        float x[W], d[W];
+        d_ld16<X>(x, inp + i * W);
+        d_ld16<X>(d, dout + i * W);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            d[j] *= d_dgelu(x[j]);
+        d_st16<X>(dinp + i * W, d);
+    }
+}
+
 template <class X> cudaError_t cl_gelu_forward(X *out, const X *inp, size_t n, cudaStream_t st)
 {
+    constexpr int W = s_vec<X>::W;
+    if (n % W == 0 && s_aligned16(out) && s_aligned16(inp)) {
+        k_gelu_forward_v<X><<<s_grid(n / W, S_BLOCK), S_BLOCK, 0, st>>>(out, inp, n / W);
+        return cudaGetLastError();
+    }
     k_gelu_forward<X><<<s_grid(n, S_BLOCK), S_BLOCK, 0, st>>>(out, inp, n);
     return cudaGetLastError();
 }
 
 template <class X> cudaError_t cl_gelu_backward(X *dinp, const X *inp, const X *dout, size_t n, cudaStream_t st)
 {
+    constexpr int W = s_vec<X>::W;
+    if (n % W == 0 && s_aligned16(dinp) && s_aligned16(inp) && s_aligned16(dout)) {
+        k_gelu_backward_v<X><<<s_grid(n / W, S_BLOCK), S_BLOCK, 0, st>>>(dinp, inp, dout, n / W);
+        return cudaGetLastError();
+    }
     k_gelu_backward<X><<<s_grid(n, S_BLOCK), S_BLOCK, 0, st>>>(dinp, inp, dout, n);
     return cudaGetLastError();
 }
@@ -349,6 +645,96 @@ __global__ void k_ce_backward(X *logits, const float *lse, const int *targets, f
     }
 }
 
+// Fused cross-entropy (Vp % W == 0): one block per row, 16-byte loads;
+// pass 1 an online max / sum per thread, merged over the block; pass 2
+// (the row is mostly still in L2) writes softmax - onehot over the logits
+// (padding columns 0), unscaled: the head's backward GEMMs take dloss as
+// their alpha.
+template <class X>
+__global__ void __launch_bounds__(256) k_ce_fused(float *losses, float *lse, X *logits, const int *targets, int V,
+                                                  int Vp)
+{
+    constexpr int W = s_vec<X>::W;
+    __shared__ float shm[32], shs[32];
+    const size_t row = blockIdx.x;
+    X *x = logits + row * Vp;
+    const int nv = Vp / W;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) {
+        float f[W];
+        d_ld16<X>(f, x + v * W);
+        float lm = mx;
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            if (v * W + j < V)
+                lm = fmaxf(lm, f[j]);
+        if (lm > mx) {
+            sum *= expf(mx - lm);
+            mx = lm;
+        }
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            if (v * W + j < V)
+                sum += expf(f[j] - mx);
+    }
+    // merge (mx, sum) over the warp, then the block
+    for (int o = 16; o > 0; o >>= 1) {
+        const float om = __shfl_xor_sync(0xffffffffu, mx, o), os = __shfl_xor_sync(0xffffffffu, sum, o);
+        const float nm = fmaxf(mx, om);
+        sum = (mx == -INFINITY ? 0.0f : sum * expf(mx - nm)) + (om == -INFINITY ? 0.0f : os * expf(om - nm));
+        mx = nm;
+    }
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) {
+        shm[w] = mx;
+        shs[w] = sum;
+    }
+    __syncthreads();
+    if (w == 0) {
+        mx = lane < nw ? shm[lane] : -INFINITY;
+        sum = lane < nw ? shs[lane] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float om = __shfl_xor_sync(0xffffffffu, mx, o), os = __shfl_xor_sync(0xffffffffu, sum, o);
+            const float nm = fmaxf(mx, om);
+            sum = (mx == -INFINITY ? 0.0f : sum * expf(mx - nm)) + (om == -INFINITY ? 0.0f : os * expf(om - nm));
+            mx = nm;
+        }
+        if (lane == 0) {
+            const float l = mx + logf(sum);
+            shm[0] = l;
+            lse[row] = l;
+            losses[row] = l - cu_ld(x[targets[row]]);
+        }
+    }
+    __syncthreads();
+    const float l = shm[0];
+    const int tg = targets[row];
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) {
+        float f[W];
+        d_ld16<X>(f, x + v * W);
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            const int i = v * W + j;
+            f[j] = i < V ? expf(f[j] - l) - (i == tg ? 1.0f : 0.0f) : 0.0f;
+        }
+        d_st16<X>(x + v * W, f);
+    }
+}
+
+template <class X>
+int cl_crossentropy_fusable(const X *logits, int Vp)
+{
+    return Vp % s_vec<X>::W == 0 && s_aligned16(logits);
+}
+
+template <class X>
+cudaError_t cl_crossentropy_fused(float *losses, float *lse, X *logits, const int *targets, int N, int V, int Vp,
+                                  cudaStream_t st)
+{
+    k_ce_fused<X><<<(unsigned)N, 256, 0, st>>>(losses, lse, logits, targets, V, Vp);
+    return cudaGetLastError();
+}
+
 template <class X>
 cudaError_t cl_crossentropy_forward(float *losses, float *lse, const X *logits, const int *targets, int N, int V,
                                     int Vp, cudaStream_t st)
@@ -375,8 +761,12 @@ cudaError_t cl_crossentropy_backward(X *logits, const float *lse, const int *tar
     template cudaError_t cl_layernorm_forward<X>(X *, float *, float *, const X *, const float *,             \
                                                  const float *, int, int, cudaStream_t);                      \
     template cudaError_t cl_layernorm_backward<X>(X *, float *, float *, const X *, const X *, const float *, \
-                                                  const float *, const float *, int, int, cudaStream_t);      \
-    template cudaError_t cl_bias_backward<X>(float *, const X *, int, int, cudaStream_t);                     \
+                                                  const float *, const float *, int, int, float *,            \
+                                                  cudaStream_t);                                              \
+    template cudaError_t cl_bias_backward<X>(float *, const X *, int, int, float *, cudaStream_t);            \
+    template int cl_crossentropy_fusable<X>(const X *, int);                                                  \
+    template cudaError_t cl_crossentropy_fused<X>(float *, float *, X *, const int *, int, int, int,          \
+                                                  cudaStream_t);                                              \
     template cudaError_t cl_gelu_forward<X>(X *, const X *, size_t, cudaStream_t);                            \
     template cudaError_t cl_gelu_backward<X>(X *, const X *, const X *, size_t, cudaStream_t);                \
     template cudaError_t cl_crossentropy_forward<X>(float *, float *, const X *, const int *, int, int, int,  \

@@ -35,15 +35,23 @@ template <class X>
 cudaError_t cl_layernorm_forward(X *out /* (N,C) */, float *mean /* (N) */, float *rstd /* (N) */,
                                  const X *inp /* (N,C) */, const float *w /* (C) */, const float *b /* (C) */,
                                  int N, int C, cudaStream_t st);
+// Column partial sums of the deterministic parameter-gradient kernels: part
+// needs CL_COLPART_FLOATS(maxC) floats (maxC = the widest LayerNorm C or
+// bias OC); with part NULL (or an unsupported shape) the atomic column
+// kernel runs instead.
+#define CL_COLPART_BLOCKS 512 /* LayerNorm backward blocks */
+#define CL_COLPART_CHUNKS 256 /* row chunks of the bias column sums */
+#define CL_COLPART_FLOATS(maxC) ((size_t)CL_COLPART_BLOCKS * 2 * (size_t)(maxC))
 // dinp += LN backward (may not alias dout); dw, db +=
 template <class X>
 cudaError_t cl_layernorm_backward(X *dinp /* (N,C) += */, float *dw /* (C) += */, float *db /* (C) += */,
                                   const X *dout /* (N,C) */, const X *inp /* (N,C) */, const float *w /* (C) */,
                                   const float *mean /* (N) */, const float *rstd /* (N) */, int N, int C,
-                                  cudaStream_t st);
+                                  float *part /* scratch or NULL */, cudaStream_t st);
 // dbias[j] += sum_n dout[n,j]
 template <class X>
-cudaError_t cl_bias_backward(float *dbias /* (OC) += */, const X *dout /* (N,OC) */, int N, int OC, cudaStream_t st);
+cudaError_t cl_bias_backward(float *dbias /* (OC) += */, const X *dout /* (N,OC) */, int N, int OC,
+                             float *part /* scratch or NULL */, cudaStream_t st);
 template <class X> cudaError_t cl_gelu_forward(X *out, const X *inp, size_t n, cudaStream_t st);
 // dinp = gelu'(inp) * dout (=, dinp may alias dout)
 template <class X> cudaError_t cl_gelu_backward(X *dinp, const X *inp, const X *dout, size_t n, cudaStream_t st);
@@ -51,6 +59,14 @@ template <class X> cudaError_t cl_gelu_backward(X *dinp, const X *inp, const X *
 template <class X>
 cudaError_t cl_crossentropy_forward(float *losses /* (N) */, float *lse /* (N) */, const X *logits /* (N,Vp) */,
                                     const int *targets /* (N) */, int N, int V, int Vp, cudaStream_t st);
+// 1 when cl_crossentropy_fused can run on this buffer
+template <class X> int cl_crossentropy_fusable(const X *logits, int Vp);
+// losses and lse as cl_crossentropy_forward, and logits (in place) =
+// softmax - onehot, padding columns 0 (unscaled: dloss goes into the
+// head's backward GEMMs as alpha)
+template <class X>
+cudaError_t cl_crossentropy_fused(float *losses /* (N) */, float *lse /* (N) */, X *logits /* (N,Vp) */,
+                                  const int *targets /* (N) */, int N, int V, int Vp, cudaStream_t st);
 // logits (in place) = (softmax - onehot) * dloss, padding columns 0
 template <class X>
 cudaError_t cl_crossentropy_backward(X *logits /* (N,Vp) */, const float *lse /* (N) */, const int *targets /* (N) */,
@@ -64,6 +80,14 @@ template <class X>
 cudaError_t cl_attention_backward(X *dqkv /* (B,T,3C) */, float *dsum /* (B,NH,T) */, const X *dout /* (B,T,C) */,
                                   const X *out /* (B,T,C) */, const float *lse /* (B,NH,T) */,
                                   const X *qkv /* (B,T,3C) */, int B, int T, int C, int NH, cudaStream_t st);
+// the same on the tensor cores (cu_flash.cu, bf16 only); the two above call
+// these for bf16 unless TAH_CU_ATTN_LEGACY=1
+cudaError_t cl_flash_forward(cu_bf16 *out /* (B,T,C) */, float *lse /* (B,NH,T) */, const cu_bf16 *qkv /* (B,T,3C) */,
+                             int B, int T, int C, int NH, cudaStream_t st);
+cudaError_t cl_flash_backward(cu_bf16 *dqkv /* (B,T,3C) */, float *dsum /* (B,NH,T) */,
+                              const cu_bf16 *dout /* (B,T,C) */, const cu_bf16 *out /* (B,T,C) */,
+                              const float *lse /* (B,NH,T) */, const cu_bf16 *qkv /* (B,T,3C) */, int B, int T,
+                              int C, int NH, cudaStream_t st);
 // 1 when the attention kernels support head size hs
 int cl_attention_supports(int hs);
 

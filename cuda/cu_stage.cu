@@ -28,6 +28,19 @@ extern "C" {
 #define S_WORKSPACE (32u << 20) /* cuBLASLt workspace bytes */
 #define S_ALIGN 256              /* byte alignment of every carved device tensor */
 #define S_NCACHE 96              /* cached GEMM heuristics */
+#define S_NPEV 512               /* profile events per forward / backward */
+
+// TAH_CU_PROFILE=1: a CUDA event after every kernel group of s_forward and
+// s_backward, the time since the previous event charged to its phase;
+// read by cu_stage_profile (bench/bench_cu_stage.c). Off: no events.
+enum {
+    P_LN, P_MM_FWD, P_ATTN_FWD, P_GELU, P_HEAD_FWD, P_CE, P_CE_BWD, P_HEAD_BWD, P_MM_DX, P_MM_DW, P_BIAS_BWD,
+    P_GELU_BWD, P_ATTN_BWD, P_LN_BWD, P_ENCODER, P_COPY, P_N
+};
+static const char *const k_phase_name[P_N] = { "layernorm",   "matmul fwd", "attn fwd",   "gelu",
+                                               "head fwd",    "ce fwd",     "ce bwd",     "head bwd",
+                                               "matmul dx",   "matmul dw",  "bias bwd",   "gelu bwd",
+                                               "attn bwd",    "ln bwd",     "encoder",    "copies" };
 
 enum {
     A_IN, A_LN1, A_LN1_MEAN, A_LN1_RSTD, A_QKV, A_ATTY, A_LSE, A_RES2, A_LN2, A_LN2_MEAN, A_LN2_RSTD, A_FCH, A_FCHG,
@@ -66,6 +79,7 @@ struct s_dev {
     char *scratch;                   // dres, dbuf, dqkv, dbig (X), dsum (float), stage (float)
     char *dres, *dbuf, *dqkv, *dbig;
     float *dsum, *stage_f;
+    float *colpart;                  // column partial sums (LayerNorm / bias gradients, no atomics)
     float *h_losses;                 // host (B*T)
     unsigned long long *segs;        // device (off, n) pairs
     double *partials;                // device (nseg * CL_SUMSQ_BLOCKS)
@@ -74,6 +88,10 @@ struct s_dev {
     int nseg;
     s_gemm_entry cache[S_NCACHE];
     int ncache;
+    int prof;                  // TAH_CU_PROFILE=1
+    cudaEvent_t pev[S_NPEV];   // events of the current forward / backward
+    int pph[S_NPEV], npev;     // phase each event closes
+    double pms[P_N];           // accumulated ms per phase
     char devname[64];
     char err[512];
     int failed;
@@ -110,6 +128,28 @@ static int s_fail(s_dev *c, const stage_t *s, const char *what, const char *why,
             return s_fail(c, s, #call, cublasLtGetStatusString(e_), __FILE__, __LINE__);          \
     } while (0)
 
+// ---- profile (TAH_CU_PROFILE=1) ----
+
+// record an event closing phase ph (-1: the start mark)
+static void s_mark(s_dev *c, int ph)
+{
+    if (!c->prof || c->npev >= S_NPEV)
+        return;
+    if (cudaEventRecord(c->pev[c->npev], c->st) == cudaSuccess)
+        c->pph[c->npev++] = ph;
+}
+
+// after a stream synchronize: charge the intervals to their phases
+static void s_collect(s_dev *c)
+{
+    for (int k = 1; k < c->npev; k++) {
+        float ms = 0.0f;
+        if (c->pph[k] >= 0 && cudaEventElapsedTime(&ms, c->pev[k - 1], c->pev[k]) == cudaSuccess)
+            c->pms[c->pph[k]] += ms;
+    }
+    c->npev = 0;
+}
+
 // ---- GEMM through cuBLASLt ----
 
 static int s_align_of(const void *p)
@@ -126,12 +166,11 @@ static int s_align_of(const void *p)
 // with ldb = k, or stored (n,k) with ldb = n when tb; Cm and D have ld = m.
 // abt: type of A and B (and bias), cdt: type of Cm and D. fp32 compute, no TF32.
 static int s_gemm_run(s_dev *c, const stage_t *s, void *D, const void *A, const void *Bm, const void *Cm,
-                      const void *bias, int m, int n, int k, int ta, int tb, float beta, cudaDataType_t abt,
+                      const void *bias, int m, int n, int k, int ta, int tb, float alpha, float beta, cudaDataType_t abt,
                       cudaDataType_t cdt, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t *lay,
                       cublasLtMatmulPreference_t *pref)
 {
     const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const float alpha = 1.0f;
     if (!Cm)
         Cm = D;
     CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
@@ -190,7 +229,7 @@ static int s_gemm_run(s_dev *c, const stage_t *s, void *D, const void *A, const 
 }
 
 static int s_gemm(s_dev *c, const stage_t *s, void *D, const void *A, const void *Bm, const void *Cm,
-                  const void *bias, int m, int n, int k, int ta, int tb, float beta, cudaDataType_t abt,
+                  const void *bias, int m, int n, int k, int ta, int tb, float alpha, float beta, cudaDataType_t abt,
                   cudaDataType_t cdt)
 {
     if (c->failed)
@@ -202,7 +241,7 @@ static int s_gemm(s_dev *c, const stage_t *s, void *D, const void *A, const void
     cublasStatus_t e = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
     if (e != CUBLAS_STATUS_SUCCESS)
         return s_fail(c, s, "cublasLtMatmulDescCreate", cublasLtGetStatusString(e), __FILE__, __LINE__);
-    rc = s_gemm_run(c, s, D, A, Bm, Cm, bias, m, n, k, ta, tb, beta, abt, cdt, op, lay, &pref);
+    rc = s_gemm_run(c, s, D, A, Bm, Cm, bias, m, n, k, ta, tb, alpha, beta, abt, cdt, op, lay, &pref);
     if (pref)
         cublasLtMatmulPreferenceDestroy(pref);
     for (int i = 0; i < 4; i++)
@@ -229,23 +268,30 @@ static float *s_g(s_dev *c, int i, size_t off) { return c->grads + c->off[i] + o
 // out (N,OC) = inp (N,C) @ W^T (W (OC,C)) + bias (+ res when given)   [matmul_forward]
 template <class X>
 static int s_mm_fwd(s_dev *c, const stage_t *s, X *out, const X *inp, const X *w, const X *bias, const X *res, int N,
-                    int C, int OC)
+                    int C, int OC, int head = 0)
 {
-    return s_gemm(c, s, out, w, inp, res, bias, OC, N, C, 1, 0, res ? 1.0f : 0.0f, s_dt<X>(), s_dt<X>());
+    int rc = s_gemm(c, s, out, w, inp, res, bias, OC, N, C, 1, 0, 1.0f, res ? 1.0f : 0.0f, s_dt<X>(), s_dt<X>());
+    s_mark(c, head ? P_HEAD_FWD : P_MM_FWD);
+    return rc;
 }
 
 // dinp (=) dout @ W; dW += dout^T @ inp; dbias += colsum(dout)   [matmul_backward]
 template <class X>
 static int s_mm_bwd(s_dev *c, const stage_t *s, X *dinp, float *dw, float *db, const X *dout, const X *inp,
-                    const X *w, int N, int C, int OC)
+                    const X *w, int N, int C, int OC, int head = 0, float alpha = 1.0f)
 {
     int rc = 0;
-    if (dinp && (rc = s_gemm(c, s, dinp, w, dout, NULL, NULL, C, N, OC, 0, 0, 0.0f, s_dt<X>(), s_dt<X>())) != 0)
+    if (dinp &&
+        (rc = s_gemm(c, s, dinp, w, dout, NULL, NULL, C, N, OC, 0, 0, alpha, 0.0f, s_dt<X>(), s_dt<X>())) != 0)
         return rc;
-    if ((rc = s_gemm(c, s, dw, inp, dout, dw, NULL, C, OC, N, 0, 1, 1.0f, s_dt<X>(), CUDA_R_32F)) != 0)
+    s_mark(c, head ? P_HEAD_BWD : P_MM_DX);
+    if ((rc = s_gemm(c, s, dw, inp, dout, dw, NULL, C, OC, N, 0, 1, alpha, 1.0f, s_dt<X>(), CUDA_R_32F)) != 0)
         return rc;
-    if (db)
-        CK(cl_bias_backward<X>(db, dout, N, OC, c->st));
+    s_mark(c, head ? P_HEAD_BWD : P_MM_DW);
+    if (db) {
+        CK(cl_bias_backward<X>(db, dout, N, OC, c->colpart, c->st));
+        s_mark(c, P_BIAS_BWD);
+    }
     return 0;
 }
 
@@ -296,6 +342,7 @@ static int s_forward(stage_t *s, s_slot *sl, const int *tokens, const float *in,
     X *a_in = (X *)sl->a[A_IN];
     int rc;
 
+    s_mark(c, -1);
     if (s->o.first) {
         CK(cudaMemcpyAsync(sl->tok, tokens, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, c->st));
         CK(cl_encoder_forward<X>(a_in, sl->tok, s_p(c, GPT2_WTE, 0), s_p(c, GPT2_WPE, 0), B, T, C, c->st));
@@ -307,6 +354,7 @@ static int s_forward(stage_t *s, s_slot *sl, const int *tokens, const float *in,
     }
     if (s->o.last)
         CK(cudaMemcpyAsync(sl->tgt, targets, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, c->st));
+    s_mark(c, P_ENCODER);
 
     const X *x = a_in;
     for (int l = 0; l < s->nl; l++) {
@@ -322,20 +370,24 @@ static int s_forward(stage_t *s, s_slot *sl, const int *tokens, const float *in,
 
         CK(cl_layernorm_forward<X>(ln1, ln1_mean, ln1_rstd, x, s_p(c, GPT2_LN1W, l * C1), s_p(c, GPT2_LN1B, l * C1),
                                    BT, C, c->st));
+        s_mark(c, P_LN);
         if ((rc = s_mm_fwd<X>(c, s, qkv, ln1, s_w<X>(c, GPT2_QKVW, l * 3 * C1 * C1), s_w<X>(c, GPT2_QKVB, l * 3 * C1),
                               NULL, BT, C, 3 * C)) != 0)
             return rc;
         CK(cl_attention_forward<X>(atty, lse, qkv, B, T, C, NH, c->st));
+        s_mark(c, P_ATTN_FWD);
         // res2 = x + atty @ attprojw^T + attprojb (residual fused: C = x)
         if ((rc = s_mm_fwd<X>(c, s, res2, atty, s_w<X>(c, GPT2_ATTPROJW, l * C1 * C1),
                               s_w<X>(c, GPT2_ATTPROJB, l * C1), x, BT, C, C)) != 0)
             return rc;
         CK(cl_layernorm_forward<X>(ln2, ln2_mean, ln2_rstd, res2, s_p(c, GPT2_LN2W, l * C1),
                                    s_p(c, GPT2_LN2B, l * C1), BT, C, c->st));
+        s_mark(c, P_LN);
         if ((rc = s_mm_fwd<X>(c, s, fch, ln2, s_w<X>(c, GPT2_FCW, l * 4 * C1 * C1), s_w<X>(c, GPT2_FCB, l * 4 * C1),
                               NULL, BT, C, 4 * C)) != 0)
             return rc;
         CK(cl_gelu_forward<X>(fchg, fch, 4 * BTC, c->st));
+        s_mark(c, P_GELU);
         if ((rc = s_mm_fwd<X>(c, s, res3, fchg, s_w<X>(c, GPT2_FCPROJW, l * 4 * C1 * C1),
                               s_w<X>(c, GPT2_FCPROJB, l * C1), res2, BT, 4 * C, C)) != 0)
             return rc;
@@ -348,9 +400,14 @@ static int s_forward(stage_t *s, s_slot *sl, const int *tokens, const float *in,
         float *losses = (float *)sl->a[A_LOSSES];
         CK(cl_layernorm_forward<X>(lnf, (float *)sl->a[A_LNF_MEAN], (float *)sl->a[A_LNF_RSTD], x,
                                    s_p(c, GPT2_LNFW, 0), s_p(c, GPT2_LNFB, 0), BT, C, c->st));
-        if ((rc = s_mm_fwd<X>(c, s, logits, lnf, s_w<X>(c, STAGE_HEAD, 0), NULL, NULL, BT, C, Vp)) != 0)
+        s_mark(c, P_LN);
+        if ((rc = s_mm_fwd<X>(c, s, logits, lnf, s_w<X>(c, STAGE_HEAD, 0), NULL, NULL, BT, C, Vp, 1)) != 0)
             return rc;
-        CK(cl_crossentropy_forward<X>(losses, (float *)sl->a[A_ROWLSE], logits, sl->tgt, BT, V, Vp, c->st));
+        if (cl_crossentropy_fusable<X>(logits, Vp))
+            CK(cl_crossentropy_fused<X>(losses, (float *)sl->a[A_ROWLSE], logits, sl->tgt, BT, V, Vp, c->st));
+        else
+            CK(cl_crossentropy_forward<X>(losses, (float *)sl->a[A_ROWLSE], logits, sl->tgt, BT, V, Vp, c->st));
+        s_mark(c, P_CE);
         CK(cudaMemcpyAsync(c->h_losses, losses, (size_t)BT * sizeof(float), cudaMemcpyDeviceToHost, c->st));
         CK(cudaStreamSynchronize(c->st));
         double sum = 0.0;
@@ -369,6 +426,7 @@ static int s_forward(stage_t *s, s_slot *sl, const int *tokens, const float *in,
     } else {
         CK(cudaStreamSynchronize(c->st));
     }
+    s_collect(c);
     return 0;
 }
 
@@ -381,18 +439,26 @@ template <class X> static int s_backward(stage_t *s, s_slot *sl, const float *do
     X *dres = (X *)c->dres, *dbuf = (X *)c->dbuf, *dqkv = (X *)c->dqkv, *dbig = (X *)c->dbig;
     int rc;
 
+    s_mark(c, -1);
     if (s->o.last) {
         const int V = s->o.cfg.V, Vp = s->o.cfg.Vp;
         const X *xlast = (X *)sl->a[A_RES3] + (size_t)(s->nl - 1) * BTC;
         X *logits = (X *)sl->a[A_LOGITS], *lnf = (X *)sl->a[A_LNF];
-        CK(cl_crossentropy_backward<X>(logits, (float *)sl->a[A_ROWLSE], sl->tgt, dloss, BT, V, Vp, c->st));
+        // the fused forward left softmax - onehot in logits: dloss is the GEMMs' alpha
+        float alpha = dloss;
+        if (!cl_crossentropy_fusable<X>(logits, Vp)) {
+            CK(cl_crossentropy_backward<X>(logits, (float *)sl->a[A_ROWLSE], sl->tgt, dloss, BT, V, Vp, c->st));
+            alpha = 1.0f;
+        }
+        s_mark(c, P_CE_BWD);
         if ((rc = s_mm_bwd<X>(c, s, dbuf, s_g(c, STAGE_HEAD, 0), NULL, logits, lnf, s_w<X>(c, STAGE_HEAD, 0), BT, C,
-                              Vp)) != 0)
+                              Vp, 1, alpha)) != 0)
             return rc;
         CK(cudaMemsetAsync(dres, 0, BTC * sizeof(X), c->st));
         CK(cl_layernorm_backward<X>(dres, s_g(c, GPT2_LNFW, 0), s_g(c, GPT2_LNFB, 0), dbuf, xlast,
                                     s_p(c, GPT2_LNFW, 0), (float *)sl->a[A_LNF_MEAN], (float *)sl->a[A_LNF_RSTD], BT,
-                                    C, c->st));
+                                    C, c->colpart, c->st));
+        s_mark(c, P_LN_BWD);
     } else if (sizeof(X) == sizeof(float)) {
         CK(cudaMemcpyAsync(dres, dout, BTC * sizeof(float), cudaMemcpyHostToDevice, c->st));
     } else {
@@ -417,26 +483,31 @@ template <class X> static int s_backward(stage_t *s, s_slot *sl, const float *do
                               fchg, s_w<X>(c, GPT2_FCPROJW, l * 4 * C1 * C1), BT, 4 * C, C)) != 0)
             return rc;
         CK(cl_gelu_backward<X>(dbig, fch, dbig, 4 * BTC, c->st));
+        s_mark(c, P_GELU_BWD);
         if ((rc = s_mm_bwd<X>(c, s, dbuf, s_g(c, GPT2_FCW, l * 4 * C1 * C1), s_g(c, GPT2_FCB, l * 4 * C1), dbig, ln2,
                               s_w<X>(c, GPT2_FCW, l * 4 * C1 * C1), BT, C, 4 * C)) != 0)
             return rc;
         CK(cl_layernorm_backward<X>(dres, s_g(c, GPT2_LN2W, l * C1), s_g(c, GPT2_LN2B, l * C1), dbuf, res2,
-                                    s_p(c, GPT2_LN2W, l * C1), ln2_mean, ln2_rstd, BT, C, c->st));
+                                    s_p(c, GPT2_LN2W, l * C1), ln2_mean, ln2_rstd, BT, C, c->colpart, c->st));
+        s_mark(c, P_LN_BWD);
         // attention: dres holds d(res2)
         if ((rc = s_mm_bwd<X>(c, s, dbuf, s_g(c, GPT2_ATTPROJW, l * C1 * C1), s_g(c, GPT2_ATTPROJB, l * C1), dres,
                               atty, s_w<X>(c, GPT2_ATTPROJW, l * C1 * C1), BT, C, C)) != 0)
             return rc;
         CK(cl_attention_backward<X>(dqkv, c->dsum, dbuf, atty, lse, qkv, B, T, C, NH, c->st));
+        s_mark(c, P_ATTN_BWD);
         if ((rc = s_mm_bwd<X>(c, s, dbuf, s_g(c, GPT2_QKVW, l * 3 * C1 * C1), s_g(c, GPT2_QKVB, l * 3 * C1), dqkv,
                               ln1, s_w<X>(c, GPT2_QKVW, l * 3 * C1 * C1), BT, C, 3 * C)) != 0)
             return rc;
         CK(cl_layernorm_backward<X>(dres, s_g(c, GPT2_LN1W, l * C1), s_g(c, GPT2_LN1B, l * C1), dbuf, x,
-                                    s_p(c, GPT2_LN1W, l * C1), ln1_mean, ln1_rstd, BT, C, c->st));
+                                    s_p(c, GPT2_LN1W, l * C1), ln1_mean, ln1_rstd, BT, C, c->colpart, c->st));
+        s_mark(c, P_LN_BWD);
         // dres holds d(x)
     }
 
     if (s->o.first) {
         CK(cl_encoder_backward<X>(s_g(c, GPT2_WTE, 0), s_g(c, GPT2_WPE, 0), dres, sl->tok, B, T, C, c->st));
+        s_mark(c, P_ENCODER);
         CK(cudaStreamSynchronize(c->st));
     } else if (dinp) {
         if (sizeof(X) == sizeof(float)) {
@@ -449,6 +520,7 @@ template <class X> static int s_backward(stage_t *s, s_slot *sl, const float *do
     } else {
         CK(cudaStreamSynchronize(c->st));
     }
+    s_collect(c);
     return 0;
 }
 
@@ -671,6 +743,7 @@ static void b_destroy(stage_t *s)
     cudaFree(c->toks);
     cudaFree(c->scratch);
     cudaFree(c->ws);
+    cudaFree(c->colpart);
     cudaFree(c->segs);
     cudaFree(c->partials);
     cudaFreeHost(c->h_losses);
@@ -681,6 +754,9 @@ static void b_destroy(stage_t *s)
         cublasLtDestroy(c->lt);
     if (c->st)
         cudaStreamDestroy(c->st);
+    if (c->prof)
+        for (int k = 0; k < S_NPEV; k++)
+            cudaEventDestroy(c->pev[k]);
     free(c);
     s->cu = NULL;
     (void)cudaGetLastError(); // a failed creation must not leave its error to the next stage's launch check
@@ -721,8 +797,19 @@ static int s_create(stage_t *s, s_dev *c)
     CK(cudaGetDeviceProperties(&prop, o->device));
     snprintf(c->devname, sizeof c->devname, "%.63s", prop.name);
     CK(cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking));
+    {
+        const char *pe = getenv("TAH_CU_PROFILE");
+        if (pe && !strcmp(pe, "1")) {
+            for (int k = 0; k < S_NPEV; k++)
+                CK(cudaEventCreate(&c->pev[k]));
+            c->prof = 1;
+        }
+    }
     CKB(cublasLtCreate(&c->lt));
     if ((rc = s_alloc(c, s, &c->ws, S_WORKSPACE, "the cuBLASLt workspace")) != 0)
+        return rc;
+    if ((rc = s_alloc(c, s, (void **)&c->colpart, CL_COLPART_FLOATS(4 * (size_t)o->cfg.C) * sizeof(float),
+                      "the column partial sums")) != 0)
         return rc;
 
     // parameters, gradients, moments: one allocation each, stage.c's carving
@@ -944,4 +1031,21 @@ extern "C" int cu_stage_attention_host(int device, int bf16, const float *qkv, c
               : s_attn_host<float>(qkv, dout, out, lse, dqkv, B, T, C, NH, err, errlen);
 out:
     return rc;
+}
+
+extern "C" int cu_stage_profile(stage_t *s, double *ms, const char **names, int max, int reset)
+{
+    if (!s || s->o.backend != STAGE_CUDA || !S(s) || !S(s)->prof)
+        return 0;
+    s_dev *c = S(s);
+    int n = max < P_N ? max : P_N;
+    for (int i = 0; i < n; i++) {
+        if (ms)
+            ms[i] = c->pms[i];
+        if (names)
+            names[i] = k_phase_name[i];
+    }
+    if (reset)
+        memset(c->pms, 0, sizeof c->pms);
+    return n;
 }

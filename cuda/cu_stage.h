@@ -16,7 +16,9 @@
  *         accumulation, LayerNorm statistics, softmax, loss, gradients of
  *         the parameters, master weights and moments in fp32.
  * Attention is causal flash-style (online softmax; per-row logsumexp kept
- * for backward, which recomputes the probabilities): no (T,T) buffer.
+ * for backward, which recomputes the probabilities): no (T,T) buffer; in
+ * bf16 on the tensor cores (cu_flash.cu). Parameter gradients have no
+ * float atomics except the token embedding's (docs/cuda-stage.md).
  * Boundary activations, gradients, tokens and the loss stay host pointers
  * at the interface; the copies happen inside. Every CUDA and cuBLASLt call
  * is checked: the first failure is kept as a message (stage_error), printed
@@ -45,6 +47,14 @@ int cu_stage_device_count(void);
 int cu_stage_attention_host(int device, int bf16, const float *qkv, const float *dout, float *out,
                             float *lse, float *dqkv, int B, int T, int C, int NH, char *err,
                             size_t errlen);
+
+/* Benchmark hook: with TAH_CU_PROFILE=1 in the environment when the stage
+ * was created, CUDA events split every forward and backward into phases
+ * (layernorm, matmul fwd, attn fwd, ..., "copies"); this writes up to max
+ * accumulated milliseconds and the phase names (static strings), zeroes
+ * them when reset, and returns the count (0: profiling off). */
+struct stage;
+int cu_stage_profile(struct stage *s, double *ms, const char **names, int max, int reset);
 
 #ifdef __cplusplus
 }
