@@ -174,7 +174,12 @@ static void s_send_hello(agent_t *a)
     Tah__Hello h = TAH__HELLO__INIT;
     h.name = a->name;
     h.endpoint = a->endpoint;
-    h.backend = "cpu";
+    char backend[16];
+    if (a->o->cuda)
+        snprintf(backend, sizeof backend, "cuda:%d", a->o->device);
+    else
+        snprintf(backend, sizeof backend, "cpu");
+    h.backend = backend;
     h.threads = (uint32_t)(a->o->threads > 0 ? a->o->threads : 1);
     h.gflops = a->gflops;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);

@@ -273,8 +273,6 @@ int trainopts_check(const trainopts_t *o, char *err, size_t errlen)
         why = "train_data is required";
     else if (!o->batch || !o->seq || !o->steps || !o->have_lr)
         why = "batch, seq, steps and lr are required";
-    else if (o->precision != 0 && o->device < 0)
-        why = "precision bf16 needs a cuda device (the cpu backend computes in fp32)";
     else if (o->model[0]) {
         if (gpt2_config_validate(&o->mcfg, buf, sizeof buf) != 0)
             why = buf;

@@ -46,7 +46,8 @@ typedef struct trainopts {
     int untied, quiet;
     int ckpt_every;           /* 0 = only at the end (with save_ckpt) */
     int device;               /* "cpu" = -1 (default), "cuda:K" = K */
-    int precision;            /* STAGE_FP32 (0, "fp32") or STAGE_BF16 ("bf16"; cuda only) */
+    int precision;            /* STAGE_FP32 (0, "fp32") or STAGE_BF16 ("bf16"; cuda only: tah-train refuses it
+                                 on the cpu, a job file's applies to its GPU nodes, CPU nodes run fp32) */
     optim_opts_t optim;       /* lr, schedule, warmup, ... */
 } trainopts_t;
 
