@@ -10,9 +10,17 @@
  * environment, also the per-phase device time per step (CUDA events
  * between the stage's kernel groups, cu_stage_profile).
  *
+ * With --check-cpu, the loss of the first micro-batch (before any update)
+ * is also computed by the CPU backend (pipeline/stage.c, OpenBLAS) on the
+ * same weights and tokens and must agree: 1e-5 relative in fp32, 1e-2 in
+ * bf16 (bf16 activations and weight copies: ~3 significant digits per
+ * operand, errors averaging out over the 16k-token mean).
+ *
  *   bench_cu_stage [--device K] [--precision fp32|bf16|both] [--batch B]
  *                  [--micro M] [--seq T] [--steps N] [--layers L] [--csv FILE]
+ *                  [--check-cpu]
  * Exit status: 0, 1 on a device error, 2 usage, 77 without a CUDA device. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +53,43 @@ static double s_median(double *v, int n)
 
 typedef struct {
     double step_ms, fwd_ms, bwd_ms, opt_ms, tok_s, loss0, loss_last;
+    float loss_mb0; /* micro-batch 0 of the first step, before any update */
 } result_t;
+
+/* The benchmark's tokens and targets: M micro-batches of B x T. */
+static void s_tokens(const gpt2_config_t *cfg, size_t n, int *tok, int *tgt)
+{
+    uint64_t rs = 4242;
+    for (size_t i = 0; i < n; i++) {
+        tok[i] = (int)(gpt2_rand_u64(&rs) % (uint64_t)cfg->V);
+        tgt[i] = (int)(gpt2_rand_u64(&rs) % (uint64_t)cfg->V);
+    }
+}
+
+/* The CPU backend's loss on micro-batch 0 of the same weights and tokens. */
+static int s_cpu_loss(const gpt2_model_t *model, int B, int T, float *loss)
+{
+    char err[512] = "";
+    const gpt2_config_t *cfg = &model->cfg;
+    stage_opts_t o = { .cfg = *cfg, .layer0 = 0, .layer1 = cfg->L, .first = 1, .last = 1, .B = B, .T = T,
+                       .nslots = 1, .tied = 1 };
+    stage_t *s = stage_new(&o, err, sizeof err);
+    if (!s) {
+        fprintf(stderr, "bench_cu_stage: cpu stage: %s\n", err);
+        return 1;
+    }
+    const size_t BT = (size_t)B * T;
+    int *tok = malloc(BT * sizeof(int)), *tgt = malloc(BT * sizeof(int));
+    int rc = !tok || !tgt || stage_load_params(s, model) != 0;
+    if (!rc) {
+        s_tokens(cfg, BT, tok, tgt);
+        rc = stage_forward(s, 0, tok, NULL, tgt, NULL, loss) != 0;
+    }
+    free(tok);
+    free(tgt);
+    stage_destroy(&s);
+    return rc;
+}
 
 static int s_bench(const gpt2_model_t *model, int device, int prec, int B, int M, int T, int steps, result_t *r)
 {
@@ -66,11 +110,7 @@ static int s_bench(const gpt2_model_t *model, int device, int prec, int B, int M
     int *tok = malloc((size_t)M * BT * sizeof(int)), *tgt = malloc((size_t)M * BT * sizeof(int));
     double *ts = calloc((size_t)steps, sizeof(double)), *tf = calloc((size_t)steps, sizeof(double));
     double *tb = calloc((size_t)steps, sizeof(double)), *to = calloc((size_t)steps, sizeof(double));
-    uint64_t rs = 4242;
-    for (size_t i = 0; i < (size_t)M * BT; i++) {
-        tok[i] = (int)(gpt2_rand_u64(&rs) % (uint64_t)cfg->V);
-        tgt[i] = (int)(gpt2_rand_u64(&rs) % (uint64_t)cfg->V);
-    }
+    s_tokens(cfg, (size_t)M * BT, tok, tgt);
     optim_opts_t oo;
     optim_defaults(&oo);
     oo.weight_decay = 0.1f;
@@ -84,6 +124,8 @@ static int s_bench(const gpt2_model_t *model, int device, int prec, int B, int M
             float loss = 0.0f;
             rc = stage_forward(s, m, tok + m * BT, NULL, tgt + m * BT, NULL, &loss);
             loss_sum += loss;
+            if (it == 0 && m == 0)
+                r->loss_mb0 = loss;
         }
         double t1 = s_now();
         for (int m = M - 1; m >= 0 && rc == 0; m--)
@@ -149,12 +191,17 @@ static int s_bench(const gpt2_model_t *model, int device, int prec, int B, int M
 int main(int argc, char **argv)
 {
     int device = 0, B = 16, M = 2, T = 1024, steps = 5, L = 12, which = 3; /* 1 fp32, 2 bf16 */
+    int check_cpu = 0;
     const char *csv = "bench_cu_stage.csv";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--check-cpu")) {
+            check_cpu = 1;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "usage: bench_cu_stage [--device K] [--precision fp32|bf16|both] [--batch B] [--micro M] "
-                            "[--seq T] [--steps N] [--layers L] [--csv FILE]\n");
+                            "[--seq T] [--steps N] [--layers L] [--csv FILE] [--check-cpu]\n");
             return 2;
         }
         if (!strcmp(a, "--device"))
@@ -206,6 +253,25 @@ int main(int argc, char **argv)
         ok[p] = s_bench(model, device, p ? STAGE_BF16 : STAGE_FP32, B, M, T, steps, &res[p]) == 0;
         if (!ok[p])
             status = 1;
+    }
+    if (check_cpu && (ok[0] || ok[1])) {
+        float cpu = 0.0f;
+        double t0 = s_now();
+        if (s_cpu_loss(model, B, T, &cpu) != 0) {
+            status = 1;
+        } else {
+            printf("\nloss of micro-batch 0 (%d x %d tokens, same weights), cpu backend %.6f (%.1f s):\n", B, T,
+                   (double)cpu, s_now() - t0);
+            for (int p = 0; p < 2; p++) {
+                if (!ok[p])
+                    continue;
+                double rel = fabs((double)res[p].loss_mb0 - cpu) / fabs((double)cpu), tol = p ? 1e-2 : 1e-5;
+                printf("  cuda %s %.6f: relative difference %.2e (tolerance %.0e) %s\n", p ? "bf16" : "fp32",
+                       (double)res[p].loss_mb0, rel, tol, rel <= tol ? "PASS" : "FAIL");
+                if (!(rel <= tol))
+                    status = 1;
+            }
+        }
     }
     FILE *f = fopen(csv, "w");
     if (f)
