@@ -1123,6 +1123,13 @@ static void s_on_job_event(coord_t *c, cnode_t *n, const Tah__JobEvent *e)
     switch (e->kind) {
     case TAH__JOB_EVENT_KIND__EVENT_DONE:
         log_info("job %lld: node %s finished its stage", (long long)j->j.id, n->name);
+        if (n->leaving) { /* it asked to leave when the job was about to end: it may go now */
+            Tah__Ok ok = TAH__OK__INIT;
+            Tah__Envelope env = TAH__ENVELOPE__INIT;
+            env.body_case = TAH__ENVELOPE__BODY_OK;
+            env.ok = &ok;
+            s_send_node(c, n, &env);
+        }
         if (running && ++j->ndone == j->j.stages)
             s_job_finish(c, j, "succeeded", "", NULL);
         break;
