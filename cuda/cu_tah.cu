@@ -47,7 +47,6 @@
 #define S_MAX_TILE 256u
 #define S_QUANT_U 2 // tiles per segment per k_tah_quant iteration (round 4)
 #define S_FUSE_MAXGRID 1024u // CTAs of k_tah_fused's cooperative grid, at most
-#define S_FUSE_HS 257u       // per CTA per round: 256 bins, then its keys above the prefix so far
 #define S_FUSE_MAXL 8192u    // allocation tiles per CTA (32 KB of keys in shared memory)
 
 struct s_tg {
@@ -62,16 +61,23 @@ struct s_tg {
 static uint64_t s_magic(uint64_t d) { return d >= 2 && d <= 0xffffffffull ? UINT64_MAX / d + 1 : 0; }
 
 // Scratch past the head: ent f32[B*n_alloc] | pre u32[B*n_alloc] | hi u8[B*n_alloc] (8-aligned) | flagv u16[T]
-// (8-aligned) | cnt u64[B*cps] (decode: per-chunk high counts, see k_tah_dcount) | famax u32[S_FUSE_MAXGRID]
-// | fhist u32[2*S_FUSE_MAXGRID*S_FUSE_HS] (encode, k_tah_fused)
+// (8-aligned) | cnt u64[B*cps] (decode: per-chunk high counts, see k_tah_dcount) | k_tah_fused's s_fz:
+// flag u64 | cnt u64[S_FUSE_MAXGRID] | amax u32[S_FUSE_MAXGRID] | hist u32[4*B*256]
 struct s_tw {
     float *ent;
     uint32_t *pre;
     uint8_t *hi;
     uint16_t *flagv;
     unsigned long long *cnt;
-    uint32_t *famax; // k_tah_fused: per-CTA absmax [S_FUSE_MAXGRID]
-    uint32_t *fhist; // k_tah_fused: per-CTA histograms [2][S_FUSE_MAXGRID][S_FUSE_HS]
+};
+
+// k_tah_fused's scratch (past cnt): the zeroing flag, per-CTA absmax and (keys > T, keys == T)
+// counts, the 4 rounds' per-sample histograms
+struct s_fz {
+    unsigned long long *flag; // this call's tag once CTA 0 has zeroed hist
+    unsigned long long *cnt;  // [S_FUSE_MAXGRID]
+    uint32_t *amax;           // [S_FUSE_MAXGRID]
+    uint32_t *hist;           // [4][B][256]
 };
 
 // Decode chunks: one CTA of S_DEC_WARPS warps decodes S_DEC_U passes of
@@ -142,8 +148,6 @@ static s_tw s_carve(void *work, const s_tg &g)
     t.hi = w + 8 * na;
     t.flagv = (uint16_t *)(w + 8 * na + ((na + 7) & ~7ull));
     t.cnt = (unsigned long long *)(w + 8 * na + ((na + 7) & ~7ull) + ((2 * g.T + 7) & ~7ull));
-    t.famax = (uint32_t *)(t.cnt + g.B * s_dec_cps(g));
-    t.fhist = t.famax + S_FUSE_MAXGRID;
     return t;
 }
 
@@ -152,7 +156,7 @@ size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape)
     const s_tg g = s_geometry(spec, shape, NULL);
     const uint64_t na = g.B * g.n_alloc;
     return (size_t)(8 * na + ((na + 7) & ~7ull) + ((2 * g.T + 7) & ~7ull) + 8 * g.B * s_dec_cps(g) +
-                    4ull * S_FUSE_MAXGRID * (1 + 2 * S_FUSE_HS));
+                    8 + 12ull * S_FUSE_MAXGRID + 4096ull * g.B);
 }
 
 // ---- shared pieces ----
@@ -685,13 +689,15 @@ __device__ __forceinline__ void d_swap0(float z[8], uint32_t lane, uint32_t tl, 
 // high quant tiles before the allocation tile | is_hi << 31): every tile's x loads
 // issued before the first use, then each tile as tah.c quantises it (segment of
 // G/8 lanes per tile, lane tl holds elements 8tl..8tl+7). Warp-uniform call.
-template <int U>
+// TPG, BH, BL: tile/8 and the code widths when known at compile time (0: from g); with
+// them the segment loops unroll and the packing is constant shifts (round 6).
+template <int U, uint32_t TPG, uint32_t BH, uint32_t BL>
 __device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8_t *__restrict__ p,
                                               uint16_t *__restrict__ flagv, const s_tg &g, const uint64_t tiles[U],
                                               const bool valids[U], const uint32_t phv[U], float down, float rho_down,
                                               bool flag_bytes, uint32_t lane, uint32_t &range)
 {
-    const uint32_t tpg = g.G / 8u, tl = lane % tpg;
+    const uint32_t tpg = TPG ? TPG : g.G / 8u, tl = lane % tpg, G = 8u * tpg;
     float vv[U][8];
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -700,7 +706,7 @@ __device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8
         d_tile_geom(g, tiles[u], token, q, b, s, w);
         if (!valids[u])
             w = 0;
-        const uint64_t x0 = token * g.C + (uint64_t)q * g.G;
+        const uint64_t x0 = token * g.C + (uint64_t)q * G;
         d_load8(x, x0 + 8u * tl, x0 + w, g.vec, vv[u]);
     }
 #pragma unroll
@@ -745,8 +751,8 @@ __device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8
         }
         const uint32_t piv = m1 > 0.0f ? i1 : 0u;
         float mn, mx;
-        const bool full = w == g.G;
-        d_tile_minmax(v, tl, tpg, g.G, full ? g.G : w, !full, mn, mx);
+        const bool full = w == G;
+        d_tile_minmax(v, tl, tpg, G, full ? G : w, !full, mn, mx);
         const bool rot = valid && __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau;
         if (__any_sync(CU_FULL, rot)) {
             float z[8];
@@ -759,7 +765,7 @@ __device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8
             for (int r = 0; r < 8; r++)
                 z[r] = __fmul_rn(z[r], g.norm);
             float rmn, rmx;
-            d_tile_minmax(z, tl, tpg, g.G, g.G, false, rmn, rmx);
+            d_tile_minmax(z, tl, tpg, G, G, false, rmn, rmx);
             if (rot) {
 #pragma unroll
                 for (int r = 0; r < 8; r++)
@@ -772,7 +778,7 @@ __device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8
             continue;
         const uint32_t ph = phv[u]; // high-quant-tile prefix | is_hi << 31
         const uint32_t is_hi = ph >> 31;
-        const uint32_t bits = is_hi ? g.bh : g.bl;
+        const uint32_t bits = BH ? (is_hi ? BH : BL) : (is_hi ? g.bh : g.bl);
         const float levels = (float)((1u << bits) - 1u);
         const uint16_t min16 = d_half_from_f32_down(mn);
         const float minf = d_half_to_f32(min16);
@@ -790,10 +796,22 @@ __device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8
         }
         const uint64_t qidx = s * g.Q + q;
         const uint64_t hiq_before = (ph & 0x7fffffffu) + (is_hi && g.k > 1u ? q % g.k : 0u);
-        const uint64_t off = (uint64_t)(g.G / 8u) * ((uint64_t)g.bl * qidx + (uint64_t)(g.bh - g.bl) * hiq_before);
+        const uint32_t bh = BH ? BH : g.bh, bl = BH ? BL : g.bl;
+        const uint64_t off = (uint64_t)tpg * ((uint64_t)bl * qidx + (uint64_t)(bh - bl) * hiq_before);
         uint64_t lo, hi;
-        d_pack8(code, bits, lo, hi);
-        d_store_bytes(p + g.codes_off + b * g.code_bytes + off + (uint64_t)tl * bits, lo, hi, bits);
+        uint8_t *dst = p + g.codes_off + b * g.code_bytes + off + (uint64_t)tl * bits;
+        if (BH) { // constant widths: a few shifts, a resolved store path
+            if (is_hi) {
+                d_pack8(code, BH, lo, hi);
+                d_store_bytes(dst, lo, hi, BH);
+            } else {
+                d_pack8(code, BL, lo, hi);
+                d_store_bytes(dst, lo, hi, BL);
+            }
+        } else {
+            d_pack8(code, bits, lo, hi);
+            d_store_bytes(dst, lo, hi, bits);
+        }
         if (tl == 0) {
             d_put_u32(p + g.meta_off + 4 * tile, (uint32_t)min16 | ((uint32_t)step16 << 16));
             const uint32_t fv = is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2);
@@ -833,7 +851,7 @@ __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, 
             d_tile_geom(g, tiles[u], token, q, b, s, w);
             phv[u] = valids[u] ? pre[b * g.n_alloc + s * g.nA + (g.k > 1u ? q / g.k : q)] : 0u; // prefix | is_hi << 31
         }
-        d_tah_quant_u<U>(x, p, flagv, g, tiles, valids, phv, down, rho_down, flag_bytes, lane, range);
+        d_tah_quant_u<U, 0, 0, 0>(x, p, flagv, g, tiles, valids, phv, down, rho_down, flag_bytes, lane, range);
     }
     if (range)
         d_flag(head, CU_ST_RANGE);
@@ -864,22 +882,34 @@ __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, 
 //        in reverse: the last x this CTA read is still in L2), flag bytes.
 // The same keys, digits, threshold and prefixes as the multi-kernel path, so
 // the same payload.
+template <uint32_t TPG, uint32_t BH, uint32_t BL>
 __global__ void __launch_bounds__(256, 3) k_tah_fused(const float *__restrict__ x, uint16_t *__restrict__ flagv,
-                                                      uint8_t *__restrict__ p, uint32_t *slot_amax,
-                                                      uint32_t *hbuf, cu_hp head, s_tg g, uint32_t P,
-                                                      bool flag_bytes)
+                                                      uint8_t *__restrict__ p, s_fz z, cu_hp head, s_tg g,
+                                                      uint32_t P, bool flag_bytes)
 {
     cooperative_groups::grid_group grid = cooperative_groups::this_grid();
     d_mark(head);
     extern __shared__ uint32_t sk[]; // this CTA's keys (entropy bits), later its packed prefixes (in place)
-    __shared__ uint32_t lh[256], hsum[256], slt[256], ws[32];
-    __shared__ uint32_t sh_prefix, sh_need, sh_gt, sh_gtb, sh_amax;
+    __shared__ uint32_t lh[256], hsum[256], ws[32];
+    __shared__ uint32_t sh_prefix, sh_need, sh_gt, sh_eq, sh_gtb, sh_eqb, sh_amax;
     const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, nwarp = blockDim.x >> 5;
     const uint32_t cta = blockIdx.x, b = cta / P, j = cta - b * P;
     const uint32_t na = (uint32_t)g.n_alloc;
     const uint32_t a0 = (uint32_t)((uint64_t)j * na / P), a1 = (uint32_t)((uint64_t)(j + 1) * na / P);
     const uint32_t L = a1 - a0;
     const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
+    const uint32_t nh = 4u * (uint32_t)g.B * 256u; // words of the 4 rounds' sample histograms
+
+    // 0. CTA 0 zeroes the sample histograms, then publishes this call's tag (no memset node;
+    //    the other CTAs check the tag before their first atomic, long after, all co-resident)
+    if (cta == 0) {
+        for (uint32_t i = tid; i < nh; i += blockDim.x)
+            z.hist[i] = 0;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0)
+            *(volatile unsigned long long *)z.flag = head.tag;
+    }
 
     // 1. entropies
     uint32_t amax = 0;
@@ -902,14 +932,19 @@ __global__ void __launch_bounds__(256, 3) k_tah_fused(const float *__restrict__ 
         sh_prefix = 0;
         sh_need = (uint32_t)g.n_hi;
         sh_gt = 0;
+        sh_eq = 0;
         sh_gtb = 0;
+        sh_eqb = 0;
+        while (*(volatile unsigned long long *)z.flag != head.tag) // CTA 0's zeroing (done long ago)
+            ;
+        __threadfence();
     }
     __syncthreads();
     if (tid == 0) {
         uint32_t m = 0;
         for (uint32_t w = 0; w < nwarp; w++)
             m = max(m, ws[w]);
-        slot_amax[cta] = m;
+        z.amax[cta] = m;
     }
 
     // 2. select
@@ -929,53 +964,47 @@ __global__ void __launch_bounds__(256, 3) k_tah_fused(const float *__restrict__ 
                     atomicAdd(&lh[bin], (uint32_t)__popc((int)peers));
             }
             __syncthreads();
-            uint32_t *hb = hbuf + (size_t)(r & 1) * S_FUSE_MAXGRID * S_FUSE_HS;
-            hb[(size_t)cta * S_FUSE_HS + tid] = lh[tid];
-            if (tid == 0)
-                hb[(size_t)cta * S_FUSE_HS + 256u] = sh_gt;
+            uint32_t *hs = z.hist + ((size_t)r * g.B + b) * 256u; // this round's histogram of sample b
+            if (lh[tid] != 0)
+                atomicAdd(&hs[tid], lh[tid]);
             grid.sync();
-            // the sample's histogram; the part of it in CTAs before this one
-            const uint32_t *col = hb + (size_t)b * P * S_FUSE_HS + tid;
-            uint32_t tot = 0, before = 0;
-#pragma unroll 4
-            for (uint32_t c = 0; c < P; c++) {
-                const uint32_t v = col[(size_t)c * S_FUSE_HS];
-                tot += v;
-                before += c < j ? v : 0u;
-            }
-            hsum[tid] = tot;
-            slt[tid] = before;
-            if (r == 3 && wid == 1) { // keys the CTAs before this one put above T in rounds 1-3
-                uint32_t sgt = 0;
-                for (uint32_t c = lane; c < j; c += 32u)
-                    sgt += hb[((size_t)b * P + c) * S_FUSE_HS + 256u];
-                sgt = __reduce_add_sync(CU_FULL, sgt);
-                if (lane == 0)
-                    sh_gtb = sgt;
-            }
+            hsum[tid] = __ldcg(&hs[tid]);
             __syncthreads();
             if (wid == 0)
                 d_sel_digit(hsum, need, prefix, shift, &sh_prefix, &sh_need);
             __syncthreads();
             const uint32_t d = (sh_prefix >> shift) & 0xffu;
-            if (wid == 0) { // keys under the prefix with a larger digit are above T
+            if (wid == 0) { // this CTA's keys under the prefix with a larger digit are above T
                 uint32_t s = 0;
 #pragma unroll
                 for (uint32_t q = 0; q < 8u; q++) {
                     const uint32_t bin = 8u * lane + q;
                     if (bin > d)
-                        s += r == 3 ? slt[bin] : lh[bin];
+                        s += lh[bin];
                 }
                 s = __reduce_add_sync(CU_FULL, s);
                 if (lane == 0) {
+                    sh_gt += s;
                     if (r == 3)
-                        sh_gtb += s;
-                    else
-                        sh_gt += s;
+                        sh_eq = lh[d]; // its keys equal to T
                 }
             }
             mask |= 0xffu << shift;
-            __syncthreads(); // lh, hsum, slt read before the next round writes them
+            __syncthreads(); // lh and hsum read before the next round writes them
+        }
+        // the keys above T and equal to T in the sample's CTAs before this one
+        if (tid == 0)
+            z.cnt[cta] = (unsigned long long)sh_gt | ((unsigned long long)sh_eq << 32);
+        grid.sync();
+        unsigned long long c = 0;
+        for (uint32_t i = tid; i < j; i += blockDim.x)
+            c += __ldcg(&z.cnt[(size_t)b * P + i]);
+        uint32_t cg = (uint32_t)c, ce = (uint32_t)(c >> 32);
+        cg = __reduce_add_sync(CU_FULL, cg);
+        ce = __reduce_add_sync(CU_FULL, ce);
+        if (lane == 0) {
+            atomicAdd(&sh_gtb, cg);
+            atomicAdd(&sh_eqb, ce);
         }
     } else {
         grid.sync(); // the amax slots
@@ -985,7 +1014,7 @@ __global__ void __launch_bounds__(256, 3) k_tah_fused(const float *__restrict__ 
     {
         uint32_t m = 0;
         for (uint32_t c = tid; c < gridDim.x; c += blockDim.x)
-            m = max(m, slot_amax[c]);
+            m = max(m, __ldcg(&z.amax[c]));
         m = __reduce_max_sync(CU_FULL, m);
         __syncthreads(); // ws free
         if (lane == 0)
@@ -1001,7 +1030,7 @@ __global__ void __launch_bounds__(256, 3) k_tah_fused(const float *__restrict__ 
     }
     const uint32_t T = sh_prefix, need = sh_need;
     // high allocation tiles of the sample before a0
-    const uint32_t eqb = all ? 0u : slt[T & 0xffu];
+    const uint32_t eqb = all ? 0u : sh_eqb;
     const uint32_t hib = all ? (g.n_hi != 0 ? a0 : 0u) : sh_gtb + min(eqb, need);
     const uint32_t per = (L + blockDim.x - 1) / blockDim.x;
     const uint32_t i0 = min(tid * per, L), i1 = min(i0 + per, L);
@@ -1049,7 +1078,7 @@ __global__ void __launch_bounds__(256, 3) k_tah_fused(const float *__restrict__ 
     }
     const float down = __uint_as_float((uint32_t)(127 - ex) << 23);
     const float rho_down = __fmul_rn(g.rho, down);
-    const uint32_t tpg = g.G / 8u, spw = 32u / tpg, seg = lane / tpg;
+    const uint32_t tpg = TPG ? TPG : g.G / 8u, spw = 32u / tpg, seg = lane / tpg;
     const uint32_t nq = L * g.k;
     const uint64_t t0 = (uint64_t)b * g.S * g.Q + (uint64_t)a0 * g.k;
     uint32_t range = 0;
@@ -1065,7 +1094,8 @@ __global__ void __launch_bounds__(256, 3) k_tah_fused(const float *__restrict__ 
             tiles[u] = t0 + lt;
             phv[u] = valids[u] ? sk[g.k > 1u ? lt / g.k : lt] : 0u;
         }
-        d_tah_quant_u<S_QUANT_U>(x, p, flagv, g, tiles, valids, phv, down, rho_down, flag_bytes, lane, range);
+        d_tah_quant_u<S_QUANT_U, TPG, BH, BL>(x, p, flagv, g, tiles, valids, phv, down, rho_down, flag_bytes, lane,
+                                              range);
     }
     if (range)
         d_flag(head, CU_ST_RANGE);
@@ -1518,7 +1548,9 @@ static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp
 {
     if (g.r != g.k || g.n_alloc > 0xffffffffull || g.S * g.Q >= 0x80000000ull || g.B > S_FUSE_MAXGRID)
         return 1;
-    uint64_t blocks = (uint64_t)cu_coop_blocks((const void *)k_tah_fused, 256, 4 * S_FUSE_MAXL);
+    const bool fast = g.G == 64 && g.bh == 4 && g.bl == 3; // the default spec: constant segment and widths
+    const void *kern = fast ? (const void *)k_tah_fused<8, 4, 3> : (const void *)k_tah_fused<0, 0, 0>;
+    uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, 4 * S_FUSE_MAXL);
     blocks = blocks < S_FUSE_MAXGRID ? blocks : S_FUSE_MAXGRID;
     uint64_t P = blocks / g.B; // CTAs per sample
     P = P < g.n_alloc ? P : g.n_alloc;
@@ -1527,17 +1559,21 @@ static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp
     const uint64_t lmax = (g.n_alloc + P - 1) / P;
     if (lmax > S_FUSE_MAXL)
         return 1;
+    uint8_t *zb = (uint8_t *)(t.cnt + g.B * s_dec_cps(g));
+    s_fz a_z;
+    a_z.flag = (unsigned long long *)zb;
+    a_z.cnt = (unsigned long long *)(zb + 8);
+    a_z.amax = (uint32_t *)(zb + 8 + 8 * S_FUSE_MAXGRID);
+    a_z.hist = (uint32_t *)(zb + 8 + 12 * S_FUSE_MAXGRID);
     const float *a_x = x;
     uint16_t *a_flagv = t.flagv;
     uint8_t *a_p = payload;
-    uint32_t *a_amax = t.famax, *a_hist = t.fhist;
     cu_hp a_head = head;
     s_tg a_g = g;
     uint32_t a_P = (uint32_t)P;
     bool a_fb = g.fbits == 8;
-    void *args[] = { &a_x, &a_flagv, &a_p, &a_amax, &a_hist, &a_head, &a_g, &a_P, &a_fb };
-    CUDA_CHECK(cudaLaunchCooperativeKernel((const void *)k_tah_fused, dim3((unsigned int)(P * g.B)), dim3(256), args,
-                                           (size_t)(4 * lmax), st));
+    void *args[] = { &a_x, &a_flagv, &a_p, &a_z, &a_head, &a_g, &a_P, &a_fb };
+    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)(P * g.B)), dim3(256), args, (size_t)(4 * lmax), st));
     if (!a_fb) {
         k_tah_flags<<<cu_grid(g.flags_bytes, 256), 256, 0, st>>>(t.flagv, payload, g);
         CU_CHECK_LAUNCH("k_tah_flags");
