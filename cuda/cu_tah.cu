@@ -37,6 +37,8 @@
 // Which zero is a tile's minimum (+0 or -0 changes the fp16 min's sign bit)
 // follows tah.c's reduction order; see d_zkey.
 #include <float.h>
+#include <stdlib.h> // getenv
+#include <string.h> // strcmp
 
 #include <cooperative_groups.h> // this_grid().sync() in k_tah_fused
 
@@ -882,8 +884,9 @@ __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, 
 //        in reverse: the last x this CTA read is still in L2), flag bytes.
 // The same keys, digits, threshold and prefixes as the multi-kernel path, so
 // the same payload.
-template <uint32_t TPG, uint32_t BH, uint32_t BL>
-__global__ void __launch_bounds__(256, 3) k_tah_fused(const float *__restrict__ x, uint16_t *__restrict__ flagv,
+// U: quant tiles per segment per warp iteration; MINB: CTAs per SM the registers must allow
+template <int U, int MINB, uint32_t TPG, uint32_t BH, uint32_t BL>
+__global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict__ x, uint16_t *__restrict__ flagv,
                                                       uint8_t *__restrict__ p, s_fz z, cu_hp head, s_tg g,
                                                       uint32_t P, bool flag_bytes)
 {
@@ -1082,19 +1085,19 @@ __global__ void __launch_bounds__(256, 3) k_tah_fused(const float *__restrict__ 
     const uint32_t nq = L * g.k;
     const uint64_t t0 = (uint64_t)b * g.S * g.Q + (uint64_t)a0 * g.k;
     uint32_t range = 0;
-    for (uint32_t base = wid * spw * S_QUANT_U; base < nq; base += nwarp * spw * S_QUANT_U) { // uniform per warp
-        uint64_t tiles[S_QUANT_U];
-        bool valids[S_QUANT_U];
-        uint32_t phv[S_QUANT_U];
+    for (uint32_t base = wid * spw * U; base < nq; base += nwarp * spw * U) { // uniform per warp
+        uint64_t tiles[U];
+        bool valids[U];
+        uint32_t phv[U];
 #pragma unroll
-        for (int u = 0; u < S_QUANT_U; u++) {
+        for (int u = 0; u < U; u++) {
             const uint32_t traw = base + (uint32_t)u * spw + seg;
             valids[u] = traw < nq;
             const uint32_t lt = valids[u] ? nq - 1u - traw : 0u;
             tiles[u] = t0 + lt;
             phv[u] = valids[u] ? sk[g.k > 1u ? lt / g.k : lt] : 0u;
         }
-        d_tah_quant_u<S_QUANT_U, TPG, BH, BL>(x, p, flagv, g, tiles, valids, phv, down, rho_down, flag_bytes, lane,
+        d_tah_quant_u<U, TPG, BH, BL>(x, p, flagv, g, tiles, valids, phv, down, rho_down, flag_bytes, lane,
                                               range);
     }
     if (range)
@@ -1549,7 +1552,10 @@ static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp
     if (g.r != g.k || g.n_alloc > 0xffffffffull || g.S * g.Q >= 0x80000000ull || g.B > S_FUSE_MAXGRID)
         return 1;
     const bool fast = g.G == 64 && g.bh == 4 && g.bl == 3; // the default spec: constant segment and widths
-    const void *kern = fast ? (const void *)k_tah_fused<8, 4, 3> : (const void *)k_tah_fused<0, 0, 0>;
+    const char *ev = getenv("TAH_CU_FUSE_U");                // experiment: 1 = one tile per segment, 4 CTAs/SM
+    const bool u1 = ev && strcmp(ev, "1") == 0;
+    const void *kern = fast ? (u1 ? (const void *)k_tah_fused<1, 4, 8, 4, 3> : (const void *)k_tah_fused<2, 3, 8, 4, 3>)
+                            : (u1 ? (const void *)k_tah_fused<1, 4, 0, 0, 0> : (const void *)k_tah_fused<2, 3, 0, 0, 0>);
     uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, 4 * S_FUSE_MAXL);
     blocks = blocks < S_FUSE_MAXGRID ? blocks : S_FUSE_MAXGRID;
     uint64_t P = blocks / g.B; // CTAs per sample
