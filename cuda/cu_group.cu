@@ -29,6 +29,8 @@
 // Decode: a flat grid, one thread per 8-code chunk (b bytes in, 8 floats
 // out), checking the metadata and codes exactly as the CPU decoder does.
 #include <float.h>
+#include <stdlib.h> // getenv
+#include <string.h> // strcmp
 
 #include <cooperative_groups.h> // this_grid().sync() in k_int_fused
 
@@ -783,8 +785,8 @@ __global__ void __launch_bounds__(256) k_int_codes(const float *__restrict__ x, 
 // in reverse: the end of x, read last, is still in L2). Replaces memset +
 // k_int_stats + k_int_codes: the same statistics, exponent and codes.
 #define S_INT_MAXGRID 1024u
-template <int MODE, int BITS, int U>
-__global__ void __launch_bounds__(256, 3) k_int_fused(const float *__restrict__ x, float2 *st,
+template <int MODE, int BITS, int U, int MINB>
+__global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict__ x, float2 *st,
                                                       uint8_t *__restrict__ p, uint32_t *slot_amax,
                                                       cu_hp head, s_gp g)
 {
@@ -1079,8 +1081,12 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
             float2 *stats = (float2 *)work;
             const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg));
             if (cu_fuse()) { // round 6: one cooperative launch, no memset
-                const void *kern = g.bits == s_fast_bits(MODE) ? (const void *)k_int_fused<MODE, s_fast_bits(MODE), S_ROWS>
-                                                               : (const void *)k_int_fused<MODE, 0, S_ROWS>;
+                const char *ev = getenv("TAH_CU_INT_U"); // experiment: 2 = two rows per warp iteration, 4 CTAs/SM
+                const bool u2 = ev && strcmp(ev, "2") == 0;
+                const void *kern = g.bits == s_fast_bits(MODE)
+                                       ? (u2 ? (const void *)k_int_fused<MODE, s_fast_bits(MODE), 2, 4>
+                                             : (const void *)k_int_fused<MODE, s_fast_bits(MODE), S_ROWS, 3>)
+                                       : (const void *)k_int_fused<MODE, 0, S_ROWS, 3>;
                 uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, 0);
                 blocks = blocks < S_INT_MAXGRID ? blocks : S_INT_MAXGRID;
                 blocks = blocks < grid ? blocks : grid;

@@ -1382,7 +1382,8 @@ __global__ void __launch_bounds__(256) k_tah_dcount(const uint8_t *__restrict__ 
         for (uint32_t i = lane; i < n; i += 32u) {
             const uint64_t tile = tb + i;
             const uint32_t f = d_get_bits(flags, tile * g.fbits, g.fbits);
-            const uint32_t qk = ((t0 + i) % g.Q) % g.k; // quant tile within its allocation tile
+            const uint32_t ts = t0 + i, qq = ts - d_div32(ts, g.Q, g.mQ) * g.Q;
+            const uint32_t qk = g.k > 1u ? qq % g.k : 0u; // quant tile within its allocation tile
             corrupt |= (uint32_t)(!(f & 2u) && (f >> 2) != 0);
             if (qk != 0u)
                 corrupt |= (d_get_bits(flags, (tile - qk) * g.fbits, g.fbits) ^ f) & 1u;
@@ -1398,8 +1399,9 @@ __global__ void __launch_bounds__(256) k_tah_dcount(const uint8_t *__restrict__ 
         d_flag(head, CU_ST_CORRUPT);
 }
 
-// BH, BL: the code widths when known at compile time (0: g.bh, g.bl)
-template <uint32_t BH, uint32_t BL>
+// BH, BL: the code widths when known at compile time (0: g.bh, g.bl); TPG: tile/8 likewise
+// (round 6: the segment loops of the rotation unroll)
+template <uint32_t BH, uint32_t BL, uint32_t TPG>
 __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ p,
                                                     const unsigned long long *__restrict__ cnt,
                                                     float *__restrict__ out, cu_hp head, s_tg g, uint32_t CH,
@@ -1456,7 +1458,7 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
     }
     __syncthreads();
 
-    const uint32_t tpg = g.G / 8u, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
+    const uint32_t tpg = TPG ? TPG : g.G / 8u, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
     const uint32_t i_w = wid * S_DEC_U * spw + seg; // this lane's tile in pass 0
     const uint8_t *codes = p + g.codes_off + b * g.code_bytes;
     uint32_t meta[S_DEC_U], fv[S_DEC_U];
@@ -1514,7 +1516,7 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
                     v[r] = z[r];
             }
         }
-        const uint32_t ts = t0 + i, s = ts / g.Q, q = ts - s * g.Q;
+        const uint32_t ts = t0 + i, s = d_div32(ts, g.Q, g.mQ), q = ts - s * g.Q;
         const uint32_t w = g.C - q * g.G < g.G ? g.C - q * g.G : g.G;
         if (valid && 8u * tl < w) {
             const uint32_t m = w - 8u * tl < 8u ? w - 8u * tl : 8u;
@@ -1647,11 +1649,14 @@ int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *
         const uint32_t CH = s_dec_chunk(g);
         k_tah_dcount<<<cu_grid(g.B * cps, 8), 256, 0, st>>>(payload, t.cnt, head, g, CH, (uint32_t)cps);
         CU_CHECK_LAUNCH("k_tah_dcount");
-        if (g.bh == 4 && g.bl == 3)
-            k_tah_dchunk<4, 3><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+        if (g.bh == 4 && g.bl == 3 && g.G == 64)
+            k_tah_dchunk<4, 3, 8><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+                                                                             (uint32_t)cps);
+        else if (g.bh == 4 && g.bl == 3)
+            k_tah_dchunk<4, 3, 0><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
                                                                           (uint32_t)cps);
         else
-            k_tah_dchunk<0, 0><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+            k_tah_dchunk<0, 0, 0><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
                                                                           (uint32_t)cps);
         CU_CHECK_LAUNCH("k_tah_dchunk");
         return 0;
