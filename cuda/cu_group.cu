@@ -2,8 +2,10 @@
 // nearest and stochastic rounding) and grouped INT (int, asymmetric and
 // symmetric). Same payloads as codecs/fixpt.c and codecs/intq.c.
 //
-// Encode, one launch (fixpt) or two (int: the frame absmax first, since the
-// per-frame exponent e scales every group's metadata):
+// Encode, one launch (fixpt; int since round 6: k_int_fused, a cooperative
+// launch with one grid barrier between the statistics and the codes, since the
+// per-frame exponent e scales every group's metadata; before, and with
+// TAH_CU_FUSE=0: a memset and two launches):
 //
 //   group <= 256: a segment of tpg = pow2ceil(ceil(group/8)) lanes per
 //   group, lane l holds elements [8l, 8l+8) of it in registers:
@@ -29,8 +31,6 @@
 // Decode: a flat grid, one thread per 8-code chunk (b bytes in, 8 floats
 // out), checking the metadata and codes exactly as the CPU decoder does.
 #include <float.h>
-#include <stdlib.h> // getenv
-#include <string.h> // strcmp
 
 #include <cooperative_groups.h> // this_grid().sync() in k_int_fused
 
@@ -1081,12 +1081,9 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
             float2 *stats = (float2 *)work;
             const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg));
             if (cu_fuse()) { // round 6: one cooperative launch, no memset
-                const char *ev = getenv("TAH_CU_INT_U"); // experiment: 2 = two rows per warp iteration, 4 CTAs/SM
-                const bool u2 = ev && strcmp(ev, "2") == 0;
-                const void *kern = g.bits == s_fast_bits(MODE)
-                                       ? (u2 ? (const void *)k_int_fused<MODE, s_fast_bits(MODE), 2, 4>
-                                             : (const void *)k_int_fused<MODE, s_fast_bits(MODE), S_ROWS, 3>)
-                                       : (const void *)k_int_fused<MODE, 0, S_ROWS, 3>;
+                // (2 rows per warp at 4 CTAs per SM measured slower: 0.0565 vs 0.0505 ms, H200)
+                const void *kern = g.bits == s_fast_bits(MODE) ? (const void *)k_int_fused<MODE, s_fast_bits(MODE), S_ROWS, 3>
+                                                               : (const void *)k_int_fused<MODE, 0, S_ROWS, 3>;
                 uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, 0);
                 blocks = blocks < S_INT_MAXGRID ? blocks : S_INT_MAXGRID;
                 blocks = blocks < grid ? blocks : grid;
