@@ -244,27 +244,36 @@ __device__ __forceinline__ uint32_t d_zkey(uint32_t i, uint32_t G, bool ordered,
     return key * 2u + (__float_as_uint(v) >> 31);
 }
 
-// min/max of the segment's tile over element indices < lim, the zero rule above
+// min/max of the segment's tile over element indices < lim, the zero rule above.
+// Round 6: the zero keys are formed and reduced only when some segment of the warp
+// has a zero minimum (warp-uniform branch; rare on real activations), which gives
+// the same result: the key only decides the sign of a zero minimum.
 __device__ __forceinline__ void d_tile_minmax(const float v[8], uint32_t tl, uint32_t tpg, uint32_t G, uint32_t lim,
                                               bool ordered, float &mn, float &mx)
 {
     float a = __uint_as_float(0x7f800000u), b = -a;
-    uint32_t z = 0xffffffffu;
 #pragma unroll
     for (int r = 0; r < 8; r++) {
         const uint32_t i = 8u * tl + (uint32_t)r;
         if (i < lim) {
             a = fminf(a, v[r]);
             b = fmaxf(b, v[r]);
-            if (v[r] == 0.0f)
-                z = min(z, d_zkey(i, G, ordered, v[r]));
         }
     }
     a = d_seg_minf(a, tpg);
     b = d_seg_maxf(b, tpg);
-    z = d_seg_minu(z, tpg);
-    if (a == 0.0f)
-        a = (z & 1u) ? -0.0f : 0.0f;
+    if (__any_sync(CU_FULL, a == 0.0f)) {
+        uint32_t z = 0xffffffffu;
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const uint32_t i = 8u * tl + (uint32_t)r;
+            if (i < lim && v[r] == 0.0f)
+                z = min(z, d_zkey(i, G, ordered, v[r]));
+        }
+        z = d_seg_minu(z, tpg);
+        if (a == 0.0f)
+            a = (z & 1u) ? -0.0f : 0.0f;
+    }
     mn = a;
     mx = b;
 }
