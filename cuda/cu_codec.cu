@@ -59,7 +59,8 @@ cudaError_t cu_smem_allow(const void *kernel, size_t bytes)
 int cu_coop_blocks(const void *kernel, int threads, size_t smem)
 {
     int dev = 0, coop = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
         (void)cudaGetLastError(); // not sticky: the caller falls back to the multi-kernel path

@@ -1082,8 +1082,9 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
             const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg));
             if (cu_fuse()) { // round 6: one cooperative launch, no memset
                 // (2 rows per warp at 4 CTAs per SM measured slower: 0.0565 vs 0.0505 ms, H200)
-                const void *kern = g.bits == s_fast_bits(MODE) ? (const void *)k_int_fused<MODE, s_fast_bits(MODE), S_ROWS, 3>
-                                                               : (const void *)k_int_fused<MODE, 0, S_ROWS, 3>;
+                const void *kern = g.bits == s_fast_bits(MODE)
+                                       ? (const void *)k_int_fused<MODE, s_fast_bits(MODE), S_ROWS, 3>
+                                       : (const void *)k_int_fused<MODE, 0, S_ROWS, 3>;
                 uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, 0);
                 blocks = blocks < S_INT_MAXGRID ? blocks : S_INT_MAXGRID;
                 blocks = blocks < grid ? blocks : grid;

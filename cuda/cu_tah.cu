@@ -1596,7 +1596,8 @@ static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp
     uint32_t a_P = (uint32_t)P;
     bool a_fb = g.fbits == 8;
     void *args[] = { &a_x, &a_flagv, &a_p, &a_z, &a_head, &a_g, &a_P, &a_fb };
-    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)(P * g.B)), dim3(256), args, (size_t)(4 * lmax), st));
+    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)(P * g.B)), dim3(256), args, (size_t)(4 * lmax),
+                                           st));
     if (!a_fb) {
         k_tah_flags<<<cu_grid(g.flags_bytes, 256), 256, 0, st>>>(t.flagv, payload, g);
         CU_CHECK_LAUNCH("k_tah_flags");
