@@ -1,8 +1,9 @@
 /* bench_cu_codec.c — throughput of the GPU codec kernels against the
  * measured device-to-device copy (the memory roofline).
  *
- *   bench_cu_codec [--csv PATH] [--reps N]       (CSV default: $OUT/bench_cu_codec.csv,
- *                                                 else ./bench_cu_codec.csv)
+ *   bench_cu_codec [--csv PATH] [--reps N] [--only SPEC]   (CSV default: $OUT/bench_cu_codec.csv,
+ *                                                 else ./bench_cu_codec.csv; --only: that codec spec
+ *                                                 of the list alone, e.g. for a profiler)
  * 1. copy roofline: cudaMemcpyAsync D2D of 1 GiB, bytes read + written / time;
  * 2. per codec, encode and decode of an 8x1024x1600 fp32 tensor (synthetic
  *    activations): CUDA events around each call, warm-up, median of N
@@ -193,15 +194,17 @@ typedef struct s_row {
 
 int main(int argc, char **argv)
 {
-    const char *csv = NULL;
+    const char *csv = NULL, *only = NULL;
     int reps = 30;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc)
             csv = argv[++i];
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
             reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            only = argv[++i];
         else {
-            fprintf(stderr, "usage: bench_cu_codec [--csv PATH] [--reps N]\n");
+            fprintf(stderr, "usage: bench_cu_codec [--csv PATH] [--reps N] [--only SPEC]\n");
             return 2;
         }
     }
@@ -293,6 +296,8 @@ int main(int argc, char **argv)
     char err[CODEC_ERRLEN];
 
     for (int k = 0; k < nspecs; k++) {
+        if (only && strcmp(only, specs[k]) != 0)
+            continue;
         codec_spec_t spec;
         codec_spec_parse(specs[k], &spec, NULL, 0);
         const uint64_t payload = (uint64_t)codec_frame_size(&spec, shape) - CODEC_HEADER_SIZE;
@@ -366,7 +371,9 @@ int main(int argc, char **argv)
            reps, copy_bw / 1e9, base_note, csv);
 
     char split[768];
-    if (s_tah_split(shape, dx, dp, dy, scratch, e0, e1, t, reps, split, sizeof split) == 0)
+    if (only && strcmp(only, "tah") != 0)
+        split[0] = '\0';
+    else if (s_tah_split(shape, dx, dp, dy, scratch, e0, e1, t, reps, split, sizeof split) == 0)
         printf("%s\n", split);
     else
         failed = 1;

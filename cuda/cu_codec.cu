@@ -30,6 +30,16 @@ bool cu_legacy(void)
     return v != 0;
 }
 
+bool cu_fuse(void)
+{
+    static int v = -1; // benign race, as cu_legacy
+    if (v < 0) {
+        const char *e = getenv("TAH_CU_FUSE");
+        v = !(e && strcmp(e, "0") == 0) && !cu_legacy();
+    }
+    return v != 0;
+}
+
 size_t cu_smem_optin(size_t reserve)
 {
     int dev = 0, bytes = 0;
@@ -44,6 +54,19 @@ cudaError_t cu_smem_allow(const void *kernel, size_t bytes)
     if (bytes <= 48 * 1024)
         return cudaSuccess;
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+int cu_coop_blocks(const void *kernel, int threads, size_t smem)
+{
+    int dev = 0, coop = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
+        (void)cudaGetLastError(); // not sticky: the caller falls back to the multi-kernel path
+        return 0;
+    }
+    return coop ? per_sm * sms : 0;
 }
 
 // This call's status tag (see cu_head): a per-process random start plus a
@@ -145,8 +168,8 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *
         return rc;
     const cu_hp head = s_head(d_scratch); // no status memset: the kernels tag the status word
     void *work = (uint8_t *)d_scratch + CU_SCRATCH_HEAD;
-    if (spec->id == CODEC_INT || (spec->id == CODEC_TAH && (stages & CU_TAH_MEMSET))) // atomicMax starts at 0
-        CUDA_CHECK(cudaMemsetAsync(&head.p->absmax_bits, 0, sizeof head.p->absmax_bits, stream));
+    // int and tah zero the absmax themselves where their kernels use it (round 6: the
+    // one-launch encoders need no memset)
     switch (spec->id) {
     case CODEC_FP32:
     case CODEC_FP16:

@@ -387,11 +387,19 @@ int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *
 // TAH_CU_LEGACY=1 in the environment: the first GPU version's kernels
 // (bisecting a mismatch on the GPU in one run; scripts/gpu-check uses it).
 bool cu_legacy(void);
+// The one-launch encoders (round 6: k_int_fused, k_tah_fused) unless TAH_CU_FUSE=0 or
+// TAH_CU_LEGACY=1 (then round 5's memset + two or three kernels).
+bool cu_fuse(void);
 // Dynamic shared memory a block of the current device may opt in to, less
 // `reserve` bytes for the kernel's static shared memory (0 on error).
 size_t cu_smem_optin(size_t reserve);
 // Raise `kernel`'s dynamic shared-memory limit to `bytes` (no-op <= 48 KB).
 cudaError_t cu_smem_allow(const void *kernel, size_t bytes);
+// Blocks of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory) that
+// can be resident at once on the current device: the largest grid of a cooperative
+// launch (cudaLaunchCooperativeKernel, grid-wide barriers). 0 when the device has no
+// cooperative launch or a query fails.
+int cu_coop_blocks(const void *kernel, int threads, size_t smem);
 
 // Grid for `units` work items handled `per_block` at a time (grid-stride loops cover any excess).
 static inline unsigned int cu_grid(uint64_t units, uint64_t per_block)

@@ -1,6 +1,10 @@
 // cu_tah.cu — TAH-Quant on the GPU, codecs/tah.c's payload to the byte.
 //
-// Encode, four launches:
+// Encode, round 6 (default when every allocation tile holds k quant tiles): one
+// cooperative launch, k_tah_fused (see the comment above it): stages 1-3 below
+// run in one persistent grid with 5 grid barriers, the select spread over P CTAs
+// per sample. Other shapes, TAH_CU_FUSE=0 and TAH_CU_LEGACY=1: round 5's
+// memset + four launches:
 //   1. k_tah_entropy: entropy of every allocation tile and the frame absmax.
 //      4 lanes per allocation tile, 8 tiles per warp; lane u holds tah.c's
 //      16-lane accumulators 4u..4u+3 (one 16-byte load per 16 elements):
@@ -38,29 +42,46 @@
 // follows tah.c's reduction order; see d_zkey.
 #include <float.h>
 
+#include <cooperative_groups.h> // this_grid().sync() in k_tah_fused
+
 #include "cu_common.cuh"
 
 #define S_SEL_THREADS 1024u
 #define S_ENT_EPS 1e-12f
 #define S_MAX_TILE 256u
 #define S_QUANT_U 2 // tiles per segment per k_tah_quant iteration (round 4)
+#define S_FUSE_MAXGRID 1024u // CTAs of k_tah_fused's cooperative grid, at most
+#define S_FUSE_MAXL 8192u    // allocation tiles per CTA (32 KB of keys in shared memory)
 
 struct s_tg {
     uint32_t C, G, lg, k, Q, nA, r, A, bh, bl, fbits;
     uint64_t S, B, T, n_alloc, n_hi, flags_bytes, meta_bytes, code_bytes;
     uint64_t meta_off, codes_off;
     float tau, rho, norm;
+    uint64_t mQ, mS; // ceil(2^64 / Q), ceil(2^64 / S) for d_div32 (0 when Q, S are 1 or above 32 bits)
     bool vec;
 };
 
+static uint64_t s_magic(uint64_t d) { return d >= 2 && d <= 0xffffffffull ? UINT64_MAX / d + 1 : 0; }
+
 // Scratch past the head: ent f32[B*n_alloc] | pre u32[B*n_alloc] | hi u8[B*n_alloc] (8-aligned) | flagv u16[T]
-// (8-aligned) | cnt u64[B*cps] (decode: per-chunk high counts, see k_tah_dcount)
+// (8-aligned) | cnt u64[B*cps] (decode: per-chunk high counts, see k_tah_dcount) | k_tah_fused's s_fz:
+// flag u64 | cnt u64[S_FUSE_MAXGRID] | amax u32[S_FUSE_MAXGRID] | hist u32[4*B*256]
 struct s_tw {
     float *ent;
     uint32_t *pre;
     uint8_t *hi;
     uint16_t *flagv;
     unsigned long long *cnt;
+};
+
+// k_tah_fused's scratch (past cnt): the zeroing flag, per-CTA absmax and (keys > T, keys == T)
+// counts, the 4 rounds' per-sample histograms
+struct s_fz {
+    unsigned long long *flag; // this call's tag once CTA 0 has zeroed hist
+    unsigned long long *cnt;  // [S_FUSE_MAXGRID]
+    uint32_t *amax;           // [S_FUSE_MAXGRID]
+    uint32_t *hist;           // [4][B][256]
 };
 
 // Decode chunks: one CTA of S_DEC_WARPS warps decodes S_DEC_U passes of
@@ -116,6 +137,8 @@ static s_tg s_geometry(const codec_spec_t *spec, codec_shape_t shape, const void
     g.rho = p->rho;
     g.norm = (float)(1.0 / sqrt((double)g.G));
     g.vec = ((uintptr_t)xy & 15u) == 0 && g.C % 4 == 0;
+    g.mQ = s_magic(g.Q);
+    g.mS = s_magic(g.S);
     return g;
 }
 
@@ -136,7 +159,8 @@ size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape)
 {
     const s_tg g = s_geometry(spec, shape, NULL);
     const uint64_t na = g.B * g.n_alloc;
-    return (size_t)(8 * na + ((na + 7) & ~7ull) + ((2 * g.T + 7) & ~7ull) + 8 * g.B * s_dec_cps(g));
+    return (size_t)(8 * na + ((na + 7) & ~7ull) + ((2 * g.T + 7) & ~7ull) + 8 * g.B * s_dec_cps(g) +
+                    8 + 12ull * S_FUSE_MAXGRID + 4096ull * g.B);
 }
 
 // ---- shared pieces ----
@@ -220,27 +244,36 @@ __device__ __forceinline__ uint32_t d_zkey(uint32_t i, uint32_t G, bool ordered,
     return key * 2u + (__float_as_uint(v) >> 31);
 }
 
-// min/max of the segment's tile over element indices < lim, the zero rule above
+// min/max of the segment's tile over element indices < lim, the zero rule above.
+// Round 6: the zero keys are formed and reduced only when some segment of the warp
+// has a zero minimum (warp-uniform branch; rare on real activations), which gives
+// the same result: the key only decides the sign of a zero minimum.
 __device__ __forceinline__ void d_tile_minmax(const float v[8], uint32_t tl, uint32_t tpg, uint32_t G, uint32_t lim,
                                               bool ordered, float &mn, float &mx)
 {
     float a = __uint_as_float(0x7f800000u), b = -a;
-    uint32_t z = 0xffffffffu;
 #pragma unroll
     for (int r = 0; r < 8; r++) {
         const uint32_t i = 8u * tl + (uint32_t)r;
         if (i < lim) {
             a = fminf(a, v[r]);
             b = fmaxf(b, v[r]);
-            if (v[r] == 0.0f)
-                z = min(z, d_zkey(i, G, ordered, v[r]));
         }
     }
     a = d_seg_minf(a, tpg);
     b = d_seg_maxf(b, tpg);
-    z = d_seg_minu(z, tpg);
-    if (a == 0.0f)
-        a = (z & 1u) ? -0.0f : 0.0f;
+    if (__any_sync(CU_FULL, a == 0.0f)) {
+        uint32_t z = 0xffffffffu;
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const uint32_t i = 8u * tl + (uint32_t)r;
+            if (i < lim && v[r] == 0.0f)
+                z = min(z, d_zkey(i, G, ordered, v[r]));
+        }
+        z = d_seg_minu(z, tpg);
+        if (a == 0.0f)
+            a = (z & 1u) ? -0.0f : 0.0f;
+    }
     mn = a;
     mx = b;
 }
@@ -275,6 +308,63 @@ __device__ __forceinline__ void d_ent_step(const float f[4], float s1[4], float 
     }
 }
 
+// Entropy of allocation tile `tile` (global index, B*n_alloc of them) by the lane quad
+// lane & ~3 .. +3 of the calling warp (every lane of the warp calls: shuffles); folds
+// the max of |x|'s bits into amax. All 4 lanes of the quad return h.
+__device__ __forceinline__ float d_tah_ent_tile(const float *__restrict__ x, const s_tg &g, uint64_t tile, bool valid,
+                                                uint32_t lane, uint32_t &amax)
+{
+    const uint32_t u = lane & 3u;
+    const uint64_t token = valid ? tile / g.nA : 0;
+    const uint32_t j = valid ? (uint32_t)(tile - token * g.nA) : 0u;
+    const uint32_t c0 = j * g.A;
+    const uint32_t w = valid ? (g.C - c0 < g.A ? g.C - c0 : g.A) : 0u;
+    const float *row = x + token * g.C + c0;
+    const uint32_t nfull = w / 16u;
+    float s1[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, sl[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+    // S_ENT_STEPS steps per batch, all loads first (round 4: 64 bytes per lane in flight,
+    // was 32), then the steps in order: the same accumulation order per lane
+    uint32_t st = 0;
+    for (; st + S_ENT_STEPS <= nfull; st += S_ENT_STEPS) {
+        float f[S_ENT_STEPS][4];
+#pragma unroll
+        for (int k = 0; k < S_ENT_STEPS; k++)
+            d_ent_load4(row + 16u * (st + (uint32_t)k) + 4u * u, g.vec, f[k]);
+#pragma unroll
+        for (int k = 0; k < S_ENT_STEPS; k++)
+            d_ent_step(f[k], s1, sl, amax);
+    }
+    for (; st < nfull; st++) {
+        float f[4];
+        d_ent_load4(row + 16u * st + 4u * u, g.vec, f);
+        d_ent_step(f, s1, sl, amax);
+    }
+    // tah.c: S1 = 0 + s1[0] + s1[1] + ... + s1[15], lane 4u'+i held by lane u', register i
+    float S1 = 0.0f, SL = 0.0f;
+    const int seg0 = (int)(lane & ~3u);
+#pragma unroll
+    for (int up = 0; up < 4; up++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            S1 = __fadd_rn(S1, __shfl_sync(CU_FULL, s1[i], seg0 + up));
+            SL = __fadd_rn(SL, __shfl_sync(CU_FULL, sl[i], seg0 + up));
+        }
+    }
+    for (uint32_t i = 16u * nfull; i < w; i++) { // tail, in order, by every lane of the tile
+        const float v = fabsf(row[i]);
+        S1 = __fadd_rn(S1, v);
+        SL = __fadd_rn(SL, __fmul_rn(v, d_log2f(v)));
+        amax = max(amax, __float_as_uint(v));
+    }
+    float h = 0.0f;
+    if (S1 != 0.0f) {
+        const float D = __fadd_rn(S1, S_ENT_EPS);
+        h = __fsub_rn(__fmul_rn(d_log2f(D), __fdiv_rn(S1, D)), __fdiv_rn(SL, D));
+        h = h > 0.0f ? h : 0.0f;
+    }
+    return h;
+}
+
 __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x, float *__restrict__ ent,
                                                      cu_hp head, s_tg g)
 {
@@ -287,53 +377,7 @@ __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x
     for (uint64_t base = warp * 8u; base < ntiles; base += nwarps * 8u) {
         const uint64_t tile = base + sub;
         const bool valid = tile < ntiles;
-        const uint64_t token = valid ? tile / g.nA : 0;
-        const uint32_t j = valid ? (uint32_t)(tile - token * g.nA) : 0u;
-        const uint32_t c0 = j * g.A;
-        const uint32_t w = valid ? (g.C - c0 < g.A ? g.C - c0 : g.A) : 0u;
-        const float *row = x + token * g.C + c0;
-        const uint32_t nfull = w / 16u;
-        float s1[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, sl[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-        // S_ENT_STEPS steps per batch, all loads first (round 4: 64 bytes per lane in flight,
-        // was 32), then the steps in order: the same accumulation order per lane
-        uint32_t st = 0;
-        for (; st + S_ENT_STEPS <= nfull; st += S_ENT_STEPS) {
-            float f[S_ENT_STEPS][4];
-#pragma unroll
-            for (int k = 0; k < S_ENT_STEPS; k++)
-                d_ent_load4(row + 16u * (st + (uint32_t)k) + 4u * u, g.vec, f[k]);
-#pragma unroll
-            for (int k = 0; k < S_ENT_STEPS; k++)
-                d_ent_step(f[k], s1, sl, amax);
-        }
-        for (; st < nfull; st++) {
-            float f[4];
-            d_ent_load4(row + 16u * st + 4u * u, g.vec, f);
-            d_ent_step(f, s1, sl, amax);
-        }
-        // tah.c: S1 = 0 + s1[0] + s1[1] + ... + s1[15], lane 4u'+i held by lane u', register i
-        float S1 = 0.0f, SL = 0.0f;
-        const int seg0 = (int)(lane & ~3u);
-#pragma unroll
-        for (int up = 0; up < 4; up++) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                S1 = __fadd_rn(S1, __shfl_sync(CU_FULL, s1[i], seg0 + up));
-                SL = __fadd_rn(SL, __shfl_sync(CU_FULL, sl[i], seg0 + up));
-            }
-        }
-        for (uint32_t i = 16u * nfull; i < w; i++) { // tail, in order, by every lane of the tile
-            const float v = fabsf(row[i]);
-            S1 = __fadd_rn(S1, v);
-            SL = __fadd_rn(SL, __fmul_rn(v, d_log2f(v)));
-            amax = max(amax, __float_as_uint(v));
-        }
-        float h = 0.0f;
-        if (S1 != 0.0f) {
-            const float D = __fadd_rn(S1, S_ENT_EPS);
-            h = __fsub_rn(__fmul_rn(d_log2f(D), __fdiv_rn(S1, D)), __fdiv_rn(SL, D));
-            h = h > 0.0f ? h : 0.0f;
-        }
+        const float h = d_tah_ent_tile(x, g, tile, valid, lane, amax);
         if (valid && u == 0)
             ent[tile] = h;
     }
@@ -603,13 +647,20 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const float *__
     }
 }
 
+// n / d for 32-bit n and d, m = ceil(2^64 / d) (s_magic; 0 for d = 1): exact, since
+// m*d - 2^64 < d makes the error of n*m / 2^64 below n / 2^64 < 1/d.
+__device__ __forceinline__ uint32_t d_div32(uint32_t n, uint32_t d, uint64_t m)
+{
+    return d == 1u ? n : (uint32_t)__umul64hi((uint64_t)n, m);
+}
+
 // 8 elements per lane of tile `tile`'s segment, optionally scaled
 __device__ __forceinline__ void d_tile_geom(const s_tg &g, uint64_t tile, uint64_t &token, uint32_t &q,
                                             uint64_t &b, uint64_t &s, uint32_t &w)
 {
-    if (g.T <= 0xffffffffull) { // 32-bit divisions (a 64-bit one is a ~70-instruction call)
-        const uint32_t t32 = (uint32_t)tile, tok = t32 / g.Q, S32 = (uint32_t)g.S;
-        const uint32_t b32 = tok / S32;
+    if (g.T <= 0xffffffffull) { // round 6: multiply-high by ceil(2^64/d), no division loop
+        const uint32_t t32 = (uint32_t)tile, tok = d_div32(t32, g.Q, g.mQ), S32 = (uint32_t)g.S;
+        const uint32_t b32 = d_div32(tok, S32, g.mS);
         token = tok;
         q = t32 - tok * g.Q;
         b = b32;
@@ -647,13 +698,151 @@ __device__ __forceinline__ void d_swap0(float z[8], uint32_t lane, uint32_t tl, 
     }
 }
 
+// U quant tiles per segment (tiles[u], valids[u], their prefix words phv[u] =
+// high quant tiles before the allocation tile | is_hi << 31): every tile's x loads
+// issued before the first use, then each tile as tah.c quantises it (segment of
+// G/8 lanes per tile, lane tl holds elements 8tl..8tl+7). Warp-uniform call.
+// TPG, BH, BL: tile/8 and the code widths when known at compile time (0: from g); with
+// them the segment loops unroll and the packing is constant shifts (round 6).
+template <int U, uint32_t TPG, uint32_t BH, uint32_t BL>
+__device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8_t *__restrict__ p,
+                                              uint16_t *__restrict__ flagv, const s_tg &g, const uint64_t tiles[U],
+                                              const bool valids[U], const uint32_t phv[U], float down, float rho_down,
+                                              bool flag_bytes, uint32_t lane, uint32_t &range)
+{
+    const uint32_t tpg = TPG ? TPG : g.G / 8u, tl = lane % tpg, G = 8u * tpg;
+    float vv[U][8];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        uint64_t token, b, s;
+        uint32_t q, w;
+        d_tile_geom(g, tiles[u], token, q, b, s, w);
+        if (!valids[u])
+            w = 0;
+        const uint64_t x0 = token * g.C + (uint64_t)q * G;
+        d_load8(x, x0 + 8u * tl, x0 + w, g.vec, vv[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const bool valid = valids[u];
+        const uint64_t tile = tiles[u];
+        uint64_t token, b, s;
+        uint32_t q, w;
+        d_tile_geom(g, tile, token, q, b, s, w);
+        if (!valid)
+            w = 0;
+        float v[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            v[r] = vv[u][r];
+        // scale; top-2 magnitudes (multiset) with the first index of the largest
+        float m1 = 0.0f, m2 = 0.0f;
+        uint32_t i1 = 0;
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            v[r] = __fmul_rn(v[r], down);
+            const float m = fabsf(v[r]);
+            if (m > m1) {
+                m2 = m1;
+                m1 = m;
+                i1 = 8u * tl + (uint32_t)r;
+            } else if (m > m2) {
+                m2 = m;
+            }
+        }
+        for (uint32_t o = 1; o < tpg; o *= 2) {
+            const float b1 = __shfl_xor_sync(CU_FULL, m1, (int)o);
+            const float b2 = __shfl_xor_sync(CU_FULL, m2, (int)o);
+            const uint32_t bi = __shfl_xor_sync(CU_FULL, i1, (int)o);
+            if (b1 > m1 || (b1 == m1 && bi < i1)) {
+                m2 = fmaxf(b2, m1);
+                m1 = b1;
+                i1 = bi;
+            } else {
+                m2 = fmaxf(m2, b1);
+            }
+        }
+        const uint32_t piv = m1 > 0.0f ? i1 : 0u;
+        float mn, mx;
+        const bool full = w == G;
+        d_tile_minmax(v, tl, tpg, G, full ? G : w, !full, mn, mx);
+        const bool rot = valid && __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau;
+        if (__any_sync(CU_FULL, rot)) {
+            float z[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                z[r] = v[r];
+            d_swap0(z, lane, tl, tpg, piv);
+            d_fwht_seg(z, lane, tpg);
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                z[r] = __fmul_rn(z[r], g.norm);
+            float rmn, rmx;
+            d_tile_minmax(z, tl, tpg, G, G, false, rmn, rmx);
+            if (rot) {
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+                    v[r] = z[r];
+                mn = rmn;
+                mx = rmx;
+            }
+        }
+        if (!valid)
+            continue;
+        const uint32_t ph = phv[u]; // high-quant-tile prefix | is_hi << 31
+        const uint32_t is_hi = ph >> 31;
+        const uint32_t bits = BH ? (is_hi ? BH : BL) : (is_hi ? g.bh : g.bl);
+        const float levels = (float)((1u << bits) - 1u);
+        const uint16_t min16 = d_half_from_f32_down(mn);
+        const float minf = d_half_to_f32(min16);
+        const uint16_t step16 = d_half_from_f32_up(__fdiv_rn(__fsub_rn(mx, minf), levels));
+        const float step = d_half_to_f32(step16);
+        const float inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+        range |= (uint32_t)((step16 & 0x7c00u) == 0x7c00u || (min16 & 0x7c00u) == 0x7c00u);
+        uint32_t code[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            float t = __fadd_rn(__fmul_rn(__fsub_rn(v[r], minf), inv), 0.5f);
+            t = t < levels ? t : levels;
+            t = t > 0.0f ? t : 0.0f;
+            code[r] = (uint32_t)t;
+        }
+        const uint64_t qidx = s * g.Q + q;
+        const uint64_t hiq_before = (ph & 0x7fffffffu) + (is_hi && g.k > 1u ? q % g.k : 0u);
+        const uint32_t bh = BH ? BH : g.bh, bl = BH ? BL : g.bl;
+        const uint64_t off = (uint64_t)tpg * ((uint64_t)bl * qidx + (uint64_t)(bh - bl) * hiq_before);
+        uint64_t lo, hi;
+        uint8_t *dst = p + g.codes_off + b * g.code_bytes + off + (uint64_t)tl * bits;
+        if (BH) { // constant widths: a few shifts, a resolved store path
+            if (is_hi) {
+                d_pack8(code, BH, lo, hi);
+                d_store_bytes(dst, lo, hi, BH);
+            } else {
+                d_pack8(code, BL, lo, hi);
+                d_store_bytes(dst, lo, hi, BL);
+            }
+        } else {
+            d_pack8(code, bits, lo, hi);
+            d_store_bytes(dst, lo, hi, bits);
+        }
+        if (tl == 0) {
+            d_put_u32(p + g.meta_off + 4 * tile, (uint32_t)min16 | ((uint32_t)step16 << 16));
+            const uint32_t fv = is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2);
+            if (flag_bytes)
+                p[8 + tile] = (uint8_t)fv; // fbits == 8: tile t's field is byte t (no k_tah_flags)
+            else
+                flagv[tile] = (uint16_t)fv;
+        }
+    }
+}
+
 template <int U>
 __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, const uint32_t *__restrict__ pre,
                                                    uint16_t *__restrict__ flagv,
                                                    uint8_t *__restrict__ p, cu_hp head, s_tg g, bool flag_bytes)
 {
     d_mark(head);
-    const uint32_t lane = threadIdx.x & 31u, tpg = g.G / 8u, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
+    const uint32_t lane = threadIdx.x & 31u, tpg = g.G / 8u, spw = 32u / tpg, seg = lane / tpg;
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
     const int32_t e = d_tah_exp(head.p->absmax_bits, g.lg);
@@ -662,123 +851,270 @@ __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, 
     uint32_t range = 0;
     // U tiles per segment per iteration: every tile's x and prefix loads issued before the first use
     for (uint64_t base = warp * spw * U; base < g.T; base += nwarps * spw * U) { // uniform per warp
-        float vv[U][8];
+        uint64_t tiles[U];
+        bool valids[U];
         uint32_t phv[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const uint64_t traw = base + (uint64_t)u * spw + seg;
-            const bool valid = traw < g.T;
-            const uint64_t tile = valid ? g.T - 1 - traw : 0; // reverse: pass 1 left the end in L2
+            valids[u] = traw < g.T;
+            tiles[u] = valids[u] ? g.T - 1 - traw : 0; // reverse: pass 1 left the end in L2
             uint64_t token, b, s;
             uint32_t q, w;
-            d_tile_geom(g, tile, token, q, b, s, w);
-            if (!valid)
-                w = 0;
-            const uint64_t x0 = token * g.C + (uint64_t)q * g.G;
-            d_load8(x, x0 + 8u * tl, x0 + w, g.vec, vv[u]);
-            phv[u] = valid ? pre[b * g.n_alloc + s * g.nA + q / g.k] : 0u; // prefix | is_hi << 31
+            d_tile_geom(g, tiles[u], token, q, b, s, w);
+            phv[u] = valids[u] ? pre[b * g.n_alloc + s * g.nA + (g.k > 1u ? q / g.k : q)] : 0u; // prefix | is_hi << 31
         }
+        d_tah_quant_u<U, 0, 0, 0>(x, p, flagv, g, tiles, valids, phv, down, rho_down, flag_bytes, lane, range);
+    }
+    if (range)
+        d_flag(head, CU_ST_RANGE);
+}
+
+// ---- encode in one cooperative launch (round 6) ----
+//
+// k_tah_fused replaces memset + k_tah_entropy + k_tah_select(_sm) + k_tah_quant
+// when every allocation tile holds k quant tiles (r == k, the default's C % A == 0):
+// one persistent grid of P CTAs per sample, all co-resident (cooperative launch),
+// five grid barriers in all.
+//
+//   CTA (b, j), j < P: allocation tiles [a0, a1) = [j*na/P, (j+1)*na/P) of sample b
+//     1. entropies of its tiles (d_tah_ent_tile, 8 tiles per warp) -> keys in
+//        shared memory; its max |x| bits -> amax[cta] (no memset: every slot is
+//        written before the first barrier reads it)
+//     2. radix select, 4 rounds of 8 bits as tah.c's s_select_top: each CTA
+//        histograms its own keys under the round's prefix, adds its non-zero
+//        bins to the sample's histogram of that round (atomics into
+//        hist[round][b], zeroed by CTA 0 at the start, which then stores the
+//        call's tag in `flag`; every CTA waits for the tag before its first
+//        atomic: all are co-resident), grid barrier, every CTA of the sample
+//        reads the same 256 sums and picks the same digit (d_sel_digit).
+//        After round 4: threshold T and `need` (the keys equal to T still to
+//        take, lowest index first); each CTA publishes its (keys > T, keys
+//        == T), a fifth barrier, and the counts of the CTAs before it give
+//          high tiles before a0 = (keys > T before a0) + min(keys == T before a0, need)
+//        then two block scans give each tile's prefix (as k_tah_select_sm).
+//     3. e from the max of all amax slots; quant of its tiles (d_tah_quant_u,
+//        in reverse: the last x this CTA read is still in L2), flag bytes;
+//        1 tile per segment per warp iteration, 4 CTAs per SM (64 registers).
+// The same keys, digits, threshold and prefixes as the multi-kernel path, so
+// the same payload. Round 6 measured the first version (every CTA summing all
+// P CTAs' published histograms, 4 barriers): 0.163 ms; this one 0.116 ms.
+//
+// U: quant tiles per segment per warp iteration; MINB: CTAs per SM the registers must allow
+template <int U, int MINB, uint32_t TPG, uint32_t BH, uint32_t BL>
+__global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict__ x, uint16_t *__restrict__ flagv,
+                                                      uint8_t *__restrict__ p, s_fz z, cu_hp head, s_tg g,
+                                                      uint32_t P, bool flag_bytes)
+{
+    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    d_mark(head);
+    extern __shared__ uint32_t sk[]; // this CTA's keys (entropy bits), later its packed prefixes (in place)
+    __shared__ uint32_t lh[256], hsum[256], ws[32];
+    __shared__ uint32_t sh_prefix, sh_need, sh_gt, sh_eq, sh_gtb, sh_eqb, sh_amax;
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, nwarp = blockDim.x >> 5;
+    const uint32_t cta = blockIdx.x, b = cta / P, j = cta - b * P;
+    const uint32_t na = (uint32_t)g.n_alloc;
+    const uint32_t a0 = (uint32_t)((uint64_t)j * na / P), a1 = (uint32_t)((uint64_t)(j + 1) * na / P);
+    const uint32_t L = a1 - a0;
+    const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
+    const uint32_t nh = 4u * (uint32_t)g.B * 256u; // words of the 4 rounds' sample histograms
+
+    // 0. CTA 0 zeroes the sample histograms, then publishes this call's tag (no memset node;
+    //    the other CTAs check the tag before their first atomic, long after, all co-resident)
+    if (cta == 0) {
+        for (uint32_t i = tid; i < nh; i += blockDim.x)
+            z.hist[i] = 0;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0)
+            *(volatile unsigned long long *)z.flag = head.tag;
+    }
+
+    // 1. entropies
+    uint32_t amax = 0;
+    for (uint32_t base = a0 + wid * 8u; base < a1; base += nwarp * 8u) { // uniform per warp
+        const uint32_t a = base + (lane >> 2);
+        const bool valid = a < a1;
+        const float h = d_tah_ent_tile(x, g, (uint64_t)b * na + (valid ? a : a0), valid, lane, amax);
+        if (valid && (lane & 3u) == 0)
+            sk[a - a0] = __float_as_uint(h);
+    }
+    amax = __reduce_max_sync(CU_FULL, amax);
+    if (lane == 0) {
+        if (amax >= 0x7f800000u) { // non-finite x: the payload is unspecified, the absmax left alone
+            d_flag(head, CU_ST_NONFINITE);
+            amax = 0;
+        }
+        ws[wid] = amax;
+    }
+    if (tid == 0) {
+        sh_prefix = 0;
+        sh_need = (uint32_t)g.n_hi;
+        sh_gt = 0;
+        sh_eq = 0;
+        sh_gtb = 0;
+        sh_eqb = 0;
+        while (*(volatile unsigned long long *)z.flag != head.tag) // CTA 0's zeroing (done long ago)
+            ;
+        __threadfence();
+    }
+    __syncthreads();
+    if (tid == 0) {
+        uint32_t m = 0;
+        for (uint32_t w = 0; w < nwarp; w++)
+            m = max(m, ws[w]);
+        z.amax[cta] = m;
+    }
+
+    // 2. select
+    if (!all) {
+        uint32_t mask = 0;
+        for (int r = 0; r < 4; r++) {
+            const int shift = 24 - 8 * r;
+            lh[tid] = 0; // blockDim.x == 256
+            __syncthreads(); // lh zeroed; sh_* current
+            const uint32_t prefix = sh_prefix, need = sh_need;
+            for (uint32_t i0 = 0; i0 < L; i0 += 256u) { // bounds uniform: whole warps iterate together
+                const uint32_t i = i0 + tid;
+                const uint32_t key = i < L ? sk[i] : 0u;
+                const uint32_t bin = (i < L && (key & mask) == prefix) ? (key >> shift) & 0xffu : 0x100u;
+                const uint32_t peers = __match_any_sync(CU_FULL, bin);
+                if (bin != 0x100u && lane == (uint32_t)(__ffs((int)peers) - 1))
+                    atomicAdd(&lh[bin], (uint32_t)__popc((int)peers));
+            }
+            __syncthreads();
+            uint32_t *hs = z.hist + ((size_t)r * g.B + b) * 256u; // this round's histogram of sample b
+            if (lh[tid] != 0)
+                atomicAdd(&hs[tid], lh[tid]);
+            grid.sync();
+            hsum[tid] = __ldcg(&hs[tid]);
+            __syncthreads();
+            if (wid == 0)
+                d_sel_digit(hsum, need, prefix, shift, &sh_prefix, &sh_need);
+            __syncthreads();
+            const uint32_t d = (sh_prefix >> shift) & 0xffu;
+            if (wid == 0) { // this CTA's keys under the prefix with a larger digit are above T
+                uint32_t s = 0;
+#pragma unroll
+                for (uint32_t q = 0; q < 8u; q++) {
+                    const uint32_t bin = 8u * lane + q;
+                    if (bin > d)
+                        s += lh[bin];
+                }
+                s = __reduce_add_sync(CU_FULL, s);
+                if (lane == 0) {
+                    sh_gt += s;
+                    if (r == 3)
+                        sh_eq = lh[d]; // its keys equal to T
+                }
+            }
+            mask |= 0xffu << shift;
+            __syncthreads(); // lh and hsum read before the next round writes them
+        }
+        // the keys above T and equal to T in the sample's CTAs before this one
+        if (tid == 0)
+            z.cnt[cta] = (unsigned long long)sh_gt | ((unsigned long long)sh_eq << 32);
+        grid.sync();
+        unsigned long long c = 0;
+        for (uint32_t i = tid; i < j; i += blockDim.x)
+            c += __ldcg(&z.cnt[(size_t)b * P + i]);
+        uint32_t cg = (uint32_t)c, ce = (uint32_t)(c >> 32);
+        cg = __reduce_add_sync(CU_FULL, cg);
+        ce = __reduce_add_sync(CU_FULL, ce);
+        if (lane == 0) {
+            atomicAdd(&sh_gtb, cg);
+            atomicAdd(&sh_eqb, ce);
+        }
+    } else {
+        grid.sync(); // the amax slots
+    }
+
+    // e: the frame's absmax over every CTA's slot
+    {
+        uint32_t m = 0;
+        for (uint32_t c = tid; c < gridDim.x; c += blockDim.x)
+            m = max(m, __ldcg(&z.amax[c]));
+        m = __reduce_max_sync(CU_FULL, m);
+        __syncthreads(); // ws free
+        if (lane == 0)
+            ws[wid] = m;
+        __syncthreads();
+        if (tid == 0) {
+            uint32_t mm = 0;
+            for (uint32_t w = 0; w < nwarp; w++)
+                mm = max(mm, ws[w]);
+            sh_amax = mm;
+        }
+        __syncthreads();
+    }
+    const uint32_t T = sh_prefix, need = sh_need;
+    // high allocation tiles of the sample before a0
+    const uint32_t eqb = all ? 0u : sh_eqb;
+    const uint32_t hib = all ? (g.n_hi != 0 ? a0 : 0u) : sh_gtb + min(eqb, need);
+    const uint32_t per = (L + blockDim.x - 1) / blockDim.x;
+    const uint32_t i0 = min(tid * per, L), i1 = min(i0 + per, L);
+    uint32_t eq = 0;
+    if (!all)
+        for (uint32_t i = i0; i < i1; i++)
+            eq += (uint32_t)(sk[i] == T);
+    uint32_t eq_total, hq_total;
+    const uint32_t eq_before = eqb + d_block_scan(eq, ws, &eq_total);
+    uint32_t hq = 0, e = eq_before;
+    for (uint32_t i = i0; i < i1; i++) {
+        const uint32_t key = sk[i];
+        bool hi;
+        if (all) {
+            hi = g.n_hi != 0;
+        } else {
+            const bool isq = key == T;
+            hi = key > T || (isq && e < need);
+            e += (uint32_t)isq;
+        }
+        hq += (uint32_t)hi;
+    }
+    uint32_t run = hib + d_block_scan(hq, ws, &hq_total); // its barriers end every read of other runs
+    e = eq_before;
+    for (uint32_t i = i0; i < i1; i++) {
+        const uint32_t key = sk[i];
+        bool hi;
+        if (all) {
+            hi = g.n_hi != 0;
+        } else {
+            const bool isq = key == T;
+            hi = key > T || (isq && e < need);
+            e += (uint32_t)isq;
+        }
+        sk[i] = (run * g.k) | ((uint32_t)hi << 31); // high quant tiles before (r == k: k per high tile)
+        run += (uint32_t)hi;
+    }
+    __syncthreads();
+
+    // 3. quant, this CTA's tiles in reverse
+    const int32_t ex = d_tah_exp(sh_amax, g.lg);
+    if (cta == 0 && tid == 0) {
+        d_put_u32(p, (uint32_t)ex);
+        d_put_u32(p + 4, 0);
+    }
+    const float down = __uint_as_float((uint32_t)(127 - ex) << 23);
+    const float rho_down = __fmul_rn(g.rho, down);
+    const uint32_t tpg = TPG ? TPG : g.G / 8u, spw = 32u / tpg, seg = lane / tpg;
+    const uint32_t nq = L * g.k;
+    const uint64_t t0 = (uint64_t)b * g.S * g.Q + (uint64_t)a0 * g.k;
+    uint32_t range = 0;
+    for (uint32_t base = wid * spw * U; base < nq; base += nwarp * spw * U) { // uniform per warp
+        uint64_t tiles[U];
+        bool valids[U];
+        uint32_t phv[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const uint64_t traw = base + (uint64_t)u * spw + seg;
-            const bool valid = traw < g.T;
-            const uint64_t tile = valid ? g.T - 1 - traw : 0;
-            uint64_t token, b, s;
-            uint32_t q, w;
-            d_tile_geom(g, tile, token, q, b, s, w);
-            if (!valid)
-                w = 0;
-            float v[8];
-#pragma unroll
-            for (int r = 0; r < 8; r++)
-                v[r] = vv[u][r];
-            // scale; top-2 magnitudes (multiset) with the first index of the largest
-            float m1 = 0.0f, m2 = 0.0f;
-            uint32_t i1 = 0;
-#pragma unroll
-            for (int r = 0; r < 8; r++) {
-                v[r] = __fmul_rn(v[r], down);
-                const float m = fabsf(v[r]);
-                if (m > m1) {
-                    m2 = m1;
-                    m1 = m;
-                    i1 = 8u * tl + (uint32_t)r;
-                } else if (m > m2) {
-                    m2 = m;
-                }
-            }
-            for (uint32_t o = 1; o < tpg; o *= 2) {
-                const float b1 = __shfl_xor_sync(CU_FULL, m1, (int)o);
-                const float b2 = __shfl_xor_sync(CU_FULL, m2, (int)o);
-                const uint32_t bi = __shfl_xor_sync(CU_FULL, i1, (int)o);
-                if (b1 > m1 || (b1 == m1 && bi < i1)) {
-                    m2 = fmaxf(b2, m1);
-                    m1 = b1;
-                    i1 = bi;
-                } else {
-                    m2 = fmaxf(m2, b1);
-                }
-            }
-            const uint32_t piv = m1 > 0.0f ? i1 : 0u;
-            float mn, mx;
-            const bool full = w == g.G;
-            d_tile_minmax(v, tl, tpg, g.G, full ? g.G : w, !full, mn, mx);
-            const bool rot = valid && __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau;
-            if (__any_sync(CU_FULL, rot)) {
-                float z[8];
-#pragma unroll
-                for (int r = 0; r < 8; r++)
-                    z[r] = v[r];
-                d_swap0(z, lane, tl, tpg, piv);
-                d_fwht_seg(z, lane, tpg);
-#pragma unroll
-                for (int r = 0; r < 8; r++)
-                    z[r] = __fmul_rn(z[r], g.norm);
-                float rmn, rmx;
-                d_tile_minmax(z, tl, tpg, g.G, g.G, false, rmn, rmx);
-                if (rot) {
-#pragma unroll
-                    for (int r = 0; r < 8; r++)
-                        v[r] = z[r];
-                    mn = rmn;
-                    mx = rmx;
-                }
-            }
-            if (!valid)
-                continue;
-            const uint32_t ph = phv[u]; // high-quant-tile prefix | is_hi << 31
-            const uint32_t is_hi = ph >> 31;
-            const uint32_t bits = is_hi ? g.bh : g.bl;
-            const float levels = (float)((1u << bits) - 1u);
-            const uint16_t min16 = d_half_from_f32_down(mn);
-            const float minf = d_half_to_f32(min16);
-            const uint16_t step16 = d_half_from_f32_up(__fdiv_rn(__fsub_rn(mx, minf), levels));
-            const float step = d_half_to_f32(step16);
-            const float inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
-            range |= (uint32_t)((step16 & 0x7c00u) == 0x7c00u || (min16 & 0x7c00u) == 0x7c00u);
-            uint32_t code[8];
-#pragma unroll
-            for (int r = 0; r < 8; r++) {
-                float t = __fadd_rn(__fmul_rn(__fsub_rn(v[r], minf), inv), 0.5f);
-                t = t < levels ? t : levels;
-                t = t > 0.0f ? t : 0.0f;
-                code[r] = (uint32_t)t;
-            }
-            const uint64_t qidx = s * g.Q + q;
-            const uint64_t hiq_before = (ph & 0x7fffffffu) + (is_hi ? q % g.k : 0u);
-            const uint64_t off = (uint64_t)(g.G / 8u) * ((uint64_t)g.bl * qidx + (uint64_t)(g.bh - g.bl) * hiq_before);
-            uint64_t lo, hi;
-            d_pack8(code, bits, lo, hi);
-            d_store_bytes(p + g.codes_off + b * g.code_bytes + off + (uint64_t)tl * bits, lo, hi, bits);
-            if (tl == 0) {
-                d_put_u32(p + g.meta_off + 4 * tile, (uint32_t)min16 | ((uint32_t)step16 << 16));
-                const uint32_t fv = is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2);
-                if (flag_bytes)
-                    p[8 + tile] = (uint8_t)fv; // fbits == 8: tile t's field is byte t (no k_tah_flags)
-                else
-                    flagv[tile] = (uint16_t)fv;
-            }
+            const uint32_t traw = base + (uint32_t)u * spw + seg;
+            valids[u] = traw < nq;
+            const uint32_t lt = valids[u] ? nq - 1u - traw : 0u;
+            tiles[u] = t0 + lt;
+            phv[u] = valids[u] ? sk[g.k > 1u ? lt / g.k : lt] : 0u;
         }
+        d_tah_quant_u<U, TPG, BH, BL>(x, p, flagv, g, tiles, valids, phv, down, rho_down, flag_bytes, lane,
+                                              range);
     }
     if (range)
         d_flag(head, CU_ST_RANGE);
@@ -1062,7 +1398,8 @@ __global__ void __launch_bounds__(256) k_tah_dcount(const uint8_t *__restrict__ 
         for (uint32_t i = lane; i < n; i += 32u) {
             const uint64_t tile = tb + i;
             const uint32_t f = d_get_bits(flags, tile * g.fbits, g.fbits);
-            const uint32_t qk = ((t0 + i) % g.Q) % g.k; // quant tile within its allocation tile
+            const uint32_t ts = t0 + i, qq = ts - d_div32(ts, g.Q, g.mQ) * g.Q;
+            const uint32_t qk = g.k > 1u ? qq % g.k : 0u; // quant tile within its allocation tile
             corrupt |= (uint32_t)(!(f & 2u) && (f >> 2) != 0);
             if (qk != 0u)
                 corrupt |= (d_get_bits(flags, (tile - qk) * g.fbits, g.fbits) ^ f) & 1u;
@@ -1078,8 +1415,9 @@ __global__ void __launch_bounds__(256) k_tah_dcount(const uint8_t *__restrict__ 
         d_flag(head, CU_ST_CORRUPT);
 }
 
-// BH, BL: the code widths when known at compile time (0: g.bh, g.bl)
-template <uint32_t BH, uint32_t BL>
+// BH, BL: the code widths when known at compile time (0: g.bh, g.bl); TPG: tile/8 likewise
+// (round 6: the segment loops of the rotation unroll)
+template <uint32_t BH, uint32_t BL, uint32_t TPG>
 __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ p,
                                                     const unsigned long long *__restrict__ cnt,
                                                     float *__restrict__ out, cu_hp head, s_tg g, uint32_t CH,
@@ -1136,7 +1474,7 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
     }
     __syncthreads();
 
-    const uint32_t tpg = g.G / 8u, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
+    const uint32_t tpg = TPG ? TPG : g.G / 8u, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
     const uint32_t i_w = wid * S_DEC_U * spw + seg; // this lane's tile in pass 0
     const uint8_t *codes = p + g.codes_off + b * g.code_bytes;
     uint32_t meta[S_DEC_U], fv[S_DEC_U];
@@ -1194,7 +1532,7 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
                     v[r] = z[r];
             }
         }
-        const uint32_t ts = t0 + i, s = ts / g.Q, q = ts - s * g.Q;
+        const uint32_t ts = t0 + i, s = d_div32(ts, g.Q, g.mQ), q = ts - s * g.Q;
         const uint32_t w = g.C - q * g.G < g.G ? g.C - q * g.G : g.G;
         if (valid && 8u * tl < w) {
             const uint32_t m = w - 8u * tl < 8u ? w - 8u * tl : 8u;
@@ -1223,6 +1561,50 @@ static int s_check_tile(const s_tg &g, char *err, size_t errlen)
     return 0;
 }
 
+// The one-launch encode (k_tah_fused) when the shape suits it: 0 or a TAH_E* code,
+// 1 when it does not apply (allocation tiles of fewer than k quant tiles, a sample
+// too large for P CTAs' shared memory, no cooperative launch on the device).
+static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp head, const s_tw &t,
+                          cudaStream_t st, char *err, size_t errlen)
+{
+    if (g.r != g.k || g.n_alloc > 0xffffffffull || g.S * g.Q >= 0x80000000ull || g.B > S_FUSE_MAXGRID)
+        return 1;
+    const bool fast = g.G == 64 && g.bh == 4 && g.bl == 3; // the default spec: constant segment and widths
+    // one tile per segment per warp iteration at 4 CTAs per SM (64 registers): measured 2.6 %
+    // faster than 2 tiles at 3 CTAs per SM (0.1155 vs 0.1186 ms, H200, round 6)
+    const void *kern = fast ? (const void *)k_tah_fused<1, 4, 8, 4, 3> : (const void *)k_tah_fused<1, 4, 0, 0, 0>;
+    uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, 4 * S_FUSE_MAXL);
+    blocks = blocks < S_FUSE_MAXGRID ? blocks : S_FUSE_MAXGRID;
+    uint64_t P = blocks / g.B; // CTAs per sample
+    P = P < g.n_alloc ? P : g.n_alloc;
+    if (P == 0)
+        return 1;
+    const uint64_t lmax = (g.n_alloc + P - 1) / P;
+    if (lmax > S_FUSE_MAXL)
+        return 1;
+    uint8_t *zb = (uint8_t *)(t.cnt + g.B * s_dec_cps(g));
+    s_fz a_z;
+    a_z.flag = (unsigned long long *)zb;
+    a_z.cnt = (unsigned long long *)(zb + 8);
+    a_z.amax = (uint32_t *)(zb + 8 + 8 * S_FUSE_MAXGRID);
+    a_z.hist = (uint32_t *)(zb + 8 + 12 * S_FUSE_MAXGRID);
+    const float *a_x = x;
+    uint16_t *a_flagv = t.flagv;
+    uint8_t *a_p = payload;
+    cu_hp a_head = head;
+    s_tg a_g = g;
+    uint32_t a_P = (uint32_t)P;
+    bool a_fb = g.fbits == 8;
+    void *args[] = { &a_x, &a_flagv, &a_p, &a_z, &a_head, &a_g, &a_P, &a_fb };
+    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)(P * g.B)), dim3(256), args, (size_t)(4 * lmax),
+                                           st));
+    if (!a_fb) {
+        k_tah_flags<<<cu_grid(g.flags_bytes, 256), 256, 0, st>>>(t.flagv, payload, g);
+        CU_CHECK_LAUNCH("k_tah_flags");
+    }
+    return 0;
+}
+
 int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload, cu_hp head,
                   void *work, cudaStream_t st, unsigned int stages, char *err, size_t errlen)
 {
@@ -1231,6 +1613,13 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
     if (rc != 0)
         return rc;
     const s_tw t = s_carve(work, g);
+    if (stages == CU_TAH_ALL && cu_fuse()) {
+        rc = s_encode_fused(g, x, payload, head, t, st, err, errlen);
+        if (rc <= 0)
+            return rc; // else the shape does not suit it: the kernels below
+    }
+    if (stages & CU_TAH_MEMSET) // atomicMax starts at 0
+        CUDA_CHECK(cudaMemsetAsync(&head.p->absmax_bits, 0, sizeof head.p->absmax_bits, st));
     if (stages & CU_TAH_ENTROPY) {
         k_tah_entropy<<<cu_grid(g.B * g.n_alloc, 64), 256, 0, st>>>(x, t.ent, head, g);
         CU_CHECK_LAUNCH("k_tah_entropy");
@@ -1276,11 +1665,14 @@ int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *
         const uint32_t CH = s_dec_chunk(g);
         k_tah_dcount<<<cu_grid(g.B * cps, 8), 256, 0, st>>>(payload, t.cnt, head, g, CH, (uint32_t)cps);
         CU_CHECK_LAUNCH("k_tah_dcount");
-        if (g.bh == 4 && g.bl == 3)
-            k_tah_dchunk<4, 3><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+        if (g.bh == 4 && g.bl == 3 && g.G == 64)
+            k_tah_dchunk<4, 3, 8><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+                                                                             (uint32_t)cps);
+        else if (g.bh == 4 && g.bl == 3)
+            k_tah_dchunk<4, 3, 0><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
                                                                           (uint32_t)cps);
         else
-            k_tah_dchunk<0, 0><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+            k_tah_dchunk<0, 0, 0><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
                                                                           (uint32_t)cps);
         CU_CHECK_LAUNCH("k_tah_dchunk");
         return 0;
