@@ -210,6 +210,29 @@ static void s_send_node(coord_t *c, cnode_t *n, Tah__Envelope *env)
         log_warn("node %s: send %s failed: %s", n->name, wire_body_name(env), zmq_strerror(errno));
 }
 
+static void s_send_ok(coord_t *c, const uint8_t *rid, size_t rl)
+{
+    Tah__Ok ok = TAH__OK__INIT;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_OK;
+    env.ok = &ok;
+    wire_send_envelope(c->router, rid, rl, &env, ZMQ_DONTWAIT);
+}
+
+/* adopted: the node's running job goes on; step: the last one recorded */
+static void s_send_welcome(coord_t *c, cnode_t *n, int adopted, int step)
+{
+    Tah__Welcome w = TAH__WELCOME__INIT;
+    w.name = n->name;
+    w.heartbeat_ms = 1000;
+    w.adopted = adopted;
+    w.step = step;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_WELCOME;
+    env.welcome = &w;
+    s_send_node(c, n, &env);
+}
+
 static void s_send_abort(coord_t *c, cnode_t *n, int64_t job, const char *reason)
 {
     Tah__Abort ab = TAH__ABORT__INIT;
@@ -921,16 +944,8 @@ static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hel
         n->rid_len == rl && !memcmp(n->rid, rid, rl)) {
         /* a second hello for a stage we already re-adopted (its reports
          * crossed our welcome): the same answer */
-        Tah__Welcome w = TAH__WELCOME__INIT;
-        w.name = n->name;
-        w.heartbeat_ms = 1000;
-        w.adopted = 1;
-        w.step = n->step;
-        Tah__Envelope env = TAH__ENVELOPE__INIT;
-        env.body_case = TAH__ENVELOPE__BODY_WELCOME;
-        env.welcome = &w;
         n->last_seen = now;
-        s_send_node(c, n, &env);
+        s_send_welcome(c, n, 1, n->step);
         return;
     }
     cnode_t *other = s_node_by_rid(c, rid, rl);
@@ -979,15 +994,12 @@ static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hel
     n->leaving = 0;
     n->last_seen = now;
     n->order = ++c->order;
-    Tah__Welcome w = TAH__WELCOME__INIT;
     if (adopt) {
         n->state = N_BUSY;
         n->job = aj->j.id;
         n->stage = (int)h->stage;
         n->step = aj->j.step;
         aj->adopted[h->stage] = 1;
-        w.adopted = 1;
-        w.step = aj->j.step;
         int all = 1;
         for (int k = 0; k < aj->j.stages; k++)
             all &= aj->adopted[k];
@@ -1008,12 +1020,7 @@ static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hel
     s_node_save(c, n);
     log_info("node %s: joined from %s (%s, %d threads, %.1f GFLOP/s)%s", n->name, n->endpoint, n->backend,
              n->threads, n->gflops, adopt ? ", running its stage" : "");
-    w.name = n->name;
-    w.heartbeat_ms = 1000;
-    Tah__Envelope env = TAH__ENVELOPE__INIT;
-    env.body_case = TAH__ENVELOPE__BODY_WELCOME;
-    env.welcome = &w;
-    s_send_node(c, n, &env);
+    s_send_welcome(c, n, adopt, adopt ? aj->j.step : 0);
     s_try_place(c);
 }
 
@@ -1123,26 +1130,16 @@ static void s_on_job_event(coord_t *c, cnode_t *n, const Tah__JobEvent *e)
     switch (e->kind) {
     case TAH__JOB_EVENT_KIND__EVENT_DONE:
         log_info("job %lld: node %s finished its stage", (long long)j->j.id, n->name);
-        if (n->leaving) { /* it asked to leave when the job was about to end: it may go now */
-            Tah__Ok ok = TAH__OK__INIT;
-            Tah__Envelope env = TAH__ENVELOPE__INIT;
-            env.body_case = TAH__ENVELOPE__BODY_OK;
-            env.ok = &ok;
-            s_send_node(c, n, &env);
-        }
+        if (n->leaving) /* it asked to leave when the job was about to end: it may go now */
+            s_send_ok(c, n->rid, n->rid_len);
         if (running && ++j->ndone == j->j.stages)
             s_job_finish(c, j, "succeeded", "", NULL);
         break;
-    case TAH__JOB_EVENT_KIND__EVENT_DRAINED: {
+    case TAH__JOB_EVENT_KIND__EVENT_DRAINED:
         log_info("job %lld: node %s stopped stage %d after step %d", (long long)j->j.id, n->name, stage, e->step);
-        Tah__Ok ok = TAH__OK__INIT; /* a leaving node waits for this before it exits */
-        Tah__Envelope env = TAH__ENVELOPE__INIT;
-        env.body_case = TAH__ENVELOPE__BODY_OK;
-        env.ok = &ok;
-        s_send_node(c, n, &env);
+        s_send_ok(c, n->rid, n->rid_len); /* a leaving node waits for this before it exits */
         s_on_drained(c, j, stage, e->step);
         break;
-    }
     case TAH__JOB_EVENT_KIND__EVENT_FAILED:
         if (!running)
             break;
@@ -1413,11 +1410,7 @@ static void s_on_cancel(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Ca
         return;
     }
     s_job_finish(c, j, "cancelled", "cancelled by user", NULL);
-    Tah__Ok ok = TAH__OK__INIT;
-    Tah__Envelope env = TAH__ENVELOPE__INIT;
-    env.body_case = TAH__ENVELOPE__BODY_OK;
-    env.ok = &ok;
-    wire_send_envelope(c->router, rid, rl, &env, ZMQ_DONTWAIT);
+    s_send_ok(c, rid, rl);
 }
 
 static void s_on_token_req(coord_t *c, const uint8_t *rid, size_t rl, const Tah__TokenReq *r)

@@ -708,30 +708,24 @@ void *node_runner_main(void *arg)
         atomic_store(&j->cur_step, s1);
         s_purge(r, s1);
         const uint64_t pos_before = r->data_pos; /* the data position after step s1 - 1 */
-        double val_loss = NAN;
-        if (r->x->val_batches && (s1 == 1 || s1 % t->val_every == 0 || s1 == steps)) {
-            int rc = s_eval(r, s1, &val_loss);
-            if (rc && atomic_load(&j->drain_step) > 0 && atomic_load(&j->drain_step) < s1) {
+        double val_loss = NAN, t0 = s_now(), loss = 0.0, norm = 0.0;
+        float lr = 0.0f;
+        int rc = 0;
+        if (r->x->val_batches && (s1 == 1 || s1 % t->val_every == 0 || s1 == steps))
+            rc = s_eval(r, s1, &val_loss);
+        if (!rc) {
+            r->bytes_fwd = r->bytes_bwd = r->fp32_fwd = r->fp32_bwd = r->bytes_tied = 0;
+            t0 = s_now();
+            rc = s_step(r, s1, &loss, &norm, &lr);
+        }
+        if (rc) {
+            int ds = atomic_load(&j->drain_step);
+            if (ds > 0 && ds < s1) { /* drained: step s1 was abandoned before its update */
                 r->data_pos = pos_before;
                 drained = s1 - 1;
                 break;
             }
-            if (rc)
-                goto out;
-        }
-        r->bytes_fwd = r->bytes_bwd = r->fp32_fwd = r->fp32_bwd = r->bytes_tied = 0;
-        double t0 = s_now(), loss = 0.0, norm = 0.0;
-        float lr = 0.0f;
-        int rc = s_step(r, s1, &loss, &norm, &lr);
-        if (rc && atomic_load(&j->drain_step) > 0 && atomic_load(&j->drain_step) < s1) {
-            r->data_pos = pos_before; /* step s1 was abandoned before its update */
-            drained = s1 - 1;
-            break;
-        }
-        if (rc) {
-            if (atomic_load(&j->abort))
-                j->result = NODE_ABORTED;
-            goto out;
+            goto out; /* failed, or aborted (out: says which) */
         }
         double dt = s_now() - t0;
         if (k == S - 1 && !isfinite(loss)) {
