@@ -310,6 +310,34 @@ int rt_metrics(const char *path, const char *key, double *v, int max)
     return n;
 }
 
+const char *rt_metrics_diff(const char *dist, const char *ref, const char *const keys[], int nkeys, int steps,
+                            double rtol)
+{
+    static char why[512];
+    double *a = calloc((size_t)steps + 8, sizeof *a), *b = calloc((size_t)steps + 8, sizeof *b);
+    why[0] = 0;
+    for (int k = 0; a && b && k < nkeys && !why[0]; k++) {
+        int na = rt_metrics(dist, keys[k], a, steps + 8), nb = rt_metrics(ref, keys[k], b, steps + 8);
+        if (na != steps || nb != steps) {
+            snprintf(why, sizeof why, "%s: %d lines in the job's metrics, %d in tah-train's (want %d)", keys[k], na,
+                     nb, steps);
+            break;
+        }
+        for (int i = 0; i < steps && !why[0]; i++) {
+            if (!strcmp(keys[k], "val_loss") && isnan(a[i]) && isnan(b[i]))
+                continue;
+            if (!(fabs(a[i] - b[i]) <= rtol * (1.0 + fabs(b[i]))))
+                snprintf(why, sizeof why, "step %d: %s %.6f distributed vs %.6f tah-train", i + 1, keys[k], a[i],
+                         b[i]);
+        }
+    }
+    if (!a || !b)
+        snprintf(why, sizeof why, "out of memory");
+    free(a);
+    free(b);
+    return why[0] ? why : NULL;
+}
+
 void rt_kill_node(rt_t *r, int i, int sig)
 {
     if (r->nodes[i] > 0) {

@@ -55,6 +55,13 @@ int rt_wait_job(rt_t *r, uint64_t job, double timeout, char *state, size_t slen,
  * entries without the key are NAN. Returns the number of lines. */
 int rt_metrics(const char *path, const char *key, double *v, int max);
 
+/* Two metrics.jsonl files agree: both have `steps` lines and, for each
+ * key, every step's value is within rtol * (1 + |ref|) of ref's (val_loss,
+ * which only validation steps carry, may be absent from both). NULL, or
+ * what differs (a static buffer). */
+const char *rt_metrics_diff(const char *dist, const char *ref, const char *const keys[], int nkeys, int steps,
+                            double rtol);
+
 void rt_kill_node(rt_t *r, int i, int sig);
 
 /* Secure mode. A join token for job (tah-coord token create), or NULL

@@ -6,20 +6,7 @@ set -u
 codec=$1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-pass=0
-fail=0
-check() { # check NAME EXPECTED_RC STDERR_PATTERN -- command...
-    local name=$1 want=$2 pat=$3
-    shift 4
-    "$@" >"$dir/out" 2>"$dir/err"
-    local rc=$?
-    if [ "$rc" -ne "$want" ] || { [ -n "$pat" ] && ! grep -qE -- "$pat" "$dir/err" "$dir/out"; }; then
-        echo "FAIL $name: rc=$rc (want $want), pattern '$pat'"; sed 's/^/    /' "$dir/err" | head -5
-        fail=$((fail + 1))
-    else
-        pass=$((pass + 1))
-    fi
-}
+. "$(dirname "$0")/cli_check.sh"
 
 $codec synth --shape 2,16,96 --seed 3 --out "$dir/x.f32" || { echo "synth failed"; exit 1; }
 for spec in fp32 fp16 bf16 tah "tah:tile=32,hi_frac=0.5" fixpt "fixpt:bits=6,stochastic=1" ash-fp8 "int:bits=3"; do

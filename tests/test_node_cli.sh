@@ -7,20 +7,7 @@ set -u
 node=$1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-pass=0
-fail=0
-check() { # check NAME EXPECTED_RC PATTERN -- command...
-    local name=$1 want=$2 pat=$3
-    shift 4
-    "$@" >"$dir/out" 2>"$dir/err"
-    local rc=$?
-    if [ "$rc" -ne "$want" ] || { [ -n "$pat" ] && ! grep -qE -- "$pat" "$dir/err" "$dir/out"; }; then
-        echo "FAIL $name: rc=$rc (want $want), pattern '$pat'"; sed 's/^/    /' "$dir/err" | head -5
-        fail=$((fail + 1))
-    else
-        pass=$((pass + 1))
-    fi
-}
+. "$(dirname "$0")/cli_check.sh"
 check "no command" 2 "usage:" -- "$node"
 check "bad command" 2 "join.*leave.*keygen" -- "$node" frobnicate
 check "leave needs --pid-file" 2 "--pid-file FILE is required" -- "$node" leave

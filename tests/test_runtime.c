@@ -19,23 +19,10 @@
 
 static void s_compare(const char *dist, const char *ref, int steps)
 {
-    static const char *keys[] = { "loss", "grad_norm", "val_loss", "lr" };
-    for (int k = 0; k < 4; k++) {
-        double a[512], b[512];
-        int na = rt_metrics(dist, keys[k], a, 512), nb = rt_metrics(ref, keys[k], b, 512);
-        assert_int_equal(na, steps);
-        assert_int_equal(nb, steps);
-        for (int i = 0; i < steps; i++) {
-            if (isnan(a[i]) || isnan(b[i])) {
-                if (isnan(a[i]) != isnan(b[i]))
-                    fail_msg("step %d: %s present in one run only", i + 1, keys[k]);
-                continue;
-            }
-            double tol = 1e-5 * (1.0 + fabs(b[i]));
-            if (fabs(a[i] - b[i]) > tol)
-                fail_msg("step %d: %s %.6f distributed vs %.6f tah-train", i + 1, keys[k], a[i], b[i]);
-        }
-    }
+    static const char *const keys[] = { "loss", "grad_norm", "val_loss", "lr" };
+    const char *why = rt_metrics_diff(dist, ref, keys, 4, steps, 1e-5);
+    if (why)
+        fail_msg("%s", why);
 }
 
 static void s_run_job(rt_t *r, const char *name, const char *ini, char *const train_argv[], int steps)

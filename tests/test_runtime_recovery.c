@@ -99,23 +99,14 @@ static int s_node_of_stage(rt_t *r, uint64_t job, int stage)
     return idx;
 }
 
-/* Every step 1..steps once, in order, with tah-train's loss and norm. */
+/* Every step 1..steps once, in order (tah-train's lines are 1..steps), with
+ * tah-train's loss, norm and LR. */
 static void s_compare(const char *dist, const char *ref, int steps)
 {
-    static const char *keys[] = { "step", "loss", "grad_norm", "lr" };
-    for (int k = 0; k < 4; k++) {
-        double a[S_STEPS + 8], b[S_STEPS + 8];
-        int na = rt_metrics(dist, keys[k], a, S_STEPS + 8), nb = rt_metrics(ref, keys[k], b, S_STEPS + 8);
-        if (na != steps || nb != steps)
-            fail_msg("%s: %d lines in the job's metrics, %d in tah-train's (want %d)", keys[k], na, nb, steps);
-        for (int i = 0; i < steps; i++) {
-            if (k == 0 && a[i] != i + 1)
-                fail_msg("line %d of the job's metrics is step %.0f", i + 1, a[i]);
-            if (fabs(a[i] - b[i]) > 1e-6 * (1.0 + fabs(b[i])))
-                fail_msg("step %d: %s %.6f after recovery vs %.6f uninterrupted (tah-train)", i + 1, keys[k], a[i],
-                         b[i]);
-        }
-    }
+    static const char *const keys[] = { "step", "loss", "grad_norm", "lr" };
+    const char *why = rt_metrics_diff(dist, ref, keys, 4, steps, 1e-6);
+    if (why)
+        fail_msg("after recovery vs uninterrupted: %s", why);
 }
 
 static void s_reference(rt_t *r, int stages, const char *ref)

@@ -28,18 +28,10 @@
 
 static void s_compare(const char *dist, const char *ref, int steps)
 {
-    static const char *keys[] = { "loss", "grad_norm", "lr" };
-    for (int k = 0; k < 3; k++) {
-        double a[64], b[64];
-        int na = rt_metrics(dist, keys[k], a, 64), nb = rt_metrics(ref, keys[k], b, 64);
-        assert_int_equal(na, steps);
-        assert_int_equal(nb, steps);
-        for (int i = 0; i < steps; i++) {
-            double tol = 1e-5 * (1.0 + fabs(b[i]));
-            if (!(fabs(a[i] - b[i]) <= tol))
-                fail_msg("step %d: %s %.6f distributed vs %.6f tah-train", i + 1, keys[k], a[i], b[i]);
-        }
-    }
+    static const char *const keys[] = { "loss", "grad_norm", "lr" };
+    const char *why = rt_metrics_diff(dist, ref, keys, 3, steps, 1e-5);
+    if (why)
+        fail_msg("%s", why);
 }
 
 static void s_expect_refused(rt_t *r, int i, const char *coord_text)
