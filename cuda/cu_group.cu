@@ -135,6 +135,103 @@ struct s_gq {
     float inv, mn, pdown;
 };
 
+// Statistics of an empty group (the identities of d_gs_merge).
+template <int MODE>
+__device__ __forceinline__ s_gs d_gs_init()
+{
+    s_gs s;
+    s.a = MODE <= M_FIX_STOCH ? 0.0f : __uint_as_float(0x7f800000u);
+    s.b = -__uint_as_float(0x7f800000u);
+    s.z = 0xffffffffu;
+    return s;
+}
+
+// The group's step (and, asymmetric int, its minimum), exactly as the CPU
+// computes it from the merged statistics; lane tl 0 of a valid group writes
+// the group's metadata. An out-of-range step sets range.
+template <int MODE>
+__device__ __forceinline__ s_gq d_group_step(const s_gp &g, const s_gs &s, float pdown, bool valid, uint32_t tl,
+                                             uint64_t gi, uint8_t *p, uint32_t &range)
+{
+    s_gq q;
+    q.mn = 0.0f;
+    q.pdown = pdown;
+    if (MODE <= M_FIX_STOCH) {
+        const float ymax = __fmul_rn(g.c, s.a);
+        if (!(ymax <= FLT_MAX))
+            range |= (uint32_t)valid;
+        float d = __fdiv_rn(ymax, (float)g.qmax);
+        if ((double)d * (double)g.qmax < (double)ymax)
+            d = __uint_as_float(__float_as_uint(d) + 1u);
+        const uint16_t dh = d_half_from_f32_up(d);
+        if ((dh & 0x7c00u) == 0x7c00u)
+            range |= (uint32_t)valid;
+        const float df = d_half_to_f32(dh);
+        q.inv = df > 0.0f ? __fdiv_rn(1.0f, df) : 0.0f;
+        if (valid && tl == 0)
+            d_put_u16(p + g.meta_off + 2 * gi, dh);
+    } else if (MODE == M_INT_SYM) {
+        const float lo = __fmul_rn(s.a, pdown), hi = __fmul_rn(s.b, pdown);
+        const float amax = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
+        const uint16_t sh = d_step_up((double)amax, (uint32_t)g.qmax);
+        const float step = d_half_to_f32(sh);
+        q.inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+        if (valid && tl == 0)
+            d_put_u16(p + g.meta_off + 2 * gi, sh);
+    } else {
+        float lo_raw = s.a;
+        if (lo_raw == 0.0f) // which zero: the CPU's (sign of the winning zero key)
+            lo_raw = (s.z & 1u) ? -0.0f : 0.0f;
+        const float lo = __fmul_rn(lo_raw, pdown), hi = __fmul_rn(s.b, pdown);
+        const uint16_t mh = d_half_from_f32_down(lo);
+        q.mn = d_half_to_f32(mh);
+        const uint16_t sh = d_step_up((double)hi - (double)q.mn, g.L);
+        const float step = d_half_to_f32(sh);
+        q.inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+        if (valid && tl == 0) {
+            d_put_u16(p + g.meta_off + 4 * gi, mh);
+            d_put_u16(p + g.meta_off + 4 * gi + 2, sh);
+        }
+    }
+    return q;
+}
+
+// The code of element idx (its index in the tensor: the stochastic
+// rounding's random stream), value xv, before masking to the code width.
+template <int MODE>
+__device__ __forceinline__ int32_t d_group_code(const s_gp &g, const s_gq &q, float xv, uint64_t idx)
+{
+    const float qmaxf = (float)g.qmax;
+    float t;
+    if (MODE == M_FIX_NEAR) {
+        t = __fmul_rn(__fmul_rn(g.c, xv), q.inv);
+        t = t < -qmaxf ? -qmaxf : t;
+        t = t > qmaxf ? qmaxf : t;
+        return (int32_t)rintf(t) + g.qmax;
+    } else if (MODE == M_FIX_STOCH) {
+        t = __fmul_rn(__fmul_rn(g.c, xv), q.inv);
+        t = t < -qmaxf ? -qmaxf : t;
+        t = t > qmaxf ? qmaxf : t;
+        int32_t fl = (int32_t)t;
+        fl -= (int32_t)((float)fl > t);
+        const float frac = __fsub_rn(t, (float)fl);
+        const uint64_t h = d_mix64(g.key + (idx + 1u) * S_GAMMA);
+        const float u = __fmul_rn((float)(uint32_t)(h >> 40), 0x1p-24f);
+        return fl + (int32_t)(u < frac) + g.qmax;
+    } else if (MODE == M_INT_ASYM) {
+        const float Lf = (float)g.L;
+        t = __fmul_rn(__fsub_rn(__fmul_rn(xv, q.pdown), q.mn), q.inv);
+        t = t < 0.0f ? 0.0f : t;
+        t = t > Lf ? Lf : t;
+        return (int32_t)rintf(t);
+    } else {
+        t = __fmul_rn(__fmul_rn(xv, q.pdown), q.inv);
+        t = t < -qmaxf ? -qmaxf : t;
+        t = t > qmaxf ? qmaxf : t;
+        return (int32_t)rintf(t) + g.qmax;
+    }
+}
+
 template <int MODE, bool CTA>
 __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ x, uint8_t *__restrict__ p,
                                                       cu_hp head, s_gp g)
@@ -148,7 +245,6 @@ __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ 
     const uint64_t unit = CTA ? blockIdx.x : ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nunit = CTA ? gridDim.x : (uint64_t)gridDim.x * blockDim.x / 32u;
     const uint32_t mask = (1u << g.bits) - 1u;
-    const float qmaxf = (float)g.qmax, Lf = (float)g.L;
     int32_t e = 0;
     float pdown = 1.0f;
     if (MODE >= M_INT_ASYM) {
@@ -169,10 +265,7 @@ __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ 
 
         // pass A: statistics; the first chunk stays in registers
         float cv[8];
-        s_gs s;
-        s.a = MODE <= M_FIX_STOCH ? 0.0f : __uint_as_float(0x7f800000u);
-        s.b = -__uint_as_float(0x7f800000u);
-        s.z = 0xffffffffu;
+        s_gs s = d_gs_init<MODE>();
         for (uint32_t j = tl; j < nch; j += tpg) {
             float v[8];
             d_load8(x, off + 8u * j, off + len, g.vec, v);
@@ -210,46 +303,7 @@ __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ 
         }
 
         // the step, exactly as the CPU computes it
-        s_gq q;
-        q.mn = 0.0f;
-        q.pdown = pdown;
-        if (MODE <= M_FIX_STOCH) {
-            const float ymax = __fmul_rn(g.c, s.a);
-            if (!(ymax <= FLT_MAX))
-                range |= (uint32_t)valid;
-            float d = __fdiv_rn(ymax, qmaxf);
-            if ((double)d * (double)g.qmax < (double)ymax)
-                d = __uint_as_float(__float_as_uint(d) + 1u);
-            const uint16_t dh = d_half_from_f32_up(d);
-            if ((dh & 0x7c00u) == 0x7c00u)
-                range |= (uint32_t)valid;
-            const float df = d_half_to_f32(dh);
-            q.inv = df > 0.0f ? __fdiv_rn(1.0f, df) : 0.0f;
-            if (valid && tl == 0)
-                d_put_u16(p + g.meta_off + 2 * gi, dh);
-        } else if (MODE == M_INT_SYM) {
-            const float lo = __fmul_rn(s.a, pdown), hi = __fmul_rn(s.b, pdown);
-            const float amax = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
-            const uint16_t sh = d_step_up((double)amax, (uint32_t)g.qmax);
-            const float step = d_half_to_f32(sh);
-            q.inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
-            if (valid && tl == 0)
-                d_put_u16(p + g.meta_off + 2 * gi, sh);
-        } else {
-            float lo_raw = s.a;
-            if (lo_raw == 0.0f) // which zero: the CPU's (sign of the winning zero key)
-                lo_raw = (s.z & 1u) ? -0.0f : 0.0f;
-            const float lo = __fmul_rn(lo_raw, pdown), hi = __fmul_rn(s.b, pdown);
-            const uint16_t mh = d_half_from_f32_down(lo);
-            q.mn = d_half_to_f32(mh);
-            const uint16_t sh = d_step_up((double)hi - (double)q.mn, g.L);
-            const float step = d_half_to_f32(sh);
-            q.inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
-            if (valid && tl == 0) {
-                d_put_u16(p + g.meta_off + 4 * gi, mh);
-                d_put_u16(p + g.meta_off + 4 * gi + 2, sh);
-            }
-        }
+        const s_gq q = d_group_step<MODE>(g, s, pdown, valid, tl, gi, p, range);
 
         // pass B: codes
         uint8_t *dst = p + g.codes_off + gi * g.gbytes;
@@ -266,35 +320,7 @@ __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ 
             uint32_t code[8];
 #pragma unroll
             for (int r = 0; r < 8; r++) {
-                float t;
-                int32_t c;
-                if (MODE == M_FIX_NEAR) {
-                    t = __fmul_rn(__fmul_rn(g.c, v[r]), q.inv);
-                    t = t < -qmaxf ? -qmaxf : t;
-                    t = t > qmaxf ? qmaxf : t;
-                    c = (int32_t)rintf(t) + g.qmax;
-                } else if (MODE == M_FIX_STOCH) {
-                    t = __fmul_rn(__fmul_rn(g.c, v[r]), q.inv);
-                    t = t < -qmaxf ? -qmaxf : t;
-                    t = t > qmaxf ? qmaxf : t;
-                    int32_t fl = (int32_t)t;
-                    fl -= (int32_t)((float)fl > t);
-                    const float frac = __fsub_rn(t, (float)fl);
-                    const uint64_t idx = off + 8u * j + (uint32_t)r;
-                    const uint64_t h = d_mix64(g.key + (idx + 1u) * S_GAMMA);
-                    const float u = __fmul_rn((float)(uint32_t)(h >> 40), 0x1p-24f);
-                    c = fl + (int32_t)(u < frac) + g.qmax;
-                } else if (MODE == M_INT_ASYM) {
-                    t = __fmul_rn(__fsub_rn(__fmul_rn(v[r], q.pdown), q.mn), q.inv);
-                    t = t < 0.0f ? 0.0f : t;
-                    t = t > Lf ? Lf : t;
-                    c = (int32_t)rintf(t);
-                } else {
-                    t = __fmul_rn(__fmul_rn(v[r], q.pdown), q.inv);
-                    t = t < -qmaxf ? -qmaxf : t;
-                    t = t > qmaxf ? qmaxf : t;
-                    c = (int32_t)rintf(t) + g.qmax;
-                }
+                const int32_t c = d_group_code<MODE>(g, q, v[r], off + 8u * j + (uint32_t)r);
                 code[r] = (uint32_t)r < m ? ((uint32_t)c & mask) : 0u;
             }
             uint64_t lo, hi;
@@ -348,7 +374,6 @@ __global__ void __launch_bounds__(256) k_group_enc_seg(const float *__restrict__
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
     const uint32_t mask = (1u << bits) - 1u;
-    const float qmaxf = (float)g.qmax, Lf = (float)g.L;
     int32_t e = 0;
     float pdown = 1.0f;
     if (MODE >= M_INT_ASYM) {
@@ -376,54 +401,12 @@ __global__ void __launch_bounds__(256) k_group_enc_seg(const float *__restrict__
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            s_gs s;
-            s.a = MODE <= M_FIX_STOCH ? 0.0f : __uint_as_float(0x7f800000u);
-            s.b = -__uint_as_float(0x7f800000u);
-            s.z = 0xffffffffu;
+            s_gs s = d_gs_init<MODE>();
             d_group_stats<MODE>(v[u], len[u], tl, s, bad);
             for (uint32_t o = 1; o < tpg; o *= 2)
                 d_gs_merge<MODE>(s, d_gs_shfl<MODE>(s, o));
-            s_gq q;
-            q.mn = 0.0f;
-            q.pdown = pdown;
             const bool ok = valid[u];
-            if (MODE <= M_FIX_STOCH) {
-                const float ymax = __fmul_rn(g.c, s.a);
-                if (!(ymax <= FLT_MAX))
-                    range |= (uint32_t)ok;
-                float d = __fdiv_rn(ymax, qmaxf);
-                if ((double)d * (double)g.qmax < (double)ymax)
-                    d = __uint_as_float(__float_as_uint(d) + 1u);
-                const uint16_t dh = d_half_from_f32_up(d);
-                if ((dh & 0x7c00u) == 0x7c00u)
-                    range |= (uint32_t)ok;
-                const float df = d_half_to_f32(dh);
-                q.inv = df > 0.0f ? __fdiv_rn(1.0f, df) : 0.0f;
-                if (ok && tl == 0)
-                    d_put_u16(p + g.meta_off + 2 * gi[u], dh);
-            } else if (MODE == M_INT_SYM) {
-                const float lo = __fmul_rn(s.a, pdown), hi = __fmul_rn(s.b, pdown);
-                const float amax = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
-                const uint16_t sh = d_step_up((double)amax, (uint32_t)g.qmax);
-                const float step = d_half_to_f32(sh);
-                q.inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
-                if (ok && tl == 0)
-                    d_put_u16(p + g.meta_off + 2 * gi[u], sh);
-            } else {
-                float lo_raw = s.a;
-                if (lo_raw == 0.0f)
-                    lo_raw = (s.z & 1u) ? -0.0f : 0.0f;
-                const float lo = __fmul_rn(lo_raw, pdown), hi = __fmul_rn(s.b, pdown);
-                const uint16_t mh = d_half_from_f32_down(lo);
-                q.mn = d_half_to_f32(mh);
-                const uint16_t sh = d_step_up((double)hi - (double)q.mn, g.L);
-                const float step = d_half_to_f32(sh);
-                q.inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
-                if (ok && tl == 0) {
-                    d_put_u16(p + g.meta_off + 4 * gi[u], mh);
-                    d_put_u16(p + g.meta_off + 4 * gi[u] + 2, sh);
-                }
-            }
+            const s_gq q = d_group_step<MODE>(g, s, pdown, ok, tl, gi[u], p, range);
             if (!ok || 8u * tl >= len[u])
                 continue;
             const uint32_t m = len[u] - 8u * tl < 8u ? len[u] - 8u * tl : 8u;
@@ -431,36 +414,7 @@ __global__ void __launch_bounds__(256) k_group_enc_seg(const float *__restrict__
             uint32_t code[8];
 #pragma unroll
             for (int r = 0; r < 8; r++) {
-                float t;
-                int32_t c;
-                const float xv = v[u][r];
-                if (MODE == M_FIX_NEAR) {
-                    t = __fmul_rn(__fmul_rn(g.c, xv), q.inv);
-                    t = t < -qmaxf ? -qmaxf : t;
-                    t = t > qmaxf ? qmaxf : t;
-                    c = (int32_t)rintf(t) + g.qmax;
-                } else if (MODE == M_FIX_STOCH) {
-                    t = __fmul_rn(__fmul_rn(g.c, xv), q.inv);
-                    t = t < -qmaxf ? -qmaxf : t;
-                    t = t > qmaxf ? qmaxf : t;
-                    int32_t fl = (int32_t)t;
-                    fl -= (int32_t)((float)fl > t);
-                    const float frac = __fsub_rn(t, (float)fl);
-                    const uint64_t idx = off + 8u * tl + (uint32_t)r;
-                    const uint64_t h = d_mix64(g.key + (idx + 1u) * S_GAMMA);
-                    const float uu = __fmul_rn((float)(uint32_t)(h >> 40), 0x1p-24f);
-                    c = fl + (int32_t)(uu < frac) + g.qmax;
-                } else if (MODE == M_INT_ASYM) {
-                    t = __fmul_rn(__fsub_rn(__fmul_rn(xv, q.pdown), q.mn), q.inv);
-                    t = t < 0.0f ? 0.0f : t;
-                    t = t > Lf ? Lf : t;
-                    c = (int32_t)rintf(t);
-                } else {
-                    t = __fmul_rn(__fmul_rn(xv, q.pdown), q.inv);
-                    t = t < -qmaxf ? -qmaxf : t;
-                    t = t > qmaxf ? qmaxf : t;
-                    c = (int32_t)rintf(t) + g.qmax;
-                }
+                const int32_t c = d_group_code<MODE>(g, q, v[u][r], off + 8u * tl + (uint32_t)r);
                 code[r] = (uint32_t)r < m ? ((uint32_t)c & mask) : 0u;
             }
             uint64_t lo, hi;
