@@ -1259,6 +1259,35 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_dscan_sm(const uint8_t *_
         d_flag(head, CU_ST_CORRUPT);
 }
 
+// Decode one lane's 8 codes of a tile segment: min + code * step, then,
+// when the tile was rotated (rot; the warp must be converged: the
+// transform shuffles), the inverse transform (normalised FWHT, then the
+// pivot swap back with piv). Lanes of unrotated tiles take part in the
+// shuffles and keep their values.
+__device__ __forceinline__ void d_tah_dequant(const uint32_t code[8], float minf, float step, bool rot, uint32_t piv,
+                                              uint32_t lane, uint32_t tl, uint32_t tpg, float norm, float v[8])
+{
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        v[r] = __fadd_rn(minf, __fmul_rn((float)code[r], step));
+    if (__any_sync(CU_FULL, rot)) {
+        float z[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            z[r] = v[r];
+        d_fwht_seg(z, lane, tpg);
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            z[r] = __fmul_rn(z[r], norm);
+        d_swap0(z, lane, tl, tpg, rot ? piv : 0u);
+        if (rot) {
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                v[r] = z[r];
+        }
+    }
+}
+
 __global__ void __launch_bounds__(256) k_tah_dtile(const uint8_t *__restrict__ p, const uint32_t *__restrict__ pre,
                                                    float *__restrict__ out,
                                                    cu_hp head, s_tg g)
@@ -1302,26 +1331,7 @@ __global__ void __launch_bounds__(256) k_tah_dtile(const uint8_t *__restrict__ p
         uint32_t code[8];
         d_unpack8(lo, hi, bits, code);
         float v[8];
-#pragma unroll
-        for (int r = 0; r < 8; r++)
-            v[r] = __fadd_rn(minf, __fmul_rn((float)code[r], step));
-        const bool rot = valid && (f & 2u);
-        if (__any_sync(CU_FULL, rot)) {
-            float z[8];
-#pragma unroll
-            for (int r = 0; r < 8; r++)
-                z[r] = v[r];
-            d_fwht_seg(z, lane, tpg);
-#pragma unroll
-            for (int r = 0; r < 8; r++)
-                z[r] = __fmul_rn(z[r], g.norm);
-            d_swap0(z, lane, tl, tpg, rot ? f >> 2 : 0u);
-            if (rot) {
-#pragma unroll
-                for (int r = 0; r < 8; r++)
-                    v[r] = z[r];
-            }
-        }
+        d_tah_dequant(code, minf, step, valid && (f & 2u), f >> 2, lane, tl, tpg, g.norm, v);
         if (!valid || 8u * tl >= w)
             continue;
         const uint32_t m = w - 8u * tl < 8u ? w - 8u * tl : 8u;
@@ -1512,26 +1522,7 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
             d_unpack8(word[u], 0ull, (f & 1u) ? bh : bl, code);
         }
         float v[8];
-#pragma unroll
-        for (int r = 0; r < 8; r++)
-            v[r] = __fadd_rn(minf, __fmul_rn((float)code[r], step));
-        const bool rot = valid && (f & 2u);
-        if (__any_sync(CU_FULL, rot)) {
-            float z[8];
-#pragma unroll
-            for (int r = 0; r < 8; r++)
-                z[r] = v[r];
-            d_fwht_seg(z, lane, tpg);
-#pragma unroll
-            for (int r = 0; r < 8; r++)
-                z[r] = __fmul_rn(z[r], g.norm);
-            d_swap0(z, lane, tl, tpg, rot ? f >> 2 : 0u);
-            if (rot) {
-#pragma unroll
-                for (int r = 0; r < 8; r++)
-                    v[r] = z[r];
-            }
-        }
+        d_tah_dequant(code, minf, step, valid && (f & 2u), f >> 2, lane, tl, tpg, g.norm, v);
         const uint32_t ts = t0 + i, s = d_div32(ts, g.Q, g.mQ), q = ts - s * g.Q;
         const uint32_t w = g.C - q * g.G < g.G ? g.C - q * g.G : g.G;
         if (valid && 8u * tl < w) {
