@@ -161,6 +161,20 @@ static int s_mkdirs(const char *path)
     return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
+/* An array of n elements with room for *cap: returns it with room for one
+ * more (realloc doubling, from 16; *cap updated), or NULL when out of
+ * memory (the array and *cap unchanged). */
+static void *s_grow(void *v, int n, int *cap, size_t size)
+{
+    if (n < *cap)
+        return v;
+    int ncap = *cap ? 2 * *cap : 16;
+    void *nv = realloc(v, (size_t)ncap * size);
+    if (nv)
+        *cap = ncap;
+    return nv;
+}
+
 /* ---- lookup ---- */
 
 static cnode_t *s_node_by_rid(coord_t *c, const uint8_t *rid, size_t len)
@@ -296,14 +310,10 @@ static void s_allow_load(void *arg, int64_t job, const char *key)
     coord_t *c = arg;
     if (strlen(key) != KEYS_Z85_LEN || s_allowed(c, job, key))
         return;
-    if (c->nallow == c->capallow) {
-        int cap = c->capallow ? 2 * c->capallow : 16;
-        struct callow *na = realloc(c->allow, (size_t)cap * sizeof *na);
-        if (!na)
-            return;
-        c->allow = na;
-        c->capallow = cap;
-    }
+    struct callow *na = s_grow(c->allow, c->nallow, &c->capallow, sizeof *na);
+    if (!na)
+        return;
+    c->allow = na;
     c->allow[c->nallow].job = job;
     memcpy(c->allow[c->nallow].key, key, KEYS_Z85_LEN + 1);
     c->nallow++;
@@ -415,14 +425,10 @@ static void s_rep_add(cjob_t *j, int stage, int step, uint64_t size, uint32_t cr
 {
     crep_t *r = (crep_t *)s_rep_find(j, stage, step);
     if (!r) {
-        if (j->nreps == j->capreps) {
-            int cap = j->capreps ? 2 * j->capreps : 16;
-            crep_t *nr = realloc(j->reps, (size_t)cap * sizeof *nr);
-            if (!nr)
-                return;
-            j->reps = nr;
-            j->capreps = cap;
-        }
+        crep_t *nr = s_grow(j->reps, j->nreps, &j->capreps, sizeof *nr);
+        if (!nr)
+            return;
+        j->reps = nr;
         r = &j->reps[j->nreps++];
     }
     *r = (crep_t){ stage, step, size, crc };
@@ -952,14 +958,10 @@ static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hel
     if (other && other != n)
         other->rid_len = 0;
     if (!n) {
-        if (c->nnodes == c->capnodes) {
-            int cap = c->capnodes ? 2 * c->capnodes : 16;
-            cnode_t *nn = realloc(c->nodes, (size_t)cap * sizeof *nn);
-            if (!nn)
-                return;
-            c->nodes = nn;
-            c->capnodes = cap;
-        }
+        cnode_t *nn = s_grow(c->nodes, c->nnodes, &c->capnodes, sizeof *nn);
+        if (!nn)
+            return;
+        c->nodes = nn;
         n = &c->nodes[c->nnodes++];
         memset(n, 0, sizeof *n);
         snprintf(n->name, sizeof n->name, "%s", h->name);
@@ -1350,18 +1352,14 @@ static void s_on_submit(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Su
         free(j);
         return;
     }
-    if (c->njobs == c->capjobs) {
-        int cap = c->capjobs ? 2 * c->capjobs : 16;
-        cjob_t **nj = realloc(c->jobs, (size_t)cap * sizeof *nj);
-        if (!nj) {
-            free(spec);
-            free(j);
-            wire_send_error(c->router, rid, rl, TAH_ENOMEM, "out of memory");
-            return;
-        }
-        c->jobs = nj;
-        c->capjobs = cap;
+    cjob_t **nj = s_grow(c->jobs, c->njobs, &c->capjobs, sizeof *nj);
+    if (!nj) {
+        free(spec);
+        free(j);
+        wire_send_error(c->router, rid, rl, TAH_ENOMEM, "out of memory");
+        return;
     }
+    c->jobs = nj;
     j->spec = spec;
     s_link_note(spec, j->link_note, sizeof j->link_note);
     j->j.ini = strdup(r->ini);
@@ -1792,14 +1790,10 @@ static void s_assignment_load(void *arg, int stage, const char *node, int layer0
 static void s_load_job(void *arg, store_job_t *sj)
 {
     coord_t *c = arg;
-    if (c->njobs == c->capjobs) {
-        int cap = c->capjobs ? 2 * c->capjobs : 16;
-        cjob_t **nj = realloc(c->jobs, (size_t)cap * sizeof *nj);
-        if (!nj)
-            return;
-        c->jobs = nj;
-        c->capjobs = cap;
-    }
+    cjob_t **nj = s_grow(c->jobs, c->njobs, &c->capjobs, sizeof *nj);
+    if (!nj)
+        return;
+    c->jobs = nj;
     cjob_t *j = calloc(1, sizeof *j);
     if (!j)
         return;
@@ -1863,14 +1857,10 @@ static void s_load_node(void *arg, const char *name, const char *endpoint, const
                         double gflops, double last_seen)
 {
     coord_t *c = arg;
-    if (c->nnodes == c->capnodes) {
-        int cap = c->capnodes ? 2 * c->capnodes : 16;
-        cnode_t *nn = realloc(c->nodes, (size_t)cap * sizeof *nn);
-        if (!nn)
-            return;
-        c->nodes = nn;
-        c->capnodes = cap;
-    }
+    cnode_t *nn = s_grow(c->nodes, c->nnodes, &c->capnodes, sizeof *nn);
+    if (!nn)
+        return;
+    c->nodes = nn;
     cnode_t *n = &c->nodes[c->nnodes++];
     memset(n, 0, sizeof *n);
     snprintf(n->name, sizeof n->name, "%s", name);
