@@ -22,6 +22,7 @@ extern "C" {
 #include "stage.h"         // stage_t, STAGE_*, stage_norm_slot
 #include "stage_backend.h" // stage_backend_t, stage_backend_register
 }
+#include "cu_codec.h" // cu_codec_encode: boundary tensors encoded on the device
 #include "cu_layers.cuh"
 #include "cu_stage.h"
 
@@ -92,6 +93,13 @@ struct s_dev {
     cudaEvent_t pev[S_NPEV];   // events of the current forward / backward
     int pph[S_NPEV], npev;     // phase each event closes
     double pms[P_N];           // accumulated ms per phase
+    // stage_encode_boundary: its own stream, codec scratch and payload buffer
+    cudaStream_t wst;
+    cudaEvent_t wev;
+    void *wscr;
+    uint8_t *wpay;
+    size_t wscr_n, wpay_n;
+    int dinp_mb; // micro-batch whose input gradient dres holds, -1 when none
     char devname[64];
     char err[512];
     int failed;
@@ -555,6 +563,7 @@ static int b_backward(stage_t *s, int mb, const float *dout, float dloss, float 
         return TAH_EINVAL;
     CK(cudaSetDevice(c->dev));
     int rc = c->bf16 ? s_backward<cu_bf16>(s, sl, dout, dloss, dinp) : s_backward<float>(s, sl, dout, dloss, dinp);
+    c->dinp_mb = rc == 0 && !s->o.first ? mb : -1;
     sl->mb = -1;
     return rc;
 }
@@ -747,6 +756,12 @@ static void b_destroy(stage_t *s)
     cudaFree(c->segs);
     cudaFree(c->partials);
     cudaFreeHost(c->h_losses);
+    cudaFree(c->wscr);
+    cudaFree(c->wpay);
+    if (c->wst)
+        cudaStreamDestroy(c->wst);
+    if (c->wev)
+        cudaEventDestroy(c->wev);
     free(c->h_partials);
     free(c->seg_slot);
     free(c->slots);
@@ -920,6 +935,108 @@ static int s_create(stage_t *s, s_dev *c)
     return rc;
 }
 
+// ---- boundary tensors encoded on the device (stage_encode_boundary) ----
+// The codec runs on the stage's wire stream once the compute stream has
+// produced the tensor (an event), bf16 activations widened to fp32 first
+// (the codecs read fp32), then only the payload is copied to the host frame
+// (page-locked when it comes from b_host_alloc). The call returns when the
+// frame is sealed: the next forward / backward may reuse dres and stage_f.
+
+static int s_grow(s_dev *c, const stage_t *s, void **p, size_t *have, size_t need, const char *what)
+{
+    if (need <= *have)
+        return 0;
+    cudaFree(*p);
+    *p = NULL;
+    *have = 0;
+    int rc = s_alloc(c, s, p, need, what);
+    if (rc == 0)
+        *have = need;
+    return rc;
+}
+
+static int s_encode(stage_t *s, int what, int mb, const codec_spec_t *spec, uint8_t *frame, size_t len, char *err,
+                    size_t errlen)
+{
+    s_dev *c = S(s);
+    const size_t BTC = (size_t)s->o.B * s->o.T * s->o.cfg.C;
+    const codec_shape_t shape = { (uint32_t)s->o.B, (uint32_t)s->o.T, (uint32_t)s->o.cfg.C };
+    const char *src;
+    if (what == STAGE_WIRE_OUT) {
+        s_slot *sl = mb >= 0 ? s_find(c, s, mb) : NULL;
+        if (!sl) {
+            snprintf(err, errlen, "micro-batch %d is not in flight: no output to encode", mb);
+            return TAH_EINVAL;
+        }
+        src = s->nl ? sl->a[A_RES3] + (size_t)(s->nl - 1) * BTC * c->xs : sl->a[A_IN];
+    } else {
+        if (mb < 0 || c->dinp_mb != mb) {
+            snprintf(err, errlen, "the last backward was not micro-batch %d: no input gradient to encode", mb);
+            return TAH_EINVAL;
+        }
+        src = c->dres;
+    }
+    const size_t scr = cu_codec_scratch_bytes(spec, shape);
+    if (!scr || len <= CODEC_HEADER_SIZE) {
+        snprintf(err, errlen, "codec spec or shape (%u,%u,%u) not encodable on the device", shape.b, shape.s, shape.c);
+        return TAH_EINVAL;
+    }
+    CK(cudaSetDevice(c->dev));
+    if (!c->wst) {
+        CK(cudaStreamCreateWithFlags(&c->wst, cudaStreamNonBlocking));
+        CK(cudaEventCreateWithFlags(&c->wev, cudaEventDisableTiming));
+    }
+    int rc;
+    const size_t pay = len - CODEC_HEADER_SIZE;
+    if ((rc = s_grow(c, s, &c->wscr, &c->wscr_n, scr, "codec scratch")) != 0 ||
+        (rc = s_grow(c, s, (void **)&c->wpay, &c->wpay_n, pay, "codec payload")) != 0)
+        return rc;
+    CK(cudaEventRecord(c->wev, c->st));
+    CK(cudaStreamWaitEvent(c->wst, c->wev, 0));
+    const float *x = (const float *)src;
+    if (c->bf16) {
+        CK(cl_to_f32<cu_bf16>(c->stage_f, (const cu_bf16 *)src, BTC, c->wst));
+        x = c->stage_f;
+    }
+    char cerr[256] = "";
+    rc = cu_codec_encode(spec, shape, x, c->wpay, c->wscr, c->wst, cerr, sizeof cerr);
+    if (rc == TAH_EDEVICE)
+        return s_fail(c, s, "cu_codec_encode", cerr, __FILE__, __LINE__);
+    if (rc == 0) {
+        CK(cudaMemcpyAsync(frame + CODEC_HEADER_SIZE, c->wpay, pay, cudaMemcpyDeviceToHost, c->wst));
+        rc = cu_codec_status(c->wscr, c->wst, cerr, sizeof cerr);
+        if (rc == TAH_EDEVICE)
+            return s_fail(c, s, "cu_codec_status", cerr, __FILE__, __LINE__);
+    }
+    if (rc == 0)
+        rc = codec_frame_seal(spec, shape, frame, len, cerr, sizeof cerr);
+    if (rc)
+        snprintf(err, errlen, "encoding the %s on cuda:%d: %s", what == STAGE_WIRE_OUT ? "output" : "input gradient",
+                 c->dev, cerr);
+    return rc;
+}
+
+static int b_encode(stage_t *s, int what, int mb, const codec_spec_t *spec, uint8_t *frame, size_t len, char *err,
+                    size_t errlen)
+{
+    s_dev *c = S(s);
+    int rc = c->failed ? TAH_EDEVICE : s_encode(s, what, mb, spec, frame, len, err, errlen);
+    if (c->failed)
+        snprintf(err, errlen, "%s", c->err);
+    return rc;
+}
+
+static void *b_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+    return cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) == cudaSuccess ? p : NULL;
+}
+
+static void b_host_free(void *p)
+{
+    cudaFreeHost(p);
+}
+
 static void *b_create(stage_t *s, char *err, size_t errlen)
 {
     s_dev *c = (s_dev *)calloc(1, sizeof *c);
@@ -931,6 +1048,7 @@ static void *b_create(stage_t *s, char *err, size_t errlen)
     c->dev = s->o.device;
     c->bf16 = s->o.precision == STAGE_BF16;
     c->xs = c->bf16 ? sizeof(cu_bf16) : sizeof(float);
+    c->dinp_mb = -1;
     s->cu = c;
     if (s_create(s, c) != 0) {
         if (err)
@@ -944,6 +1062,7 @@ static void *b_create(stage_t *s, char *err, size_t errlen)
 static const stage_backend_t k_backend = {
     "cuda",        b_create,  b_destroy, b_forward,  b_backward,  b_discard, b_inflight, b_zero_grad,
     b_tied_sync_self, b_grad_sumsq, b_step, b_to_host, b_to_device, b_describe, b_error,
+    b_encode,      b_host_alloc, b_host_free,
 };
 
 extern "C" void cu_stage_register(void)
