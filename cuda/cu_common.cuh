@@ -313,11 +313,12 @@ __device__ __forceinline__ void d_store8(float *out, uint64_t off, uint32_t m, b
 //   lane, regs    | 0,0-3  1,0-3 ...  tpg-1,0-3   | 0,4-7         ... |
 //
 // so every 16-byte access instruction of a segment covers whole 32-byte sectors (the
-// consecutive layout above gives each instruction half of every sector it touches: the
-// L2 did twice the transactions, round 7's profile: L2 busy 60-80 %, DRAM 30-50 %).
-// Codes of b bits (b even) follow: a lane's two runs of 4 codes are b/2 bytes each.
-// Used by ASH-FP8's block-256 kernels; for the group codecs and TAH's decoder the
-// layout measured no faster (round 7), they keep the consecutive one.
+// consecutive layout above gives each instruction half of every sector it touches;
+// round 7's profile had the L2 the busiest unit, 60-80 %, DRAM 30-50 %). Codes of b
+// bits (b even) follow: a lane's two runs of 4 codes are b/2 bytes each. Used by
+// ASH-FP8's block-256 kernels (decode 58 -> 67 % of copy with the other round-7
+// changes); for the group codecs and TAH's decoder it measured no faster, they keep
+// the consecutive layout (cuda/NOTES.md, round 7).
 
 // Load lane tl's 8 elements of the unit at x[off..off+len) (zeros past len).
 __device__ __forceinline__ void d_load8h(const float *x, uint64_t off, uint32_t len, uint32_t tl, uint32_t tpg,
