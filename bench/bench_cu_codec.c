@@ -19,9 +19,17 @@
  *              version's numbers).
  *    fixed: queued time of the same call on a (1,1,256) tensor: what every
  *    call costs regardless of size (launches, memset, gaps, tiny kernels).
+ *    b2b (round 7): 8 calls back to back in one queued region (rotating
+ *    buffers), the region's time / 8: a call's cost when calls follow each
+ *    other, as in a pipeline (the events' own cost and one launch latency
+ *    are shared by the 8).
  * 3. table: GB/s of fp32 input, bytes moved (each input read once, each
  *    output written once) / queued time, that as % of the copy rate; the
- *    idle-GPU % and the fixed cost beside it.
+ *    idle-GPU %, the b2b % and the fixed cost beside it.
+ * 4. ceilings (round 7): trivial kernels with the codecs' byte mixes
+ *    (cuda/cu_bench.cu: 4 bytes read and 1 written per element, 1 and 4,
+ *    4 and 4, read only, write only), timed the same way, as % of copy:
+ *    what a kernel with that traffic and nothing else reaches here.
  * The codec's status is read after the runs: a failed kernel is reported,
  * not timed silently. */
 #include <stdint.h>
@@ -36,12 +44,15 @@
 #include "synth.h" /* codec_synth_activations */
 
 int cu_bench_spin(cudaStream_t st, unsigned int us); /* cuda/cu_bench.cu */
+int cu_bench_stream(int mode, const void *in, void *out, uint64_t n, int persist, cudaStream_t st);
 /* cuda/cu_codec.cu, benchmark only: a TAH encode running only some stages
  * (1 absmax memset, 2 k_tah_entropy, 4 select, 8 quant + flags) */
 int cu_codec_encode_stages(const codec_spec_t *spec, codec_shape_t shape, const float *d_x, uint8_t *d_payload,
                            void *d_scratch, cudaStream_t stream, unsigned int stages, char *err, size_t errlen);
 static unsigned int s_stages = 15u; /* dir 2 of s_time: cu_codec_encode_stages with these */
 #define SPIN_US 60
+#define B2B 8          /* calls per back-to-back region */
+#define B2B_SPIN_US 400 /* the host enqueues all 8 calls while the spin runs */
 
 #define NBUF 4
 
@@ -96,8 +107,9 @@ static double s_copy_bw(int reps)
 }
 
 /* Median ms of `reps` calls of one codec direction (after 5 warm-ups),
- * rotating buffers; queued: a spin kernel ahead of the start event. *mn and
- * *mx get the fastest and slowest repeat. Returns the call's rc. */
+ * rotating buffers; queued 1: a spin kernel ahead of the start event; 2: the
+ * same with B2B calls in the region, ms per call; 0: no spin. *mn and *mx get
+ * the fastest and slowest repeat. Returns the call's rc. */
 static int s_time(const codec_spec_t *spec, codec_shape_t shape, int dir, int queued, float *const dx[],
                   uint8_t *const dp[], float *const dy[], void *scratch, cudaEvent_t e0, cudaEvent_t e1, float *t,
                   int reps, double *ms, double *mn, double *mx, char *err, size_t errlen)
@@ -105,21 +117,27 @@ static int s_time(const codec_spec_t *spec, codec_shape_t shape, int dir, int qu
     int rc = 0;
     for (int i = -5; i < reps && rc == 0; i++) {
         const int b = (i + 5) % NBUF;
-        if (queued && cu_bench_spin(0, SPIN_US) != 0) {
+        if (queued && cu_bench_spin(0, queued == 2 ? B2B_SPIN_US : SPIN_US) != 0) {
             snprintf(err, errlen, "spin kernel launch failed");
             return -1;
         }
         CU(cudaEventRecord(e0, 0));
-        if (dir == 0)
-            rc = cu_codec_encode(spec, shape, dx[b], dp[b], scratch, 0, err, errlen);
-        else if (dir == 2)
-            rc = cu_codec_encode_stages(spec, shape, dx[b], dp[b], scratch, 0, s_stages, err, errlen);
-        else
-            rc = cu_codec_decode(spec, shape, dp[b], dy[b], scratch, 0, err, errlen);
+        const int calls = queued == 2 ? B2B : 1;
+        for (int c = 0; c < calls && rc == 0; c++) {
+            const int bb = (b + c) % NBUF;
+            if (dir == 0)
+                rc = cu_codec_encode(spec, shape, dx[bb], dp[bb], scratch, 0, err, errlen);
+            else if (dir == 2)
+                rc = cu_codec_encode_stages(spec, shape, dx[bb], dp[bb], scratch, 0, s_stages, err, errlen);
+            else
+                rc = cu_codec_decode(spec, shape, dp[bb], dy[bb], scratch, 0, err, errlen);
+        }
         CU(cudaEventRecord(e1, 0));
         CU(cudaEventSynchronize(e1));
-        if (i >= 0)
+        if (i >= 0) {
             CU(cudaEventElapsedTime(&t[i], e0, e1));
+            t[i] /= (float)calls;
+        }
     }
     if (rc == 0)
         rc = cu_codec_status(scratch, 0, err, errlen);
@@ -184,11 +202,58 @@ static int s_tah_split(codec_shape_t shape, float *const dx[], uint8_t *const dp
     return 0;
 }
 
+/* Ceilings: cu_bench_stream's byte mixes on the bench's tensor, full grid and
+ * resident grid, queued and b2b, as % of the copy rate (bytes read + written). */
+static int s_ceilings(uint64_t n, float *const dx[], float *const dy[], uint8_t *const dp[], cudaEvent_t e0,
+                      cudaEvent_t e1, float *t, int reps, double copy_bw)
+{
+    static const char *const names[5] = { "read 4 B, write 1 B per element (8-bit encode)",
+                                          "read 1 B, write 4 B per element (8-bit decode)",
+                                          "read 4 B, write 4 B (fp32 copy)", "read 4 B (read only)",
+                                          "write 4 B (write only)" };
+    static const double rd[5] = { 4, 1, 4, 4, 0 }, wr[5] = { 1, 4, 4, 0, 4 };
+    const uint64_t m = n & ~(uint64_t)511; /* whole warps of units */
+    printf("\nceilings: trivial kernels with the codecs' byte mixes on %llu elements (%% of copy)\n",
+           (unsigned long long)m);
+    printf("%-48s %9s %9s %9s %9s\n", "traffic", "full q", "full b2b", "res q", "res b2b");
+    for (int mode = 0; mode < 5; mode++) {
+        double pct[4];
+        for (int k = 0; k < 4; k++) {
+            const int persist = k >= 2, b2b = k & 1;
+            for (int i = -3; i < reps; i++) {
+                const int b = (i + 3) % NBUF;
+                if (cu_bench_spin(0, b2b ? B2B_SPIN_US : SPIN_US) != 0)
+                    return -1;
+                CU(cudaEventRecord(e0, 0));
+                for (int c = 0; c < (b2b ? B2B : 1); c++) {
+                    const int bb = (b + c) % NBUF;
+                    const void *in = mode == 1 ? (const void *)dp[bb] : (const void *)dx[bb];
+                    void *out = mode == 0 ? (void *)dp[bb] : (void *)dy[bb];
+                    if (cu_bench_stream(mode, in, out, m, persist, 0) != 0)
+                        return -1;
+                }
+                CU(cudaEventRecord(e1, 0));
+                CU(cudaEventSynchronize(e1));
+                if (i >= 0) {
+                    CU(cudaEventElapsedTime(&t[i], e0, e1));
+                    t[i] /= b2b ? (float)B2B : 1.0f;
+                }
+            }
+            const double ms = s_median(t, reps);
+            pct[k] = 100.0 * ((rd[mode] + wr[mode]) * (double)m / (ms * 1e-3)) / copy_bw;
+        }
+        printf("%-48s %8.1f%% %8.1f%% %8.1f%% %8.1f%%\n", names[mode], pct[0], pct[1], pct[2], pct[3]);
+    }
+    printf("full: one 16-element unit per thread; res: 8 CTAs of 256 per SM, grid-stride; q: one call per queued\n"
+           "region; b2b: %d calls per region\n", B2B);
+    return 0;
+}
+
 typedef struct s_row {
     char codec[64];
     const char *dir;
     double ms, gbs_in, gbs_moved, pct;
-    double ms_idle, pct_idle, us_fixed, ms_min, ms_max;
+    double ms_idle, pct_idle, us_fixed, ms_min, ms_max, ms_b2b, pct_b2b;
     uint64_t moved;
 } s_row_t;
 
@@ -310,11 +375,14 @@ int main(int argc, char **argv)
                         failed = 1;
                     }
             }
-            double ms = 0, ms_idle = 0, ms_fixed = 0, mn = 0, mx = 0;
+            double ms = 0, ms_idle = 0, ms_fixed = 0, mn = 0, mx = 0, ms_b2b = 0;
             int rc = s_time(&spec, shape, dir, 1, dx, dp, dy, scratch, e0, e1, t, reps, &ms, &mn, &mx, err,
                             sizeof err);
             if (rc == 0)
                 rc = s_time(&spec, shape, dir, 0, dx, dp, dy, scratch, e0, e1, t, reps, &ms_idle, NULL, NULL, err,
+                            sizeof err);
+            if (rc == 0)
+                rc = s_time(&spec, shape, dir, 2, dx, dp, dy, scratch, e0, e1, t, reps, &ms_b2b, NULL, NULL, err,
                             sizeof err);
             if (rc == 0) { /* fixed cost: the same call on a (1,1,256) tensor (payloads from a tiny encode) */
                 const codec_shape_t tiny = { 1, 1, 256 };
@@ -343,32 +411,39 @@ int main(int argc, char **argv)
             r->gbs_moved = (double)r->moved / (r->ms * 1e-3) / 1e9;
             r->pct = 100.0 * r->gbs_moved * 1e9 / copy_bw;
             r->pct_idle = 100.0 * ((double)r->moved / (ms_idle * 1e-3)) / copy_bw;
+            r->ms_b2b = ms_b2b;
+            r->pct_b2b = 100.0 * ((double)r->moved / (ms_b2b * 1e-3)) / copy_bw;
         }
     }
 
     FILE *f = fopen(csv, "w");
     if (f) {
         fprintf(f, "device,codec,direction,shape,ms,gbs_fp32,bytes_moved,gbs_moved,copy_gbs,pct_copy,"
-                   "ms_min,ms_max,ms_idle,pct_copy_idle,us_fixed\n");
+                   "ms_min,ms_max,ms_idle,pct_copy_idle,us_fixed,ms_b2b,pct_copy_b2b\n");
         for (int i = 0; i < nrows; i++)
-            fprintf(f, "\"%s\",\"%s\",%s,8x1024x1600,%.5f,%.1f,%llu,%.1f,%.1f,%.1f,%.5f,%.5f,%.5f,%.1f,%.2f\n",
+            fprintf(f,
+                    "\"%s\",\"%s\",%s,8x1024x1600,%.5f,%.1f,%llu,%.1f,%.1f,%.1f,%.5f,%.5f,%.5f,%.1f,%.2f,%.5f,%.1f\n",
                     prop.name, rows[i].codec, rows[i].dir, rows[i].ms, rows[i].gbs_in,
                     (unsigned long long)rows[i].moved, rows[i].gbs_moved, copy_bw / 1e9, rows[i].pct,
-                    rows[i].ms_min, rows[i].ms_max, rows[i].ms_idle, rows[i].pct_idle, rows[i].us_fixed);
+                    rows[i].ms_min, rows[i].ms_max, rows[i].ms_idle, rows[i].pct_idle, rows[i].us_fixed,
+                    rows[i].ms_b2b, rows[i].pct_b2b);
         fclose(f);
     } else {
         fprintf(stderr, "bench_cu_codec: cannot write %s\n", csv);
     }
-    printf("\n%-28s %-7s %8s %8s %12s %10s %7s %8s %9s\n", "codec (8x1024x1600 fp32)", "dir", "ms", "min-max%",
-           "bytes moved", "GB/s moved", "% copy", "idle %", "fixed us");
+    printf("\n%-28s %-7s %8s %8s %12s %10s %7s %8s %7s %9s\n", "codec (8x1024x1600 fp32)", "dir", "ms", "min-max%",
+           "bytes moved", "GB/s moved", "% copy", "idle %", "b2b %", "fixed us");
     for (int i = 0; i < nrows; i++)
-        printf("%-28s %-7s %8.4f %8.1f %12llu %10.1f %6.1f%% %7.1f%% %9.1f\n", rows[i].codec, rows[i].dir,
+        printf("%-28s %-7s %8.4f %8.1f %12llu %10.1f %6.1f%% %7.1f%% %6.1f%% %9.1f\n", rows[i].codec, rows[i].dir,
                rows[i].ms, 100.0 * (rows[i].ms_max - rows[i].ms_min) / rows[i].ms, (unsigned long long)rows[i].moved,
-               rows[i].gbs_moved, rows[i].pct, rows[i].pct_idle, rows[i].us_fixed);
+               rows[i].gbs_moved, rows[i].pct, rows[i].pct_idle, rows[i].pct_b2b, rows[i].us_fixed);
     printf("ms/%% copy: queued device time (spin kernel ahead of the start event), median of %d; idle %%: GPU idle\n"
-           "at the start event (host enqueue inside); fixed us: queued time of a (1,1,256) call; min-max%%: spread\n"
-           "of the queued repeats; copy roofline %.1f GB/s (%s); CSV: %s\n",
-           reps, copy_bw / 1e9, base_note, csv);
+           "at the start event (host enqueue inside); b2b %%: %d calls back to back per queued region; fixed us:\n"
+           "queued time of a (1,1,256) call; min-max%%: spread of the queued repeats; copy roofline %.1f GB/s (%s);\n"
+           "CSV: %s\n",
+           reps, B2B, copy_bw / 1e9, base_note, csv);
+    if (!only && s_ceilings(n, dx, dy, dp, e0, e1, t, reps, copy_bw) != 0)
+        failed = 1;
 
     char split[768];
     if (only && strcmp(only, "tah") != 0)

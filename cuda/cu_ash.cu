@@ -277,17 +277,29 @@ __global__ void __launch_bounds__(256) k_ash_dec_warp(const uint8_t *__restrict_
 // free, and the 16-byte stores of the staging are conflict-free too.
 // Lanes 8b..8b+7 compute block b's alpha (one double sqrt + division per
 // warp iteration instead of one per block); the Hadamard then runs per
-// block on the usual layout (lane l: elements 8l..8l+7).
+// block.
+//
+// Round 7: the split layout (cu_common.cuh): lane l holds elements 4l..4l+3
+// and 128+4l..128+4l+3 of a block, so each 16-byte load (encode) and store
+// (decode) instruction covers whole sectors (round 6's lane l: 8l..8l+7 gave
+// each instruction half of every sector; the decoder was L2-bound at 80 %
+// L2 busy, 36 % DRAM). The Hadamard stages keep the CPU's order: h = 1, 2
+// inside each run of 4, h = 4..64 across lanes (lane bits 0..4), h = 128
+// between the two runs. Codes go out as two 4-byte runs per lane. The
+// encoder's block maximum is one warp reduction (redux) and the scale s and
+// 1/s of the warp's 4 blocks are computed on lanes 0..3, one block each,
+// then shuffled (round 6: both IEEE divisions on every lane of every block).
 #define S_K 4u        // blocks per warp iteration (n = 256)
 #define S_PAD 264u    // floats per staged block
 #define S_WARPS (S_CTA / 32u)
 
-// Hadamard of a 32-lane segment (tpg = 32): d_fwht_seg's butterflies; the
-// upper lane's other - v is computed as other + (-v), the same IEEE value.
-__device__ __forceinline__ void d_fwht32(float v[8], uint32_t lane)
+// The Hadamard of a block of 256 on the split layout: h = 1, 2 in each run of 4
+// registers, h = 4..64 across lanes, h = 128 between the runs; the CPU's butterflies in
+// the CPU's order (the cross-lane ones by d_bfly).
+__device__ __forceinline__ void d_fwht32h(float v[8], uint32_t lane)
 {
 #pragma unroll
-    for (int h = 1; h < 8; h *= 2) {
+    for (int h = 1; h < 4; h *= 2) {
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             if ((i & h) == 0) {
@@ -299,12 +311,18 @@ __device__ __forceinline__ void d_fwht32(float v[8], uint32_t lane)
     }
 #pragma unroll
     for (uint32_t o = 1; o < 32; o *= 2) {
-        const uint32_t neg = (lane & o) ? 0x80000000u : 0u;
+        const float sgn = (lane & o) ? -1.0f : 1.0f;
 #pragma unroll
         for (int r = 0; r < 8; r++) {
             const float other = __shfl_xor_sync(CU_FULL, v[r], (int)o);
-            v[r] = __fadd_rn(other, __uint_as_float(__float_as_uint(v[r]) ^ neg));
+            v[r] = d_bfly(v[r], sgn, other);
         }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float a = v[i], b = v[i + 4];
+        v[i] = __fadd_rn(a, b);
+        v[i + 4] = __fsub_rn(a, b);
     }
 }
 
@@ -317,7 +335,8 @@ __device__ __forceinline__ uint32_t d_absbits_max8(const float v[8])
     return am;
 }
 
-__global__ void __launch_bounds__(256) k_ash_enc256(const float *__restrict__ x, uint8_t *__restrict__ p,
+// 80 registers, 3 CTAs per SM (capped at 64 for 4 CTAs it spills and measured 2.5 points slower)
+__global__ void __launch_bounds__(256, 3) k_ash_enc256(const float *__restrict__ x, uint8_t *__restrict__ p,
                                                     cu_hp head, s_ap a)
 {
     d_mark(head);
@@ -333,15 +352,15 @@ __global__ void __launch_bounds__(256) k_ash_enc256(const float *__restrict__ x,
 #pragma unroll
         for (uint32_t b = 0; b < S_K; b++) {
             const uint64_t off = (base + b) * 256u;
-            const uint64_t end = base + b < a.nb ? (a.total - off < 256u ? a.total : off + 256u) : off;
-            d_load8(x, off + 8u * lane, end, a.vec_x, v[b]); // beyond end: zeros, nothing read
+            const uint32_t len = base + b < a.nb ? (uint32_t)(a.total - off < 256u ? a.total - off : 256u) : 0u;
+            d_load8h(x, off, len, lane, 32u, a.vec_x, v[b]); // past len: zeros, nothing read
         }
 #pragma unroll
         for (uint32_t b = 0; b < S_K; b++) {
             inmax = max(inmax, d_absbits_max8(v[b]));
-            float4 *d4 = (float4 *)(sb + b * S_PAD + 8u * lane);
-            d4[0] = make_float4(v[b][0], v[b][1], v[b][2], v[b][3]);
-            d4[1] = make_float4(v[b][4], v[b][5], v[b][6], v[b][7]);
+            float4 *d4 = (float4 *)(sb + b * S_PAD);
+            d4[lane] = make_float4(v[b][0], v[b][1], v[b][2], v[b][3]);
+            d4[32u + lane] = make_float4(v[b][4], v[b][5], v[b][6], v[b][7]);
         }
         __syncwarp();
         // chain k of block cb, in ascending element order
@@ -371,35 +390,50 @@ __global__ void __launch_bounds__(256) k_ash_enc256(const float *__restrict__ x,
         acc = __dadd_rn(acc, __shfl_xor_sync(CU_FULL, acc, 2));
         acc = __dadd_rn(acc, __shfl_xor_sync(CU_FULL, acc, 4));
         const float alpha_cb = d_alpha(acc, 256u, a.tau, a.eps);
+        // the transform of every block, its max |z| (warp-uniform)
+        uint32_t am[S_K];
+#pragma unroll
+        for (uint32_t b = 0; b < S_K; b++) {
+            const float alpha = __shfl_sync(CU_FULL, alpha_cb, 8 * (int)b);
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                v[b][r] = __fmul_rn(alpha, v[b][r]);
+            d_fwht32h(v[b], lane);
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                v[b][r] = __fmul_rn(v[b][r], a.norm);
+            am[b] = __reduce_max_sync(CU_FULL, d_absbits_max8(v[b]));
+            range |= (uint32_t)(base + b < a.nb && am[b] >= 0x7f800000u);
+        }
+        // lane b < S_K: block b's scale s and 1/s
+        uint32_t am_l = am[0];
+#pragma unroll
+        for (uint32_t b = 1; b < S_K; b++)
+            am_l = lane == b ? am[b] : am_l;
+        float s_l = 0.0f, inv_l = 0.0f;
+        if (am_l != 0) {
+            s_l = __fdiv_rn(__uint_as_float(am_l), 448.0f);
+            if (s_l == 0.0f)
+                s_l = __uint_as_float(1u); // 2^-149
+            inv_l = __fdiv_rn(1.0f, s_l);
+        }
 #pragma unroll
         for (uint32_t b = 0; b < S_K; b++) {
             const uint64_t blk = base + b;
             const float alpha = __shfl_sync(CU_FULL, alpha_cb, 8 * (int)b);
+            const float s = __shfl_sync(CU_FULL, s_l, (int)b), inv = __shfl_sync(CU_FULL, inv_l, (int)b);
             if (blk >= a.nb) // warp-uniform
                 break;
-#pragma unroll
-            for (int r = 0; r < 8; r++)
-                v[b][r] = __fmul_rn(alpha, v[b][r]);
-            d_fwht32(v[b], lane);
-#pragma unroll
-            for (int r = 0; r < 8; r++)
-                v[b][r] = __fmul_rn(v[b][r], a.norm);
-            uint32_t am = d_absbits_max8(v[b]);
-            am = d_seg_maxu(am, 32u);
-            range |= (uint32_t)(am >= 0x7f800000u);
             uint8_t *dst = p + blk * (uint64_t)(8u + 256u);
             uint64_t meta = 0, codes = 0;
-            if (am != 0) {
-                float s = __fdiv_rn(__uint_as_float(am), 448.0f);
-                if (s == 0.0f)
-                    s = __uint_as_float(1u); // 2^-149
-                const float inv = __fdiv_rn(1.0f, s);
+            if (am[b] != 0) {
                 codes = d_codes8(v[b], s, inv);
                 meta = (uint64_t)__float_as_uint(alpha) | ((uint64_t)__float_as_uint(s) << 32);
             }
             if (lane == 0)
                 d_store_bytes(dst, meta, 0, 8);
-            d_store_bytes(dst + 8u + 8u * lane, codes, 0, 8);
+            d_store_bytes(dst + 8u + 4u * lane, (uint32_t)codes, 0, 4);
+            d_store_bytes(dst + 8u + 128u + 4u * lane, codes >> 32, 0, 4);
         }
         __syncwarp(); // the chains' reads of sb precede the next iteration's staging
     }
@@ -453,10 +487,11 @@ __global__ void __launch_bounds__(256) k_ash_dec256(const uint8_t *__restrict__ 
         uint64_t q[S_K];
 #pragma unroll
         for (uint32_t b = 0; b < S_K; b++) {
-            uint64_t hi;
             q[b] = 0;
-            if (base + b < a.nfull)
-                d_load_bytes(p + (base + b) * 264u + 8u + 8u * lane, 8, q[b], hi);
+            if (base + b < a.nfull) { // codes 4l..4l+3 and 128+4l..128+4l+3
+                const uint8_t *c = p + (base + b) * 264u + 8u;
+                q[b] = (uint64_t)d_get_u32(c + 4u * lane) | ((uint64_t)d_get_u32(c + 128u + 4u * lane) << 32);
+            }
         }
         // lanes 8b..8b+7: block b's scalars
         float s_cb = 0.0f, ia_cb = 0.0f;
@@ -473,12 +508,16 @@ __global__ void __launch_bounds__(256) k_ash_dec256(const uint8_t *__restrict__ 
             corrupt |= d_has_nan_code_swar(q[b]);
             float v[8];
             d_dequant8(q[b], s, v);
-            d_fwht32(v, lane);
+            d_fwht32h(v, lane);
 #pragma unroll
             for (int r = 0; r < 8; r++)
-                v[r] = s == 0.0f ? 0.0f : d_clampf(__fmul_rn(__fmul_rn(v[r], a.norm), inv_alpha));
+                v[r] = d_clampf(__fmul_rn(__fmul_rn(v[r], a.norm), inv_alpha));
+            if (s == 0.0f) // block-uniform: an all-zero block (1/alpha may be Inf)
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+                    v[r] = 0.0f;
             outmax = max(outmax, d_absbits_max8(v));
-            d_store8(out, (base + b) * 256u + 8u * lane, 8, a.vec_x, v);
+            d_store8h(out, (base + b) * 256u, 256u, lane, 32u, a.vec_x, v);
         }
     }
     if (corrupt)

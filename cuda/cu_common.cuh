@@ -304,6 +304,66 @@ __device__ __forceinline__ void d_store8(float *out, uint64_t off, uint32_t m, b
     }
 }
 
+// ---- the split layout (round 7) ----
+// A unit (group, block, tile) of 8 * tpg elements on a segment of tpg lanes, lane tl
+// holding elements [4 tl, 4 tl + 4) in v[0..3] and [4 tpg + 4 tl, 4 tpg + 4 tl + 4) in
+// v[4..7] (element i of the unit: register (i & 3) | (i >= 4 tpg) << 2, lane (i / 4) % tpg):
+//
+//   unit elements | 0-3 4-7 ... (4tpg-4)-(4tpg-1) | 4tpg-(4tpg+3) ... |
+//   lane, regs    | 0,0-3  1,0-3 ...  tpg-1,0-3   | 0,4-7         ... |
+//
+// so every 16-byte access instruction of a segment covers whole 32-byte sectors (the
+// consecutive layout above gives each instruction half of every sector it touches;
+// round 7's profile had the L2 the busiest unit, 60-80 %, DRAM 30-50 %). Codes of b
+// bits (b even) follow: a lane's two runs of 4 codes are b/2 bytes each. Used by
+// ASH-FP8's block-256 kernels (decode 58 -> 67 % of copy with the other round-7
+// changes); for the group codecs and TAH's decoder it measured no faster, they keep
+// the consecutive layout (cuda/NOTES.md, round 7).
+
+// Load lane tl's 8 elements of the unit at x[off..off+len) (zeros past len).
+__device__ __forceinline__ void d_load8h(const float *x, uint64_t off, uint32_t len, uint32_t tl, uint32_t tpg,
+                                         bool vec, float v[8])
+{
+    const uint32_t p0 = 4u * tl, p1 = 4u * (tpg + tl);
+    if (vec && p1 + 4u <= len) {
+        const float4 a = *(const float4 *)(x + off + p0);
+        const float4 b = *(const float4 *)(x + off + p1);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const uint32_t i = (r < 4 ? p0 : p1) + (uint32_t)(r & 3);
+            v[r] = i < len ? x[off + i] : 0.0f;
+        }
+    }
+}
+
+// Store lane tl's 8 elements of the unit at out[off..off+len) (nothing past len).
+__device__ __forceinline__ void d_store8h(float *out, uint64_t off, uint32_t len, uint32_t tl, uint32_t tpg, bool vec,
+                                          const float v[8])
+{
+    const uint32_t p0 = 4u * tl, p1 = 4u * (tpg + tl);
+    if (vec && p1 + 4u <= len) {
+        *(float4 *)(out + off + p0) = make_float4(v[0], v[1], v[2], v[3]);
+        *(float4 *)(out + off + p1) = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const uint32_t i = (r < 4 ? p0 : p1) + (uint32_t)(r & 3);
+            if (i < len)
+                out[off + i] = v[r];
+        }
+    }
+}
+
+// A cross-lane butterfly in one instruction (round 7): other + sgn * v with sgn = +1 on
+// the lower lane (u + v) and -1 on the upper (u - v). sgn * v is exact, so the fused
+// multiply-add rounds once, to the same value (signed zeros included) as the CPU's
+// addition or subtraction; the explicit __fmaf_rn is not a contraction (-fmad=false
+// keeps the compiler from forming others).
+__device__ __forceinline__ float d_bfly(float v, float sgn, float other) { return __fmaf_rn(v, sgn, other); }
+
 // Hadamard stages h = 1, 2, 4 on a lane's 8 consecutive elements, then
 // h = 8*o for o = 1 .. tpg/2 across the segment; butterflies in the CPU's
 // order (ascending h; lower gets u + v, upper u - v), so bit-identical.
@@ -321,11 +381,11 @@ __device__ __forceinline__ void d_fwht_seg(float v[8], uint32_t lane, uint32_t t
         }
     }
     for (uint32_t o = 1; o < tpg; o *= 2) {
-        bool upper = (lane & o) != 0;
+        const float sgn = (lane & o) ? -1.0f : 1.0f;
 #pragma unroll
         for (int r = 0; r < 8; r++) {
             float other = __shfl_xor_sync(CU_FULL, v[r], (int)o);
-            v[r] = upper ? __fsub_rn(other, v[r]) : __fadd_rn(v[r], other);
+            v[r] = d_bfly(v[r], sgn, other);
         }
     }
 }

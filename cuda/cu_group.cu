@@ -428,21 +428,184 @@ __global__ void __launch_bounds__(256) k_group_enc_seg(const float *__restrict__
         d_flag(head, CU_ST_RANGE);
 }
 
-// Decode on the same segments: lane tl of a group's segment decodes its
-// chunk tl (tl < cpg); U rows of groups per warp iteration, every row's
-// metadata and code loads issued before the first use. No 64-bit division
-// per chunk (k_group_decode's id / cpg). Same checks, same float ops.
+// Decode on the same segments: lane tl of a group's segment decodes its chunk tl
+// (tl < cpg); U rows of spw groups per warp iteration (slot k = u*spw + segment is
+// group base + k). Same checks and the same float operations per element as
+// k_group_decode.
+//
+// Round 7: (1) lane k loads and checks slot k's metadata once (k = step / c, or step
+// and bias) and each row's lanes fetch it by shuffles, where round 3 had every lane of
+// a row load, check and divide (an IEEE division per lane and row); (2) 32-bit element
+// indices (B*S*C <= 2^31); (3) the default widths convert codes to floats without a
+// conversion instruction: the code as the low mantissa bits of 2^23 (a byte permute or
+// mask), minus 2^23 (+ qmax): exact small integers, the same floats as (float)code;
+// the invalid-code checks are SWAR on the code word; (4) the clamp to +-FLT_MAX and
+// the finite check run only in warps where a group's extreme codes (0 and the
+// largest valid code) decode to a value beyond FLT_MAX: decoding is monotonic in the
+// code (step >= 0, pup > 0, each rounding monotonic), so elsewhere every value is
+// finite and the clamp changes nothing.
+template <int U>
+struct s_dbuf {
+    uint64_t lo[U], hi[U];
+    uint32_t meta;
+};
+
+// n <= 8 bytes at src, little-endian: one 8-, 4- or 2-byte load when aligned.
+__device__ __forceinline__ uint64_t d_load_le8(const uint8_t *src, uint32_t n)
+{
+    const uintptr_t a = (uintptr_t)src;
+    if (n == 8 && (a & 7u) == 0)
+        return *(const uint64_t *)src;
+    if (n == 4 && (a & 3u) == 0)
+        return *(const uint32_t *)src;
+    if (n == 2 && (a & 1u) == 0)
+        return *(const uint16_t *)src;
+    uint64_t v = 0;
+    for (uint32_t i = 0; i < n; i++)
+        v |= (uint64_t)src[i] << (8 * i);
+    return v;
+}
+
 template <int MODE, int BITS, int U>
-__global__ void __launch_bounds__(256) k_group_dec_seg(const uint8_t *__restrict__ p, float *__restrict__ out,
-                                                       cu_hp head, s_gp g)
+__device__ __forceinline__ void d_dec_load(const uint8_t *__restrict__ p, const s_gp &g, uint32_t base, uint32_t lane,
+                                           s_dbuf<U> &b)
+{
+    const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
+    const uint32_t bits = BITS > 0 ? (uint32_t)BITS : g.bits;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const uint32_t gi = base + (uint32_t)u * spw + lane / tpg; // B*S*C <= 2^31: 32-bit indices
+        const uint32_t off = gi * g.group;
+        const uint32_t len = gi < (uint32_t)g.ng ? min((uint32_t)g.n - off, g.group) : 0u;
+        const uint32_t m = 8u * tl < len ? min(len - 8u * tl, 8u) : 0u;
+        b.lo[u] = 0;
+        b.hi[u] = 0;
+        if (m != 0) {
+            const uint8_t *src = p + g.codes_off + (uint64_t)gi * g.gbytes + tl * bits;
+            if (BITS > 0 && BITS <= 8)
+                b.lo[u] = d_load_le8(src, (m * bits + 7u) / 8u);
+            else
+                d_load_bytes(src, (m * bits + 7u) / 8u, b.lo[u], b.hi[u]);
+        }
+    }
+    const uint32_t mg = base + lane;
+    b.meta = 0;
+    if (lane < (uint32_t)U * spw && mg < (uint32_t)g.ng)
+        b.meta = MODE == M_INT_ASYM ? d_get_u32(p + g.meta_off + 4 * mg) : d_get_u16(p + g.meta_off + 2 * mg);
+}
+
+template <int MODE, int BITS, int U>
+__device__ __forceinline__ void d_dec_iter(float *__restrict__ out, const s_gp &g, uint32_t base, uint32_t lane,
+                                           const s_dbuf<U> &b, float pup, uint32_t &corrupt, uint32_t &bad)
+{
+    const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
+    const uint32_t bits = BITS > 0 ? (uint32_t)BITS : g.bits;
+    const uint32_t bad_code = (1u << bits) - 1u;
+    // slot `lane`'s metadata: checked once, k (fixpt) or step and bias (int)
+    const bool mvalid = lane < (uint32_t)U * spw && base + lane < (uint32_t)g.ng;
+    float k = 0.0f, step = 0.0f, bias = 0.0f;
+    bool wide;
+    if (MODE <= M_FIX_STOCH) {
+        const uint16_t dh = (uint16_t)b.meta;
+        corrupt |= (uint32_t)(mvalid && ((dh & 0x8000u) || (dh & 0x7c00u) == 0x7c00u));
+        k = __fdiv_rn(d_half_to_f32(dh), g.c);
+        wide = mvalid && !(__fmul_rn((float)g.qmax, k) <= FLT_MAX);
+    } else {
+        uint16_t sh;
+        float mn = 0.0f;
+        if (MODE == M_INT_SYM) {
+            sh = (uint16_t)b.meta;
+        } else {
+            const uint16_t mh = (uint16_t)b.meta;
+            corrupt |= (uint32_t)(mvalid && (mh & 0x7c00u) == 0x7c00u);
+            mn = d_half_to_f32(mh);
+            sh = (uint16_t)(b.meta >> 16);
+        }
+        corrupt |= (uint32_t)(mvalid && ((sh & 0x8000u) || (sh & 0x7c00u) == 0x7c00u));
+        step = d_half_to_f32(sh);
+        bias = MODE == M_INT_SYM ? __fmul_rn(-(float)g.qmax, step) : mn;
+        const float top = MODE == M_INT_SYM ? (float)(2 * g.qmax) : (float)g.L; // largest valid code
+        const float y0 = __fmul_rn(__fadd_rn(__fmul_rn(0.0f, step), bias), pup);
+        const float y1 = __fmul_rn(__fadd_rn(__fmul_rn(top, step), bias), pup);
+        wide = mvalid && !(fabsf(y0) <= FLT_MAX && fabsf(y1) <= FLT_MAX);
+    }
+    const bool slow = __any_sync(CU_FULL, wide); // warp-uniform
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int src = (int)((uint32_t)u * spw + lane / tpg);
+        const float q_k = __shfl_sync(CU_FULL, k, src);
+        const float q_step = __shfl_sync(CU_FULL, step, src);
+        const float q_bias = __shfl_sync(CU_FULL, bias, src);
+        const uint32_t gi = base + (uint32_t)src;
+        const uint32_t off = gi * g.group;
+        const uint32_t len = gi < (uint32_t)g.ng ? min((uint32_t)g.n - off, g.group) : 0u;
+        if (8u * tl >= len)
+            continue;
+        const uint32_t m = min(len - 8u * tl, 8u);
+        const uint64_t lo = b.lo[u], hi = b.hi[u];
+        const uint32_t pb = m * bits;
+        const uint64_t pad = pb < 64 ? ((lo >> pb) | hi) : (pb < 128 ? hi >> (pb - 64) : 0);
+        corrupt |= (uint32_t)(pad != 0);
+        float v[8];
+        if (MODE <= M_FIX_STOCH && BITS == 8) {
+            // bytes equal to 0xff (the invalid code); bytes past m are 0
+            corrupt |= (uint32_t)((((lo & 0x7f7f7f7f7f7f7f7full) + 0x0101010101010101ull) & lo &
+                                   0x8080808080808080ull) != 0);
+            const uint32_t w0 = (uint32_t)lo, w1 = (uint32_t)(lo >> 32);
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                const uint32_t f = __byte_perm(r < 4 ? w0 : w1, 0x4b000000u, 0x7440u | (uint32_t)(r & 3));
+                v[r] = __fmul_rn(__fsub_rn(__uint_as_float(f), 8388735.0f), q_k); // (code - 127) * k
+            }
+        } else if (MODE >= M_INT_ASYM && BITS == 4) {
+            const uint32_t w = (uint32_t)lo;
+            if (MODE == M_INT_SYM) // nibbles equal to 0xf (the invalid code); nibbles past m are 0
+                corrupt |= (uint32_t)((((w & 0x77777777u) + 0x11111111u) & w & 0x88888888u) != 0);
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                const float c = __fsub_rn(__uint_as_float(((w >> (4 * r)) & 0xfu) | 0x4b000000u), 8388608.0f);
+                v[r] = __fmul_rn(__fadd_rn(__fmul_rn(c, q_step), q_bias), pup);
+            }
+        } else {
+            uint32_t code[8];
+            d_unpack8(lo, hi, bits, code);
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                if (MODE <= M_FIX_STOCH)
+                    v[r] = __fmul_rn((float)((int32_t)code[r] - g.qmax), q_k);
+                else
+                    v[r] = __fmul_rn(__fadd_rn(__fmul_rn((float)code[r], q_step), q_bias), pup);
+                if (MODE != M_INT_ASYM && (uint32_t)r < m)
+                    corrupt |= (uint32_t)(code[r] == bad_code);
+            }
+        }
+        if (slow) {
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                float y = v[r];
+                if (MODE >= M_INT_ASYM) {
+                    y = y > FLT_MAX ? FLT_MAX : y;
+                    y = y < -FLT_MAX ? -FLT_MAX : y;
+                }
+                v[r] = y;
+                if ((uint32_t)r < m)
+                    bad |= (uint32_t)d_nonfinite(y);
+            }
+        }
+        d_store8(out, (uint64_t)(off + 8u * tl), m, g.vec, v);
+    }
+}
+
+template <int MODE, int BITS, int U, int MINB>
+__global__ void __launch_bounds__(256, MINB) k_group_dec_seg(const uint8_t *__restrict__ p, float *__restrict__ out,
+                                                          cu_hp head, s_gp g)
 {
     d_mark(head);
     const uint32_t lane = threadIdx.x & 31u;
-    const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
-    const uint32_t bits = BITS > 0 ? (uint32_t)BITS : g.bits;
-    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
-    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
-    const uint32_t bad_code = (1u << bits) - 1u;
+    const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint32_t nwarps = gridDim.x * blockDim.x / 32u;
+    const uint32_t nslot = (uint32_t)U * (32u / g.tpg);
+    const uint32_t stride = nwarps * nslot, ng = (uint32_t)g.ng; // B*S*C <= 2^31
     uint32_t corrupt = 0, bad = 0;
     float pup = 1.0f;
     if (MODE >= M_INT_ASYM) {
@@ -450,78 +613,10 @@ __global__ void __launch_bounds__(256) k_group_dec_seg(const uint8_t *__restrict
         corrupt |= (uint32_t)(e < -126 || e > 114);
         pup = (e < -126 || e > 114) ? 1.0f : d_pow2f(e);
     }
-    const uint64_t rows_per_it = (uint64_t)U * spw;
-    for (uint64_t base = warp * rows_per_it; base < g.ng; base += nwarps * rows_per_it) {
-        uint64_t lo[U], hi[U], gi[U];
-        uint32_t m[U], meta[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) { // all loads first
-            gi[u] = base + (uint64_t)u * spw + lane / tpg;
-            const bool valid = gi[u] < g.ng;
-            const uint64_t off = gi[u] * g.group;
-            const uint32_t len = valid ? (uint32_t)(g.n - off < g.group ? g.n - off : g.group) : 0u;
-            m[u] = 8u * tl < len ? (len - 8u * tl < 8u ? len - 8u * tl : 8u) : 0u;
-            lo[u] = 0;
-            hi[u] = 0;
-            meta[u] = 0;
-            if (m[u] != 0) {
-                if (MODE == M_INT_ASYM)
-                    meta[u] = d_get_u32(p + g.meta_off + 4 * gi[u]);
-                else
-                    meta[u] = d_get_u16(p + g.meta_off + 2 * gi[u]);
-                d_load_bytes(p + g.codes_off + gi[u] * g.gbytes + (uint64_t)tl * bits, (m[u] * bits + 7u) / 8u,
-                             lo[u], hi[u]);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (m[u] == 0)
-                continue;
-            float k = 0.0f, step = 0.0f, bias = 0.0f;
-            if (MODE <= M_FIX_STOCH) {
-                const uint16_t dh = (uint16_t)meta[u];
-                corrupt |= (uint32_t)((dh & 0x8000u) || (dh & 0x7c00u) == 0x7c00u);
-                k = __fdiv_rn(d_half_to_f32(dh), g.c);
-            } else {
-                uint16_t sh;
-                float mn = 0.0f;
-                if (MODE == M_INT_SYM) {
-                    sh = (uint16_t)meta[u];
-                } else {
-                    const uint16_t mh = (uint16_t)meta[u];
-                    corrupt |= (uint32_t)((mh & 0x7c00u) == 0x7c00u);
-                    mn = d_half_to_f32(mh);
-                    sh = (uint16_t)(meta[u] >> 16);
-                }
-                corrupt |= (uint32_t)((sh & 0x8000u) || (sh & 0x7c00u) == 0x7c00u);
-                step = d_half_to_f32(sh);
-                bias = MODE == M_INT_SYM ? __fmul_rn(-(float)g.qmax, step) : mn;
-            }
-            const uint32_t pb = m[u] * bits;
-            const uint64_t pad = pb < 64 ? ((lo[u] >> pb) | hi[u]) : (pb < 128 ? hi[u] >> (pb - 64) : 0);
-            corrupt |= (uint32_t)(pad != 0);
-            uint32_t code[8];
-            d_unpack8(lo[u], hi[u], bits, code);
-            float v[8];
-#pragma unroll
-            for (int r = 0; r < 8; r++) {
-                float y;
-                if (MODE <= M_FIX_STOCH) {
-                    y = __fmul_rn((float)((int32_t)code[r] - g.qmax), k);
-                } else {
-                    y = __fmul_rn(__fadd_rn(__fmul_rn((float)code[r], step), bias), pup);
-                    y = y > FLT_MAX ? FLT_MAX : y;
-                    y = y < -FLT_MAX ? -FLT_MAX : y;
-                }
-                v[r] = y;
-                if ((uint32_t)r < m[u]) {
-                    if (MODE != M_INT_ASYM)
-                        corrupt |= (uint32_t)(code[r] == bad_code);
-                    bad |= (uint32_t)d_nonfinite(y);
-                }
-            }
-            d_store8(out, gi[u] * g.group + 8u * tl, m[u], g.vec, v);
-        }
+    s_dbuf<U> b;
+    for (uint32_t base = warp * nslot; base < ng; base += stride) { // uniform per warp
+        d_dec_load<MODE, BITS, U>(p, g, base, lane, b);
+        d_dec_iter<MODE, BITS, U>(out, g, base, lane, b, pup, corrupt, bad);
     }
     if (corrupt)
         d_flag(head, CU_ST_CORRUPT);
@@ -785,86 +880,116 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict
     d_int_codes<MODE, BITS, U>(x, st, p, g, d_pow2f(-e), warp, nwarps);
 }
 
-// fixpt encode, round 4 (4 <= tpg <= 32): k_group_enc_seg with the step
-// computed once per group. After the U rows' segment reductions, lane k
-// gathers slot k's max|x| (slot k = u*spw + segment, group base + k) and
-// computes that group's step alone (two IEEE divisions, a double compare,
-// the fp16 rounding up: once per group, not on all tpg lanes); each row's
-// lanes fetch 1/d by one shuffle. Same operations on the same values as
-// k_group_enc_seg, so the same payload.
-template <int MODE, int BITS, int U>
-__global__ void __launch_bounds__(256, BITS > 0 ? 4 : 3) k_fix_enc(const float *__restrict__ x, uint8_t *__restrict__ p,
-                                                                   cu_hp head, s_gp g)
+// fixpt encode (4 <= tpg <= 32; round 4, restructured in round 7): the step once per
+// group on one lane. A warp iteration takes U rows of spw = 32/tpg groups (slot
+// k = u*spw + segment is group base + k); after the U rows' segment maxima, lane k
+// gathers slot k's max|x| and computes that group's step alone (two IEEE divisions, a
+// double compare, the fp16 rounding up), each row's lanes fetch 1/d by one shuffle.
+//
+// Round 7: (1) 32-bit element indices (B*S*C <= 2^31); (2) the
+// statistics as one integer max of |x|'s bits per element (the same max for finite x;
+// >= 0x7f800000 iff some x is Inf or NaN, then the status is TAH_ENONFINITE and the
+// payload unspecified, as before); (3) nearest rounding at 8 bits: the codes as the low
+// bytes of t + (1.5 * 2^23 + 128), packed by byte permutes, minus 1 per byte, where
+// round 4 clamped t to +-qmax, rounded with rintf and added qmax. The same codes:
+//   |t| <= qmax (1 + 2^-23) < qmax + 1/2, since d * qmax >= max|c x| (checked in double),
+//   the fp16 step df >= d and 1/df is rounded once, so the clamp never changes rint(t);
+//   t + M for an even integer M in [2^23 + 128, 2^24 - 128] rounds to M + rint(t), ties
+//   to even as rintf (and as fixpt.c's (t + 1.5*2^23) - 1.5*2^23), so the low byte is
+//   128 + rint(t) in [1, 255] and the code rint(t) + 127 is that byte minus 1 (no borrow).
+// Other modes and widths keep round 4's per-element operations. (Tried and measured
+// slower, H200: a persistent grid of resident CTAs, prefetching the next iteration
+// into a second register buffer, and lanes holding elements [4l, 4l+4) and
+// [4tpg+4l, +4) so each 16-byte load covers whole sectors; cuda/NOTES.md round 7.)
+template <int U>
+struct s_fbuf {
+    float v[U][8];
+};
+
+template <int U>
+__device__ __forceinline__ void d_fix_load(const float *__restrict__ x, const s_gp &g, uint32_t base, uint32_t lane,
+                                           s_fbuf<U> &b)
 {
-    d_mark(head);
-    const uint32_t lane = threadIdx.x & 31u;
+    const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const uint32_t gi = base + (uint32_t)u * spw + lane / tpg; // B*S*C <= 2^31: 32-bit indices
+        const bool valid = gi < (uint32_t)g.ng;
+        const uint32_t off = (valid ? gi : 0u) * g.group;
+        const uint32_t len = valid ? min((uint32_t)g.n - off, g.group) : 0u;
+        const uint32_t end = 8u * tl < len ? off + len : off; // lanes past the group read nothing
+        d_load8(x, off + 8u * tl, end, g.vec, b.v[u]);
+    }
+}
+
+template <int MODE, int BITS, int U>
+__device__ __forceinline__ void d_fix_iter(uint8_t *__restrict__ p, const s_gp &g, uint32_t base, uint32_t lane,
+                                           const s_fbuf<U> &b, uint32_t &inmax, uint32_t &range)
+{
     const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
     const uint32_t bits = BITS > 0 ? (uint32_t)BITS : g.bits;
-    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
-    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
     const uint32_t mask = (1u << bits) - 1u;
-    const float qmaxf = (float)g.qmax;
-    uint32_t bad = 0, range = 0;
     const uint32_t nslot = (uint32_t)U * spw; // <= 32 (tpg >= 4)
-    for (uint64_t base = warp * nslot; base < g.ng; base += nwarps * nslot) { // uniform per warp
-        float v[U][8];
-        uint32_t len[U];
+    const float qmaxf = (float)g.qmax;
+    // segment maxima of |x| bits (zeros past a group's end change nothing), then slot
+    // `lane`'s maximum: row lane / spw, segment lane % spw
+    uint32_t slot_bits = 0;
 #pragma unroll
-        for (int u = 0; u < U; u++) { // all loads first
-            const uint64_t gi = base + (uint64_t)u * spw + lane / tpg;
-            const bool valid = gi < g.ng;
-            const uint64_t off = (valid ? gi : 0) * g.group;
-            len[u] = valid ? (uint32_t)(g.n - off < g.group ? g.n - off : g.group) : 0u;
-            const uint64_t end = 8u * tl < len[u] ? off + len[u] : off;
-            d_load8(x, off + 8u * tl, end, g.vec, v[u]);
-        }
-        // segment maxima, then slot `lane`'s maximum: row lane / spw, segment lane % spw
-        float amax = 0.0f;
+    for (int u = 0; u < U; u++) {
+        uint32_t m = 0;
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            s_gs s;
-            s.a = 0.0f;
-            s.b = 0.0f;
-            s.z = 0u;
-            d_group_stats<MODE>(v[u], len[u], tl, s, bad);
-            for (uint32_t o = 1; o < tpg; o *= 2)
-                s.a = fmaxf(s.a, __shfl_xor_sync(CU_FULL, s.a, (int)o));
-            const float a = __shfl_sync(CU_FULL, s.a, (int)((lane % spw) * tpg));
-            if (lane / spw == (uint32_t)u)
-                amax = a;
-        }
-        // slot `lane`'s step, exactly as the CPU computes it
-        const uint64_t mgi = base + lane;
-        const bool mvalid = lane < nslot && mgi < g.ng;
-        float inv;
-        {
-            const float ymax = __fmul_rn(g.c, amax);
-            if (!(ymax <= FLT_MAX))
-                range |= (uint32_t)mvalid;
-            float d = __fdiv_rn(ymax, qmaxf);
-            if ((double)d * (double)g.qmax < (double)ymax)
-                d = __uint_as_float(__float_as_uint(d) + 1u);
-            const uint16_t dh = d_half_from_f32_up(d);
-            if ((dh & 0x7c00u) == 0x7c00u)
-                range |= (uint32_t)mvalid;
-            const float df = d_half_to_f32(dh);
-            inv = df > 0.0f ? __fdiv_rn(1.0f, df) : 0.0f;
-            if (mvalid)
-                d_put_u16(p + g.meta_off + 2 * mgi, dh);
-        }
+        for (int r = 0; r < 8; r++)
+            m = max(m, __float_as_uint(b.v[u][r]) & 0x7fffffffu);
+        m = d_seg_maxu(m, tpg);
+        const uint32_t a = __shfl_sync(CU_FULL, m, (int)((lane % spw) * tpg));
+        if (lane / spw == (uint32_t)u)
+            slot_bits = a;
+    }
+    inmax = max(inmax, slot_bits);
+    // slot `lane`'s step, exactly as the CPU computes it
+    const uint32_t mgi = base + lane;
+    const bool mvalid = lane < nslot && mgi < (uint32_t)g.ng;
+    float inv;
+    {
+        const float amax = __uint_as_float(slot_bits);
+        const float ymax = __fmul_rn(g.c, amax);
+        if (!(ymax <= FLT_MAX))
+            range |= (uint32_t)mvalid;
+        float d = __fdiv_rn(ymax, qmaxf);
+        if ((double)d * (double)g.qmax < (double)ymax)
+            d = __uint_as_float(__float_as_uint(d) + 1u);
+        const uint16_t dh = d_half_from_f32_up(d);
+        if ((dh & 0x7c00u) == 0x7c00u)
+            range |= (uint32_t)mvalid;
+        const float df = d_half_to_f32(dh);
+        inv = df > 0.0f ? __fdiv_rn(1.0f, df) : 0.0f;
+        if (mvalid)
+            d_put_u16(p + g.meta_off + 2 * (uint64_t)mgi, dh);
+    }
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const uint32_t slot = (uint32_t)u * spw + lane / tpg;
-            const float q_inv = __shfl_sync(CU_FULL, inv, (int)slot);
-            if (8u * tl >= len[u]) // also every lane of an invalid group (len 0)
-                continue;
-            const uint64_t gi = base + slot;
-            const uint32_t m = len[u] - 8u * tl < 8u ? len[u] - 8u * tl : 8u;
-            const uint64_t off = gi * g.group;
+    for (int u = 0; u < U; u++) {
+        const uint32_t slot = (uint32_t)u * spw + lane / tpg;
+        const float q_inv = __shfl_sync(CU_FULL, inv, (int)slot);
+        const uint32_t gi = base + slot;
+        const uint32_t off = gi * g.group;
+        const uint32_t len = gi < (uint32_t)g.ng ? min((uint32_t)g.n - off, g.group) : 0u;
+        if (8u * tl >= len) // also every lane of an invalid group (len 0)
+            continue;
+        const uint32_t m = min(len - 8u * tl, 8u);
+        uint64_t lo, hi = 0;
+        if (MODE == M_FIX_NEAR && BITS == 8) {
+            uint32_t w[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                w[r] = __float_as_uint(__fadd_rn(__fmul_rn(__fmul_rn(g.c, b.v[u][r]), q_inv), 12583040.0f));
+            const uint32_t w03 = __byte_perm(__byte_perm(w[0], w[1], 0x0040u), __byte_perm(w[2], w[3], 0x0040u), 0x5410u);
+            const uint32_t w47 = __byte_perm(__byte_perm(w[4], w[5], 0x0040u), __byte_perm(w[6], w[7], 0x0040u), 0x5410u);
+            lo = (uint64_t)(w03 - 0x01010101u) | ((uint64_t)(w47 - 0x01010101u) << 32);
+        } else {
             uint32_t code[8];
 #pragma unroll
             for (int r = 0; r < 8; r++) {
-                float t = __fmul_rn(__fmul_rn(g.c, v[u][r]), q_inv);
+                float t = __fmul_rn(__fmul_rn(g.c, b.v[u][r]), q_inv);
                 t = t < -qmaxf ? -qmaxf : t;
                 t = t > qmaxf ? qmaxf : t;
                 int32_t c;
@@ -874,19 +999,36 @@ __global__ void __launch_bounds__(256, BITS > 0 ? 4 : 3) k_fix_enc(const float *
                     int32_t fl = (int32_t)t;
                     fl -= (int32_t)((float)fl > t);
                     const float frac = __fsub_rn(t, (float)fl);
-                    const uint64_t idx = off + 8u * tl + (uint32_t)r;
+                    const uint64_t idx = (uint64_t)(off + 8u * tl + (uint32_t)r);
                     const uint64_t h = d_mix64(g.key + (idx + 1u) * S_GAMMA);
                     const float uu = __fmul_rn((float)(uint32_t)(h >> 40), 0x1p-24f);
                     c = fl + (int32_t)(uu < frac) + g.qmax;
                 }
                 code[r] = (uint32_t)r < m ? ((uint32_t)c & mask) : 0u;
             }
-            uint64_t lo, hi;
             d_pack8(code, bits, lo, hi);
-            d_store_bytes(p + g.codes_off + gi * g.gbytes + (uint64_t)tl * bits, lo, hi, (m * bits + 7u) / 8u);
         }
+        d_store_bytes(p + g.codes_off + (uint64_t)gi * g.gbytes + tl * bits, lo, hi, (m * bits + 7u) / 8u);
     }
-    if (bad)
+}
+
+template <int MODE, int BITS, int U, int MINB>
+__global__ void __launch_bounds__(256, MINB) k_fix_enc(const float *__restrict__ x, uint8_t *__restrict__ p,
+                                                       cu_hp head, s_gp g)
+{
+    d_mark(head);
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    const uint32_t nwarps = gridDim.x * blockDim.x / 32u;
+    const uint32_t nslot = (uint32_t)U * (32u / g.tpg);
+    const uint32_t stride = nwarps * nslot, ng = (uint32_t)g.ng; // B*S*C <= 2^31
+    uint32_t inmax = 0, range = 0;
+    s_fbuf<U> b;
+    for (uint32_t base = warp * nslot; base < ng; base += stride) { // uniform per warp
+        d_fix_load<U>(x, g, base, lane, b);
+        d_fix_iter<MODE, BITS, U>(p, g, base, lane, b, inmax, range);
+    }
+    if (inmax >= 0x7f800000u)
         d_flag(head, CU_ST_NONFINITE);
     if (range)
         d_flag(head, CU_ST_RANGE);
@@ -1067,11 +1209,13 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
     }
     if constexpr (MODE <= M_FIX_STOCH) {
         if (g.tpg >= 4 && g.tpg <= 32 && !cu_legacy()) {
+            // 4 rows per warp iteration, one iteration per warp (round 7's measurements: the
+            // persistent grid and 2 rows with prefetch were slower)
             const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg));
             if (g.bits == s_fast_bits(MODE))
-                k_fix_enc<MODE, s_fast_bits(MODE), S_ROWS><<<grid, 256, 0, st>>>(x, payload, head, g);
+                k_fix_enc<MODE, s_fast_bits(MODE), S_ROWS, 4><<<grid, 256, 0, st>>>(x, payload, head, g);
             else
-                k_fix_enc<MODE, 0, S_ROWS><<<grid, 256, 0, st>>>(x, payload, head, g);
+                k_fix_enc<MODE, 0, S_ROWS, 3><<<grid, 256, 0, st>>>(x, payload, head, g);
             CU_CHECK_LAUNCH("k_fix_enc");
             return 0;
         }
@@ -1116,27 +1260,35 @@ int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload
 {
     const s_gp g = s_params(spec, n, out);
     if (g.tpg <= 32 && !cu_legacy()) {
-        const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg));
-        const bool fast = g.bits == (spec->id == CODEC_FIXPT ? 8u : 4u);
+        // rows per warp iteration (lane k < 32 holds slot k's metadata), one iteration per warp
+        const uint32_t rows = g.tpg >= 4 ? S_ROWS : g.tpg;
+        const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * rows * (32 / g.tpg));
+        const bool fast = g.bits == (spec->id == CODEC_FIXPT ? 8u : 4u) && g.tpg >= 4;
         switch (s_mode(spec)) {
         case M_FIX_NEAR:
         case M_FIX_STOCH:
             if (fast)
-                k_group_dec_seg<M_FIX_NEAR, 8, S_ROWS><<<grid, 256, 0, st>>>(payload, out, head, g);
+                k_group_dec_seg<M_FIX_NEAR, 8, S_ROWS, 4><<<grid, 256, 0, st>>>(payload, out, head, g);
+            else if (g.tpg >= 4)
+                k_group_dec_seg<M_FIX_NEAR, 0, S_ROWS, 3><<<grid, 256, 0, st>>>(payload, out, head, g);
             else
-                k_group_dec_seg<M_FIX_NEAR, 0, S_ROWS><<<grid, 256, 0, st>>>(payload, out, head, g);
+                k_group_dec_seg<M_FIX_NEAR, 0, 1, 3><<<grid, 256, 0, st>>>(payload, out, head, g);
             break;
         case M_INT_ASYM:
             if (fast)
-                k_group_dec_seg<M_INT_ASYM, 4, S_ROWS><<<grid, 256, 0, st>>>(payload, out, head, g);
+                k_group_dec_seg<M_INT_ASYM, 4, S_ROWS, 4><<<grid, 256, 0, st>>>(payload, out, head, g);
+            else if (g.tpg >= 4)
+                k_group_dec_seg<M_INT_ASYM, 0, S_ROWS, 3><<<grid, 256, 0, st>>>(payload, out, head, g);
             else
-                k_group_dec_seg<M_INT_ASYM, 0, S_ROWS><<<grid, 256, 0, st>>>(payload, out, head, g);
+                k_group_dec_seg<M_INT_ASYM, 0, 1, 3><<<grid, 256, 0, st>>>(payload, out, head, g);
             break;
         default:
             if (fast)
-                k_group_dec_seg<M_INT_SYM, 4, S_ROWS><<<grid, 256, 0, st>>>(payload, out, head, g);
+                k_group_dec_seg<M_INT_SYM, 4, S_ROWS, 4><<<grid, 256, 0, st>>>(payload, out, head, g);
+            else if (g.tpg >= 4)
+                k_group_dec_seg<M_INT_SYM, 0, S_ROWS, 3><<<grid, 256, 0, st>>>(payload, out, head, g);
             else
-                k_group_dec_seg<M_INT_SYM, 0, S_ROWS><<<grid, 256, 0, st>>>(payload, out, head, g);
+                k_group_dec_seg<M_INT_SYM, 0, 1, 3><<<grid, 256, 0, st>>>(payload, out, head, g);
             break;
         }
         CU_CHECK_LAUNCH("k_group_dec_seg");

@@ -698,6 +698,7 @@ __device__ __forceinline__ void d_swap0(float z[8], uint32_t lane, uint32_t tl, 
     }
 }
 
+
 // U quant tiles per segment (tiles[u], valids[u], their prefix words phv[u] =
 // high quant tiles before the allocation tile | is_hi << 31): every tile's x loads
 // issued before the first use, then each tile as tah.c quantises it (segment of
@@ -1427,7 +1428,14 @@ __global__ void __launch_bounds__(256) k_tah_dcount(const uint8_t *__restrict__ 
 
 // BH, BL: the code widths when known at compile time (0: g.bh, g.bl); TPG: tile/8 likewise
 // (round 6: the segment loops of the rotation unroll)
-template <uint32_t BH, uint32_t BL, uint32_t TPG>
+// SELF (round 7; tile 64 with alloc_tile 64, fbits 8, S*Q < 2^16): one launch, no
+// k_tah_dcount: each CTA counts the high tiles before its chunk itself, from the
+// sample's flag bytes (bit 0 of byte t is tile t's width: 16-byte loads of at most
+// 25 KB per CTA, from L2), and makes k_tah_dcount's checks for its own tiles (no
+// pivot without rotation; e in range and the reserved word 0 on thread 0; the
+// sample's last chunk: the sample's high tiles equal n_hi). The count rides in the
+// high 16 bits of the chunk's block scan.
+template <uint32_t BH, uint32_t BL, uint32_t TPG, bool SELF>
 __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ p,
                                                     const unsigned long long *__restrict__ cnt,
                                                     float *__restrict__ out, cu_hp head, s_tg g, uint32_t CH,
@@ -1446,8 +1454,27 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
     const uint8_t *flags = p + 8;
     uint32_t corrupt = 0, bad = 0;
     int32_t e = (int32_t)d_get_u32(p);
-    e = e < -200 ? -200 : (e > 200 ? 200 : e); // a bad e is reported by k_tah_dcount
-    if (wid == 0) { // the sample's high quant tiles before this chunk
+    uint32_t pre = 0; // SELF: this thread's share of the sample's high tiles before the chunk
+    if (SELF) {
+        if (tid == 0)
+            corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
+        const uint8_t *fs = flags + b * SQ; // byte t: tile t's flag field
+        const uint32_t h = min((uint32_t)((16u - ((uintptr_t)fs & 15u)) & 15u), t0); // bytes to a 16-byte boundary
+        if (tid < h)
+            pre += fs[tid] & 1u;
+        const uint4 *f4 = (const uint4 *)(fs + h);
+        const uint32_t nv = (t0 - h) / 16u;
+#pragma unroll 4
+        for (uint32_t j = tid; j < nv; j += blockDim.x) {
+            const uint4 w = f4[j];
+            pre += __popc(w.x & 0x01010101u) + __popc(w.y & 0x01010101u) + __popc(w.z & 0x01010101u) +
+                   __popc(w.w & 0x01010101u);
+        }
+        for (uint32_t j = h + 16u * nv + tid; j < t0; j += blockDim.x)
+            pre += fs[j] & 1u;
+    }
+    e = e < -200 ? -200 : (e > 200 ? 200 : e); // a bad e is reported by k_tah_dcount (SELF: above)
+    if (!SELF && wid == 0) { // the sample's high quant tiles before this chunk
         const unsigned long long *cb = cnt + b * cps;
         unsigned long long acc = 0;
 #pragma unroll 4
@@ -1469,10 +1496,21 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
         const uint32_t i = tid * per + j;
         fl[j] = (j < per && i < n) ? d_get_bits(flags, (b * SQ + t0 + i) * g.fbits, g.fbits) : 0u;
         hq += fl[j] & 1u;
+        if (SELF)
+            corrupt |= (uint32_t)(!(fl[j] & 2u) && (fl[j] >> 2) != 0); // a pivot without rotation
     }
-    uint32_t hq_total;
-    uint32_t run = d_block_scan(hq, ws, &hq_total);
-    run += s_base; // after the scan's barriers, which publish warp 0's store
+    uint32_t hq_total, run;
+    if (SELF) { // low 16 bits: the chunk's high tiles (<= CH); high: the count before the chunk (< 2^16)
+        uint32_t tot;
+        const uint32_t sc = d_block_scan(hq | (pre << 16), ws, &tot);
+        hq_total = tot & 0xffffu;
+        run = (sc & 0xffffu) + (tot >> 16);
+        if (tid == 0 && ci == cps - 1u && (uint64_t)((tot >> 16) + hq_total) != g.n_hi)
+            corrupt = 1; // the sample's high tiles
+    } else {
+        run = d_block_scan(hq, ws, &hq_total);
+        run += s_base; // after the scan's barriers, which publish warp 0's store
+    }
 #pragma unroll
     for (uint32_t j = 0; j < 4u; j++) {
         const uint32_t i = tid * per + j;
@@ -1654,17 +1692,28 @@ int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *
     const uint64_t cps = s_dec_cps(g);
     if (!cu_legacy() && g.S * g.Q < 0x80000000ull && g.B * cps <= 0x7fffffffull) {
         const uint32_t CH = s_dec_chunk(g);
+        // round 7: one launch when every quant tile is an allocation tile of 8-bit flags
+        if (g.k == 1 && g.fbits == 8 && g.S * g.Q < 65536u && CH % 16u == 0) {
+            if (g.bh == 4 && g.bl == 3)
+                k_tah_dchunk<4, 3, 8, true><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+                                                                                    (uint32_t)cps);
+            else
+                k_tah_dchunk<0, 0, 8, true><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+                                                                                    (uint32_t)cps);
+            CU_CHECK_LAUNCH("k_tah_dchunk");
+            return 0;
+        }
         k_tah_dcount<<<cu_grid(g.B * cps, 8), 256, 0, st>>>(payload, t.cnt, head, g, CH, (uint32_t)cps);
         CU_CHECK_LAUNCH("k_tah_dcount");
         if (g.bh == 4 && g.bl == 3 && g.G == 64)
-            k_tah_dchunk<4, 3, 8><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
-                                                                             (uint32_t)cps);
+            k_tah_dchunk<4, 3, 8, false><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+                                                                                 (uint32_t)cps);
         else if (g.bh == 4 && g.bl == 3)
-            k_tah_dchunk<4, 3, 0><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
-                                                                          (uint32_t)cps);
+            k_tah_dchunk<4, 3, 0, false><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+                                                                                 (uint32_t)cps);
         else
-            k_tah_dchunk<0, 0, 0><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
-                                                                          (uint32_t)cps);
+            k_tah_dchunk<0, 0, 0, false><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+                                                                                 (uint32_t)cps);
         CU_CHECK_LAUNCH("k_tah_dchunk");
         return 0;
     }

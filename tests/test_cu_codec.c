@@ -65,7 +65,7 @@ static const char *const k_specs[] = {
     "ash-fp8", "ash-fp8:block=16", "ash-fp8:block=64,tau=2.5", "ash-fp8:block=1024", "ash-fp8:block=16384,tau=3",
     "tah", "tah:tile=8,alloc_tile=16,hi_frac=0.5", "tah:tile=32,alloc_tile=128,bits_hi=8,bits_lo=2,hi_frac=0.3",
     "tah:tile=256,alloc_tile=512,tau=0", "tah:tile=16,alloc_tile=16,hi_frac=0", "tah:hi_frac=1,tau=1.5",
-    "tah:tile=128,alloc_tile=384,bits_hi=5,bits_lo=5",
+    "tah:tile=128,alloc_tile=384,bits_hi=5,bits_lo=5", "tah:bits_hi=6,bits_lo=2,hi_frac=0.6",
 };
 #define N_SPECS (sizeof k_specs / sizeof k_specs[0])
 
@@ -379,6 +379,7 @@ static void s_test_status(s_dev_t *d)
         { "int:symmetric=1", 5, 0xfc },    /* step negative Inf */
         { "tah", 8, 0x00 },                /* a high tile turned low: count wrong */
         { "tah", 0, 0x00 },                /* e out of range (written below) */
+        { "tah", 8 + 3, 0x00 },            /* tile 3: a pivot without rotation (written below) */
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         codec_spec_t spec;
@@ -390,6 +391,8 @@ static void s_test_status(s_dev_t *d)
         uint8_t *p = f + CODEC_HEADER_SIZE;
         if (k == 5) { /* e far out of range */
             p[0] = 0x00; p[1] = 0x10; p[2] = 0x00; p[3] = 0x00;
+        } else if (k == 6) { /* tile 64: flag byte t is tile t's (high, rotated, pivot 6 bits) */
+            p[bad[k].off] = (uint8_t)((p[bad[k].off] & 1u) | (5u << 2));
         } else if (k == 4) {
             p[bad[k].off] ^= 0x01; /* flip tile 0's high bit */
         } else {
@@ -416,8 +419,91 @@ static void s_test_status(s_dev_t *d)
     free(x);
 }
 
-int main(void)
+/* Valid frames whose metadata decode beyond FLT_MAX: int clamps to +-FLT_MAX (no
+ * error), fixpt with a tiny scale gives TAH_ENONFINITE. The GPU decoders take a
+ * per-element clamp / check path only where a group's extreme codes overflow
+ * (round 7); both outcomes must match the CPU's, bit for bit. */
+static void s_test_wide(s_dev_t *d)
 {
+    char err[CODEC_ERRLEN];
+    const codec_shape_t shape = { 2, 4, 256 };
+    const uint64_t n = 2 * 4 * 256;
+    float *x = malloc(n * sizeof *x), *y_cpu = malloc(n * sizeof *y_cpu), *y = malloc(n * sizeof *y);
+    codec_synth_activations(x, shape, 9);
+    for (uint64_t i = 0; i < n; i++)
+        x[i] *= 0.01f;
+    static const struct {
+        const char *spec;
+        size_t meta;     /* payload offset of group 3's metadata */
+        int e114;        /* set the int frame exponent to 114 */
+        uint16_t m0, m1; /* metadata words written there (int asym: min, step) */
+        int code0;       /* fixpt: group 3's first code set to 0 (-127 steps) */
+        int clamps;      /* the CPU decode succeeds with values clamped to +-FLT_MAX */
+    } cases[] = {
+        { "int", 4 + 4 * 3, 1, 0xfbffu, 0x7bffu, 0, 1 },    /* min -65504, step 65504, e 114 */
+        { "int:symmetric=1", 4 + 2 * 3, 1, 0x7bffu, 0, 0, 1 }, /* step 65504, e 114 */
+        { "int", 4 + 4 * 3, 1, 0x0000u, 0x7bffu, 0, 1 },    /* min 0: only codes >= 1 overflow */
+        { "fixpt:scale=1e-36", 2 * 3, 0, 0x7bffu, 0, 1, 0 }, /* k = step / scale = Inf */
+        { "fixpt:scale=1e-33", 2 * 3, 0, 0x7bffu, 0, 1, 0 }, /* k finite, 127 k overflows */
+        { "fixpt:scale=1e-33", 2 * 3, 0, 0x7bffu, 0, 0, 0 }, /* 127 k overflows, every code 127: 0 */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        codec_spec_t spec;
+        if (codec_spec_parse(cases[k].spec, &spec, err, sizeof err) != 0) {
+            CHECK(0, "spec %s: %s", cases[k].spec, err);
+            continue;
+        }
+        const int64_t fsize = codec_frame_size(&spec, shape);
+        uint8_t *f = malloc((size_t)fsize);
+        CHECK(codec_encode(&spec, shape, x, f, (size_t)fsize, NULL, err, sizeof err) == 0, "%s: encode: %s",
+              cases[k].spec, err);
+        uint8_t *p = f + CODEC_HEADER_SIZE;
+        if (cases[k].e114) {
+            p[0] = 114; p[1] = 0; p[2] = 0; p[3] = 0;
+        }
+        p[cases[k].meta] = (uint8_t)cases[k].m0;
+        p[cases[k].meta + 1] = (uint8_t)(cases[k].m0 >> 8);
+        if (spec.id == CODEC_INT && !spec.p.intq.symmetric) {
+            p[cases[k].meta + 2] = (uint8_t)cases[k].m1;
+            p[cases[k].meta + 3] = (uint8_t)(cases[k].m1 >> 8);
+        }
+        if (cases[k].code0) /* fixpt, 8 bits, group 128: codes start at 2 * 16 groups */
+            p[2 * 16 + 3 * 128] = 0;
+        codec_frame_seal(&spec, shape, f, (size_t)fsize, err, sizeof err);
+        const int rc_cpu = codec_decode(f, (size_t)fsize, y_cpu, n, NULL, err, sizeof err);
+        s_reserve(d, n, (size_t)fsize, cu_codec_scratch_bytes(&spec, shape));
+        CU(cudaMemcpy(d->payload, p, (size_t)fsize - CODEC_HEADER_SIZE, cudaMemcpyHostToDevice));
+        CU(cudaMemset(d->out, 0xff, n * sizeof(float)));
+        int rc = cu_codec_decode(&spec, shape, d->payload, d->out, d->scratch, 0, err, sizeof err);
+        if (rc == 0)
+            rc = cu_codec_status(d->scratch, 0, err, sizeof err);
+        CHECK(rc_cpu == (cases[k].code0 ? TAH_ENONFINITE : 0), "%s #%zu: CPU decode %d, want %d", cases[k].spec, k,
+              rc_cpu, cases[k].code0 ? TAH_ENONFINITE : 0);
+        CHECK(rc == rc_cpu, "%s #%zu: GPU decode %d, CPU decode %d", cases[k].spec, k, rc, rc_cpu);
+        if (rc == 0 && rc_cpu == 0) {
+            CU(cudaMemcpy(y, d->out, n * sizeof *y, cudaMemcpyDeviceToHost));
+            uint64_t nd = 0, nmax = 0;
+            for (uint64_t i = 0; i < n; i++) {
+                nd += memcmp(&y[i], &y_cpu[i], sizeof(float)) != 0;
+                nmax += fabsf(y_cpu[i]) == 3.40282347e38f;
+            }
+            CHECK(nd == 0, "%s #%zu: GPU decode differs from CPU decode in %llu floats", cases[k].spec, k,
+                  (unsigned long long)nd);
+            CHECK(nmax > 0 || !cases[k].clamps, "%s #%zu: no value clamped to FLT_MAX (the case tests nothing)",
+                  cases[k].spec, k);
+        }
+        free(f);
+    }
+    free(x);
+    free(y_cpu);
+    free(y);
+}
+
+int main(int argc, char **argv)
+{
+    /* --quick: skip the exhaustive E4M3 comparison (2^32 floats, ~30 s of host time) in
+     * development runs; scripts/gpu-check and ctest run the whole test */
+    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         fprintf(stderr, "test_cu_codec: no CUDA device: skipped\n");
@@ -458,10 +544,30 @@ int main(void)
         printf("  %-58s %s\n", "tah large n_alloc (select/scan chunking, global path)",
                g_fail == before ? "ok" : "FAILED");
     }
+    /* the default specs on shapes where every warp of the persistent grids (round 7)
+     * takes several iterations, one with partial groups, blocks and tiles at the end */
+    {
+        int before = g_fail;
+        static const char *const dflt[] = { "fixpt", "fixpt:stochastic=1,seed=3", "int", "int:symmetric=1",
+                                            "ash-fp8", "tah" };
+        for (size_t k = 0; k < sizeof dflt / sizeof dflt[0]; k++) {
+            s_case(&d, dflt[k], (codec_shape_t){ 4, 1024, 1600 }, IN_SYNTH, 700 + (uint64_t)k, 0, 0);
+            s_case(&d, dflt[k], (codec_shape_t){ 5, 999, 1000 }, IN_NORMAL, 710 + (uint64_t)k, 0, 0);
+        }
+        /* TAH's one-launch decoder counts each sample's earlier flag bytes itself: a
+         * payload whose flags are not 16-byte aligned, several chunks per sample */
+        s_case(&d, "tah", (codec_shape_t){ 3, 40, 1000 }, IN_NORMAL, 720, 3, 5);
+        s_case(&d, "tah", (codec_shape_t){ 2, 333, 1600 }, IN_SYNTH, 721, 0, 9);
+        printf("  %-58s %s\n", "default specs, large shapes (grid-stride loops)", g_fail == before ? "ok" : "FAILED");
+    }
     s_test_status(&d);
     printf("  status codes (NaN input, corrupt payloads)               %s\n", g_fail ? "see above" : "ok");
-    s_test_e4m3_exhaustive(&d);
-    printf("  e4m3 hardware conversion vs codecs/fp8.c (2^32 floats)   done\n");
+    s_test_wide(&d);
+    printf("  frames that decode beyond FLT_MAX (clamp, non-finite)    %s\n", g_fail ? "see above" : "ok");
+    if (!quick) {
+        s_test_e4m3_exhaustive(&d);
+        printf("  e4m3 hardware conversion vs codecs/fp8.c (2^32 floats)   done\n");
+    }
 
     cudaFree(d.x);
     cudaFree(d.out);
