@@ -18,6 +18,23 @@
 #define S_LN_EPS 1e-5f /* LAYERS_LN_EPS */
 #define S_GELU_SCALE 0.7978845608028654f
 
+cudaError_t cl_smem_optin(const void *kernel, size_t bytes, cl_optin *state)
+{
+    if (bytes <= 48 * 1024)
+        return cudaSuccess;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    const int known = dev >= 0 && dev < 64;
+    if (known && state->bytes[dev] >= (int)bytes)
+        return cudaSuccess;
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e == cudaSuccess && known)
+        state->bytes[dev] = (int)bytes;
+    return e;
+}
+
 static unsigned s_grid(size_t n, unsigned block)
 {
     size_t g = (n + block - 1) / block;
@@ -458,13 +475,9 @@ cudaError_t cl_layernorm_backward(X *dinp, float *dw, float *db, const X *dout, 
         cudaError_t e = cudaSuccess;
 #define S_LNB(K)                                                                                                  \
     do {                                                                                                          \
-        static int optin_ = 0;                                                                                    \
-        if (sm > 48 * 1024 && !optin_) {                                                                          \
-            if ((e = cudaFuncSetAttribute(k_layernorm_backward<X, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                          (int)sm)) != cudaSuccess)                                               \
-                return e;                                                                                         \
-            optin_ = 1;                                                                                           \
-        }                                                                                                         \
+        static cl_optin optin_;                                                                                   \
+        if ((e = cl_smem_optin((const void *)k_layernorm_backward<X, K>, sm, &optin_)) != cudaSuccess)           \
+            return e;                                                                                             \
         k_layernorm_backward<X, K><<<(unsigned)nb, 256, sm, st>>>(dinp, part, dout, inp, w, mean, rstd, N, C);    \
     } while (0)
         if (nch <= 1)

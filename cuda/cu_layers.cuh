@@ -20,6 +20,16 @@ template <class X> __device__ __forceinline__ X cu_st(float x);
 template <> __device__ __forceinline__ float cu_st<float>(float x) { return x; }
 template <> __device__ __forceinline__ cu_bf16 cu_st<cu_bf16>(float x) { return __float2bfloat16_rn(x); }
 
+// Raise kernel's dynamic shared-memory limit to bytes (needed above 48 KB)
+// on the current device. The attribute is per device (a tensor-parallel
+// stage launches the same kernel on several GPUs): *state remembers, per
+// device (0..63; others always set it), the largest limit set so far, so
+// the call is free after the first. Zero-initialised state (a static).
+struct cl_optin {
+    int bytes[64];
+};
+cudaError_t cl_smem_optin(const void *kernel, size_t bytes, cl_optin *state);
+
 // y = (X) x, n elements (and back)
 template <class X> cudaError_t cl_from_f32(X *y, const float *x, size_t n, cudaStream_t st);
 template <class X> cudaError_t cl_to_f32(float *y, const X *x, size_t n, cudaStream_t st);
