@@ -9,7 +9,8 @@
 //   k_sum_ranks                      one float4 of the chunk per step, the
 //                                    N decoded chunks added in rank order
 //   k_sticky                         one thread: sticky |= the codec status
-//                                    word's condition bits
+//                                    word's condition bits (per phase), then
+//                                    the word = 0
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +39,7 @@ struct s_rank {
     float *dec, *acc;        // (N, kmax) decoded chunks of this rank, (kmax) their sum
     uint8_t *rs_send, *rs_recv, *ag; // (N, cap) payload slots
     void *scratch;           // codec scratch (cu_codec.h), status word first
-    unsigned int *sticky;    // codec condition bits since the last cu_tp_status
+    unsigned int *sticky;    // codec condition bits since the last cu_tp_status, CU_ST_BITS per phase
 };
 
 struct cu_tp {
@@ -125,14 +126,20 @@ __global__ static void k_sum_ranks(float4 *acc /* (k/4) */, const float4 *dec /*
     }
 }
 
-// The status word was zeroed before the all-reduce's first codec call; a
-// call that saw a condition stored (its tag << CU_ST_BITS) | bits there
-// (cu_common.cuh), so any bit set now came from this all-reduce.
-__global__ static void k_sticky(unsigned int *sticky, const cu_head *head)
+// The phases of a two-shot whose codec conditions are told apart
+enum { S_PH_INPUT, S_PH_SUM, S_PH_OUTPUT, S_NPH };
+
+// After the codec calls of one phase: a call that saw a condition stored
+// (its tag << CU_ST_BITS) | bits in the status word (cu_common.cuh), and a
+// later call's condition replaces the word; the word was zero when the
+// phase began (zeroed at creation and here), so its bits are the last
+// flagging call's of this phase. They go to the phase's bits of sticky.
+__global__ static void k_sticky(unsigned int *sticky, cu_head *head, int phase)
 {
     const unsigned int bits = (unsigned int)(head->status & ((1ull << CU_ST_BITS) - 1ull));
+    head->status = 0;
     if (bits)
-        *sticky |= bits;
+        *sticky |= bits << (CU_ST_BITS * phase);
 }
 
 // ---- layout ----
@@ -291,7 +298,9 @@ static int s_new(cu_tp_t *t, const int *devices, char *err, size_t errlen)
                 (rc = s_alloc(t, i, &g->scratch, sb, err, errlen)) ||
                 (rc = s_alloc(t, i, (void **)&g->sticky, sizeof(unsigned int), err, errlen)))
                 return rc;
-            // padding and slot tails are never written by the kernels: zero once
+            // padding and slot tails are never written by the kernels: zero once;
+            // the scratch too (its status word starts clean: k_sticky)
+            S_CU(cudaMemset(g->scratch, 0, sb), i);
             S_CU(cudaMemset(g->xf, 0, t->npmax * 4), i);
             S_CU(cudaMemset(g->rs_send, 0, N * s_cap(p1)), i);
             S_CU(cudaMemset(g->rs_recv, 0, N * s_cap(p1)), i);
@@ -374,7 +383,6 @@ static int s_twoshot(cu_tp_t *t, void *const *in, int in_type, void *const *out,
         for (int i = 0; i < N; i++) {
             s_rank *g = &t->r[i];
             S_CU(cudaSetDevice(g->dev), i);
-            S_CU(cudaMemsetAsync(g->scratch, 0, sizeof(unsigned long long), st[i]), i); // the status word
             const float *src = direct_in ? (const float *)in[i] : g->xf;
             if (!direct_in) {
                 if (in_type == CU_TP_BF16) {
@@ -392,6 +400,8 @@ static int s_twoshot(cu_tp_t *t, void *const *in, int in_type, void *const *out,
                 if (rc)
                     return s_codec(rc, "reduce-scatter encode", i, j, err, errlen);
             }
+            k_sticky<<<1, 1, 0, st[i]>>>(g->sticky, (cu_head *)g->scratch, S_PH_INPUT);
+            S_CU(cudaGetLastError(), i);
         }
     if (parts & CU_TP_COMM) { // 2: all-to-all of the payloads
         S_NC(ncclGroupStart());
@@ -422,6 +432,8 @@ static int s_twoshot(cu_tp_t *t, void *const *in, int in_type, void *const *out,
             rc = cu_codec_encode(&t->ag, sh, g->acc, g->ag + (size_t)i * cap2, g->scratch, st[i], err, errlen);
             if (rc)
                 return s_codec(rc, "all-gather encode", i, i, err, errlen);
+            k_sticky<<<1, 1, 0, st[i]>>>(g->sticky, (cu_head *)g->scratch, S_PH_SUM);
+            S_CU(cudaGetLastError(), i);
         }
     if (parts & CU_TP_COMM) { // 5: all-gather, in place
         S_NC(ncclGroupStart());
@@ -450,7 +462,7 @@ static int s_twoshot(cu_tp_t *t, void *const *in, int in_type, void *const *out,
                     S_CU(cudaMemcpyAsync(out[i], g->out, n * 4, cudaMemcpyDeviceToDevice, st[i]), i);
                 }
             }
-            k_sticky<<<1, 1, 0, st[i]>>>(g->sticky, (const cu_head *)g->scratch);
+            k_sticky<<<1, 1, 0, st[i]>>>(g->sticky, (cu_head *)g->scratch, S_PH_OUTPUT);
             S_CU(cudaGetLastError(), i);
         }
     return 0;
@@ -497,21 +509,32 @@ extern "C" int cu_tp_status(cu_tp_t *t, const cudaStream_t *st, char *err, size_
         S_CU(cudaSetDevice(t->r[i].dev), i);
         S_CU(cudaStreamSynchronize(st[i]), i);
     }
-    for (int i = 0; i < t->n; i++) {
-        if (!bits[i])
-            continue;
-        for (int j = 0; j < t->n; j++) {
-            S_CU(cudaSetDevice(t->r[j].dev), j);
-            S_CU(cudaMemsetAsync(t->r[j].sticky, 0, sizeof(unsigned int), st[j]), j);
-        }
-        if (bits[i] & CU_ST_CORRUPT)
-            return s_err(TAH_ECORRUPT, err, errlen, "tp all-reduce, rank %d (cuda:%d): a payload with metadata no "
-                         "encoder writes", i, t->r[i].dev);
-        if (bits[i] & CU_ST_NONFINITE)
-            return s_err(TAH_ENONFINITE, err, errlen, "tp all-reduce, rank %d (cuda:%d): non-finite value (NaN or "
-                         "Inf) in a tensor to compress or a decoded sum", i, t->r[i].dev);
-        return s_err(TAH_ERANGE, err, errlen, "tp all-reduce, rank %d (cuda:%d): value out of the codec's range",
-                     i, t->r[i].dev);
+    unsigned int any = 0;
+    for (int i = 0; i < t->n; i++)
+        any |= bits[i];
+    if (!any)
+        return 0;
+    for (int j = 0; j < t->n; j++) {
+        S_CU(cudaSetDevice(t->r[j].dev), j);
+        S_CU(cudaMemsetAsync(t->r[j].sticky, 0, sizeof(unsigned int), st[j]), j);
     }
+    // the earliest phase that saw something, the lowest rank; a non-finite
+    // input explains what later phases saw (garbage codes, a bad payload)
+    static const char *const k_what[S_NPH] = { "in the tensor to reduce (reduce-scatter encode)",
+                                               "in the sum of the chunks (reduce-scatter decode, all-gather encode)",
+                                               "in the decoded result (all-gather decode)" };
+    for (int ph = 0; ph < S_NPH; ph++)
+        for (int i = 0; i < t->n; i++) {
+            const unsigned int b = (bits[i] >> (CU_ST_BITS * ph)) & ((1u << CU_ST_BITS) - 1u);
+            if (b & CU_ST_NONFINITE)
+                return s_err(TAH_ENONFINITE, err, errlen, "tp all-reduce, rank %d (cuda:%d): non-finite value (NaN "
+                             "or Inf) %s", i, t->r[i].dev, k_what[ph]);
+            if (b & CU_ST_RANGE)
+                return s_err(TAH_ERANGE, err, errlen, "tp all-reduce, rank %d (cuda:%d): value out of the codec's "
+                             "range %s", i, t->r[i].dev, k_what[ph]);
+            if (b & CU_ST_CORRUPT)
+                return s_err(TAH_ECORRUPT, err, errlen, "tp all-reduce, rank %d (cuda:%d): a payload with metadata "
+                             "no encoder writes %s", i, t->r[i].dev, k_what[ph]);
+        }
     return 0;
 }

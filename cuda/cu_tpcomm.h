@@ -43,8 +43,10 @@
  * the codec kernels see (a non-finite input or sum, a corrupt payload) is
  * collected on the device into a per-rank sticky word without any
  * synchronisation; cu_tp_status() synchronises the streams and returns it
- * (TAH_ENONFINITE, TAH_ERANGE, TAH_ECORRUPT) for every compressed
- * all-reduce since its last call; out is then unspecified.
+ * (TAH_ENONFINITE, TAH_ERANGE, TAH_ECORRUPT: the first phase -- input,
+ * sum, output -- that saw one, so a NaN input reads as TAH_ENONFINITE, not
+ * as the corrupt codes it left) for every compressed all-reduce since its
+ * last call; out is then unspecified.
  *
  * Memory: the group owns its device buffers (allocated up front for
  * all-reduces of up to max_n elements: an fp32 copy, the decoded chunks and
