@@ -22,7 +22,8 @@
 #include <string.h>
 
 #include "cu_stage.h"
-#include "cu_stage_impl.cuh"
+#include "cu_stage_impl.cuh" // first: its extern "C" block declares codec.h's functions with C linkage
+#include "cu_codec.h"        // cu_codec_encode: boundary tensors encoded on the device
 #ifdef TAH_HAVE_NCCL
 #include "cu_tpcomm.h" // cu_tp_new, cu_tp_broadcast, cu_tp_destroy, CU_TP_MAX
 static_assert(TP_MAX <= CU_TP_MAX, "the NCCL group holds every tensor-parallel rank");
@@ -147,6 +148,7 @@ static int b_backward(stage_t *s, int mb, const float *dout, float dloss, float 
     if (!sl)
         return TAH_EINVAL;
     int rc = cs_backward(s, sl, dout, dloss, dinp);
+    c->dinp_mb = rc == 0 && !s->o.first ? mb : -1;
     sl->mb = -1;
     return rc;
 }
@@ -466,6 +468,15 @@ static void b_destroy(stage_t *s)
             cublasLtDestroy(g->lt);
         cudaStreamDestroy(g->st);
     }
+    if (c->g[0].st) { // the wire stream's buffers live on rank 0's device
+        cudaSetDevice(c->g[0].dev);
+        cudaFree(c->wscr);
+        cudaFree(c->wpay);
+        if (c->wst)
+            cudaStreamDestroy(c->wst);
+        if (c->wev)
+            cudaEventDestroy(c->wev);
+    }
     if (c->prof)
         for (int k = 0; k < CS_NPEV; k++)
             cudaEventDestroy(c->pev[k]);
@@ -688,6 +699,111 @@ static int s_create(stage_t *s, cs_dev *c)
     return 0;
 }
 
+// ---- boundary tensors encoded on the device (stage_encode_boundary) ----
+// Rank 0's tensor (every rank holds the same output; the input gradient is
+// rank 0's). The codec runs on the stage's wire stream once the compute
+// stream has produced the tensor (an event), bf16 activations widened to
+// fp32 first (the codecs read fp32), then only the payload is copied to the
+// host frame (page-locked when it comes from b_host_alloc). The call returns
+// when the frame is sealed: the next forward / backward may reuse dres and
+// stage_f.
+
+static int s_grow(cs_dev *c, const stage_t *s, void **p, size_t *have, size_t need, const char *what)
+{
+    if (need <= *have)
+        return 0;
+    cudaFree(*p);
+    *p = NULL;
+    *have = 0;
+    int rc = s_alloc(c, s, 0, p, need, what);
+    if (rc == 0)
+        *have = need;
+    return rc;
+}
+
+static int s_encode(stage_t *s, int what, int mb, const codec_spec_t *spec, uint8_t *frame, size_t len, char *err,
+                    size_t errlen)
+{
+    cs_dev *c = CS(s);
+    cs_rank *g = &c->g[0];
+    const size_t BTC = (size_t)s->o.B * s->o.T * s->o.cfg.C;
+    const codec_shape_t shape = { (uint32_t)s->o.B, (uint32_t)s->o.T, (uint32_t)s->o.cfg.C };
+    const char *src;
+    if (what == STAGE_WIRE_OUT) {
+        cs_slot *sl = mb >= 0 ? s_find(c, s, mb) : NULL;
+        if (!sl) {
+            snprintf(err, errlen, "micro-batch %d is not in flight: no output to encode", mb);
+            return TAH_EINVAL;
+        }
+        src = s->nl ? sl->a[0][A_RES3] + (size_t)(s->nl - 1) * BTC * c->xs : sl->a[0][A_IN];
+    } else {
+        if (mb < 0 || c->dinp_mb != mb) {
+            snprintf(err, errlen, "the last backward was not micro-batch %d: no input gradient to encode", mb);
+            return TAH_EINVAL;
+        }
+        src = g->dres;
+    }
+    const size_t scr = cu_codec_scratch_bytes(spec, shape);
+    if (!scr || len <= CODEC_HEADER_SIZE) {
+        snprintf(err, errlen, "codec spec or shape (%u,%u,%u) not encodable on the device", shape.b, shape.s, shape.c);
+        return TAH_EINVAL;
+    }
+    CK(cudaSetDevice(g->dev));
+    if (!c->wst) {
+        CK(cudaStreamCreateWithFlags(&c->wst, cudaStreamNonBlocking));
+        CK(cudaEventCreateWithFlags(&c->wev, cudaEventDisableTiming));
+    }
+    int rc;
+    const size_t pay = len - CODEC_HEADER_SIZE;
+    if ((rc = s_grow(c, s, &c->wscr, &c->wscr_n, scr, "codec scratch")) != 0 ||
+        (rc = s_grow(c, s, (void **)&c->wpay, &c->wpay_n, pay, "codec payload")) != 0)
+        return rc;
+    CK(cudaEventRecord(c->wev, g->st));
+    CK(cudaStreamWaitEvent(c->wst, c->wev, 0));
+    const float *x = (const float *)src;
+    if (c->bf16) {
+        CK(cl_to_f32<cu_bf16>(g->stage_f, (const cu_bf16 *)src, BTC, c->wst));
+        x = g->stage_f;
+    }
+    char cerr[256] = "";
+    rc = cu_codec_encode(spec, shape, x, c->wpay, c->wscr, c->wst, cerr, sizeof cerr);
+    if (rc == TAH_EDEVICE)
+        return cs_fail(c, s, "cu_codec_encode", cerr, __FILE__, __LINE__);
+    if (rc == 0) {
+        CK(cudaMemcpyAsync(frame + CODEC_HEADER_SIZE, c->wpay, pay, cudaMemcpyDeviceToHost, c->wst));
+        rc = cu_codec_status(c->wscr, c->wst, cerr, sizeof cerr);
+        if (rc == TAH_EDEVICE)
+            return cs_fail(c, s, "cu_codec_status", cerr, __FILE__, __LINE__);
+    }
+    if (rc == 0)
+        rc = codec_frame_seal(spec, shape, frame, len, cerr, sizeof cerr);
+    if (rc)
+        snprintf(err, errlen, "encoding the %s on cuda:%d: %s", what == STAGE_WIRE_OUT ? "output" : "input gradient",
+                 g->dev, cerr);
+    return rc;
+}
+
+static int b_encode(stage_t *s, int what, int mb, const codec_spec_t *spec, uint8_t *frame, size_t len, char *err,
+                    size_t errlen)
+{
+    cs_dev *c = CS(s);
+    int rc = c->failed ? TAH_EDEVICE : s_encode(s, what, mb, spec, frame, len, err, errlen);
+    if (c->failed)
+        snprintf(err, errlen, "%s", c->err);
+    return rc;
+}
+
+static void *b_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+    return cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) == cudaSuccess ? p : NULL;
+}
+
+static void b_host_free(void *p)
+{
+    cudaFreeHost(p);
+}
+
 static void *b_create(stage_t *s, char *err, size_t errlen)
 {
     cs_dev *c = (cs_dev *)calloc(1, sizeof *c);
@@ -699,6 +815,7 @@ static void *b_create(stage_t *s, char *err, size_t errlen)
     c->tp = s->o.tp > 1 ? s->o.tp : 1;
     c->bf16 = s->o.precision == STAGE_BF16;
     c->xs = c->bf16 ? sizeof(cu_bf16) : sizeof(float);
+    c->dinp_mb = -1;
     int n = 0;
     for (int r = 0; r < c->tp; r++) {
         c->g[r].dev = stage_device(&s->o, r);
@@ -718,6 +835,7 @@ static void *b_create(stage_t *s, char *err, size_t errlen)
 static const stage_backend_t k_backend = {
     "cuda",        b_create,  b_destroy, b_forward,  b_backward,  b_discard, b_inflight, b_zero_grad,
     b_tied_sync_self, b_grad_sumsq, b_step, b_to_host, b_to_device, b_describe, b_error,
+    b_encode,      b_host_alloc, b_host_free,
 };
 
 extern "C" void cu_stage_register(void)

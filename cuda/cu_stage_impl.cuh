@@ -99,6 +99,13 @@ struct cs_dev {
     cudaEvent_t pev[CS_NPEV];   // events of the current forward / backward (rank 0)
     int pph[CS_NPEV], npev;     // phase each event closes
     double pms[P_N];            // accumulated ms per phase
+    // stage_encode_boundary (rank 0's tensors): its own stream, codec scratch and payload buffer
+    cudaStream_t wst;
+    cudaEvent_t wev;
+    void *wscr;
+    uint8_t *wpay;
+    size_t wscr_n, wpay_n;
+    int dinp_mb;                // micro-batch whose input gradient rank 0's dres holds, -1 when none
     char devname[64];           // rank 0's GPU
     char devlist[64];           // "0" or "0,1"
     char err[512];              // the first device error (sticky)

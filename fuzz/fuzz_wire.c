@@ -112,7 +112,7 @@ static void s_data(uint8_t sel, const uint8_t *data, size_t size)
     int rc = link_check(&x, (int)h->from_stage, cur, h, payload, len, out, sizeof out, err, sizeof err);
     if (rc == 0 && h->kind != TAH__DATA_KIND__DATA_PING) {
         int tensor = h->kind != TAH__DATA_KIND__DATA_NORM_PARTIAL && h->kind != TAH__DATA_KIND__DATA_NORM;
-        size_t n = link_payload_elems(&x, h->kind);
+        size_t n = link_payload_elems(&x, h);
         if (tensor)
             for (size_t i = 0; i < n; i++)
                 if (!isfinite(out[i]))

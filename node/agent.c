@@ -954,7 +954,7 @@ static void s_deliver(agent_t *a, int from, const char *peer, zmq_msg_t *hdr, zm
         wire_header_free(&h);
         return;
     }
-    size_t nelem = link_payload_elems(&j->x, h->kind);
+    size_t nelem = link_payload_elems(&j->x, h);
     size_t nbytes = nelem * (h->kind == TAH__DATA_KIND__DATA_NORM_PARTIAL ? sizeof(double) : sizeof(float));
     zmq_msg_t out;
     zmq_msg_init_size(&out, nbytes);

@@ -23,15 +23,23 @@ int link_roles(const link_expect_t *x, int from)
     return r;
 }
 
-size_t link_payload_elems(const link_expect_t *x, uint32_t kind)
+/* Rows of a TIED frame: R (1..Vp) from the first stage to the last, else Vp. */
+static uint32_t s_tied_rows(const link_expect_t *x, const Tah__DataHeader *h)
 {
-    switch (kind) {
+    if (h->from_stage == 0 && x->stage == x->S - 1 && x->S > 1 && h->t >= 1 && h->t <= (uint32_t)x->Vp)
+        return h->t;
+    return (uint32_t)x->Vp;
+}
+
+size_t link_payload_elems(const link_expect_t *x, const Tah__DataHeader *h)
+{
+    switch (h->kind) {
     case TAH__DATA_KIND__DATA_ACT:
     case TAH__DATA_KIND__DATA_GRAD:
     case TAH__DATA_KIND__DATA_EVAL:
         return (size_t)x->B * x->T * x->C;
     case TAH__DATA_KIND__DATA_TIED:
-        return (size_t)x->Vp * x->C;
+        return (size_t)s_tied_rows(x, h) * x->C;
     case TAH__DATA_KIND__DATA_NORM_PARTIAL:
         return x->nnorm;
     default:
@@ -140,7 +148,7 @@ int link_check(const link_expect_t *x, int from, int cur_step, const Tah__DataHe
                  crc, h->crc);
         return TAH_ECHECKSUM;
     }
-    size_t n = link_payload_elems(x, h->kind);
+    size_t n = link_payload_elems(x, h);
     if (h->kind == TAH__DATA_KIND__DATA_NORM_PARTIAL) {
         if (len != n * sizeof(double) || out_bytes < len) {
             snprintf(err, errlen, "norm partials of %zu bytes (expected %zu)", len, n * sizeof(double));
@@ -164,7 +172,7 @@ int link_check(const link_expect_t *x, int from, int cur_step, const Tah__DataHe
                                : h->kind == TAH__DATA_KIND__DATA_TIED ? &fp32
                                                                       : &x->fwd;
     codec_shape_t shape = h->kind == TAH__DATA_KIND__DATA_TIED
-                              ? (codec_shape_t){ 1, (uint32_t)x->Vp, (uint32_t)x->C }
+                              ? (codec_shape_t){ 1, s_tied_rows(x, h), (uint32_t)x->C }
                               : (codec_shape_t){ (uint32_t)x->B, (uint32_t)x->T, (uint32_t)x->C };
     if (h->codec != (uint32_t)want->id || h->b != shape.b || h->t != shape.s || h->c != shape.c) {
         snprintf(err, errlen, "%s header says codec %u shape (%u,%u,%u); expected codec %d shape (%u,%u,%u)", kn,

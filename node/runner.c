@@ -25,8 +25,13 @@
  *   D+1 has started (its update cannot have happened: it needs every
  *   stage), abandon it; either way write a checkpoint of the last applied
  *   step and exit with NODE_DRAINED.
- * Every received tensor was validated and decoded by the agent. */
+ * Every received tensor was validated and decoded by the agent. A stage
+ * that encodes on its device (the CUDA backend) keeps its boundary tensors
+ * there: the runner asks it for the sealed frame (stage_encode_boundary),
+ * written into one of R_NPINNED page-locked buffers that ZeroMQ then sends
+ * in place and hands back (s_pinned_done) once the bytes are out. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +59,14 @@ typedef struct s_entry {
     zmq_msg_t msg;
 } s_entry_t;
 
+#define R_NPINNED 8 /* page-locked frame buffers of a device-encoding stage */
+
+typedef struct s_pinned {
+    uint8_t *buf; /* NULL: not allocated (frames then go through pageable memory) */
+    size_t cap;
+    atomic_int busy; /* 1 from the send until ZeroMQ is done with the bytes */
+} s_pinned_t;
+
 typedef struct runner {
     node_job_t *job;
     link_expect_t *x;
@@ -66,6 +79,11 @@ typedef struct runner {
     int *inputs, *targets;   /* (M, B,T) */
     int *vin, *vtg;          /* (B,T) */
     float *tmp;              /* (B,T,C) */
+    int dev_enc;             /* the stage encodes its boundary tensors on its device */
+    uint8_t *rowmask;        /* tied, first or last stage: (Vp) */
+    int *rows;               /* (Vp): the wte rows of the step (s_tied_rows) */
+    float *rowbuf;           /* first stage: (Vp, C), those rows of the gradient */
+    s_pinned_t pinned[R_NPINNED];
     float *losses;           /* (M) */
     double *slots;           /* nnorm */
     optim_opts_t optim;      /* the job's, with total_steps = steps (as tah-train) */
@@ -140,20 +158,48 @@ static int s_send_msg(runner_t *r, int dest, Tah__DataHeader *h, zmq_msg_t *payl
     return rc;
 }
 
+static void s_pinned_done(void *data, void *hint)
+{
+    (void)data;
+    atomic_store((atomic_int *)hint, 0);
+}
+
+/* Encode and send a boundary tensor: data (host, float32) through the CPU
+ * codec, or, with data NULL, the stage's own tensor `what` of micro-batch
+ * mb encoded on its device into a free page-locked buffer. */
 static int s_send_tensor(runner_t *r, int dest, uint32_t kind, int step, int mb, const codec_spec_t *spec,
-                         codec_shape_t shape, const float *data)
+                         codec_shape_t shape, const float *data, int what)
 {
     int64_t fs = codec_frame_size(spec, shape);
     if (fs < 0)
         return (int)fs;
     zmq_msg_t payload;
-    if (zmq_msg_init_size(&payload, (size_t)fs) != 0)
-        return TAH_ENOMEM;
+    s_pinned_t *pb = NULL;
+    for (int i = 0; !data && !pb && i < R_NPINNED; i++)
+        if (r->pinned[i].buf && r->pinned[i].cap >= (size_t)fs && !atomic_load(&r->pinned[i].busy))
+            pb = &r->pinned[i];
+    uint8_t *frame;
+    if (pb) {
+        frame = pb->buf;
+    } else {
+        if (zmq_msg_init_size(&payload, (size_t)fs) != 0)
+            return TAH_ENOMEM;
+        frame = zmq_msg_data(&payload);
+    }
     size_t written = 0;
-    char cerr[CODEC_ERRLEN] = "";
-    int rc = codec_encode(spec, shape, data, zmq_msg_data(&payload), (size_t)fs, &written, cerr, sizeof cerr);
+    char cerr[512] = "";
+    int rc = data ? codec_encode(spec, shape, data, frame, (size_t)fs, &written, cerr, sizeof cerr)
+                  : stage_encode_boundary(r->st, what, mb, spec, frame, (size_t)fs, &written, cerr, sizeof cerr);
+    if (!rc && pb) {
+        atomic_store(&pb->busy, 1);
+        if (zmq_msg_init_data(&payload, pb->buf, (size_t)fs, s_pinned_done, &pb->busy) != 0) {
+            atomic_store(&pb->busy, 0);
+            return TAH_ENOMEM;
+        }
+    }
     if (rc) {
-        zmq_msg_close(&payload);
+        if (!pb)
+            zmq_msg_close(&payload);
         snprintf(r->job->reason, sizeof r->job->reason, "step %d: encoding %s mb %d failed: %s (%s)", step,
                  wire_data_kind_name(kind), mb, cerr, tah_strerror(rc));
         return rc;
@@ -272,6 +318,23 @@ static int s_aborted(runner_t *r, int step)
     return 1;
 }
 
+/* The rows of wte the first stage's step touched: the distinct tokens of
+ * its M batches, ascending, into r->rows; returns their count. The first
+ * and the last stage load the same batches, so both get the same rows. */
+static size_t s_tied_rows(runner_t *r)
+{
+    const link_expect_t *x = r->x;
+    const size_t n = (size_t)x->M * x->B * x->T;
+    memset(r->rowmask, 0, (size_t)x->Vp);
+    for (size_t i = 0; i < n; i++)
+        r->rowmask[r->inputs[i]] = 1; /* data_load checked every token < V <= Vp */
+    size_t nrows = 0;
+    for (int v = 0; v < x->Vp; v++)
+        if (r->rowmask[v])
+            r->rows[nrows++] = v;
+    return nrows;
+}
+
 /* Validation pass (forward only), as trainer_eval: batch i of the val
  * loader from position 0, micro-batch slot 0. */
 static int s_eval(runner_t *r, int step, double *val_loss)
@@ -293,17 +356,22 @@ static int s_eval(runner_t *r, int step, double *val_loss)
             in = zmq_msg_data(&r->stash[idx].msg);
         }
         float l = 0.0f;
-        int rc = stage_forward(r->st, 0, r->vin, in, r->vtg, r->tmp, &l);
-        stage_discard(r->st, 0);
+        int rc = stage_forward(r->st, 0, r->vin, in, r->vtg, r->dev_enc ? NULL : r->tmp, &l);
         if (idx >= 0)
             s_release(r, idx);
-        if (rc)
+        if (rc) {
+            stage_discard(r->st, 0);
             return s_fail(r, step, "validation forward failed (%s)", tah_strerror(rc));
+        }
         if (k < S - 1) {
-            rc = s_send_tensor(r, NODE_DEST_DOWN, TAH__DATA_KIND__DATA_EVAL, step, i, &x->fwd, shape, r->tmp);
+            /* micro-batch slot 0 (the forward's) holds the device tensor until the discard */
+            rc = s_send_tensor(r, NODE_DEST_DOWN, TAH__DATA_KIND__DATA_EVAL, step, i, &x->fwd, shape,
+                               r->dev_enc ? NULL : r->tmp, STAGE_WIRE_OUT);
+            stage_discard(r->st, 0);
             if (rc)
                 return s_fail(r, step, "sending a validation activation failed (%s)", tah_strerror(rc));
         } else {
+            stage_discard(r->st, 0);
             sum += l;
         }
     }
@@ -336,14 +404,16 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
                     return s_aborted(r, step);
                 in = zmq_msg_data(&r->stash[idx].msg);
             }
-            rc = stage_forward(st, m, r->inputs + m * BT, in, r->targets + m * BT, k < S - 1 ? r->tmp : NULL,
+            rc = stage_forward(st, m, r->inputs + m * BT, in, r->targets + m * BT,
+                               k < S - 1 && !r->dev_enc ? r->tmp : NULL,
                                &r->losses[m]);
             if (idx >= 0)
                 s_release(r, idx);
             if (rc)
                 return s_fail(r, step, "schedule error: forward failed (%s)", tah_strerror(rc));
             if (k < S - 1) {
-                rc = s_send_tensor(r, NODE_DEST_DOWN, TAH__DATA_KIND__DATA_ACT, step, m, &x->fwd, shape, r->tmp);
+                rc = s_send_tensor(r, NODE_DEST_DOWN, TAH__DATA_KIND__DATA_ACT, step, m, &x->fwd, shape,
+                                   r->dev_enc ? NULL : r->tmp, STAGE_WIRE_OUT);
                 if (rc)
                     return s_fail(r, step, "sending an activation failed (%s)", tah_strerror(rc));
                 r->fp32_fwd += (uint64_t)r->fp32_fs;
@@ -356,13 +426,14 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
                     return s_aborted(r, step);
                 dout = zmq_msg_data(&r->stash[idx].msg);
             }
-            rc = stage_backward(st, m, dout, dloss, k > 0 ? r->tmp : NULL);
+            rc = stage_backward(st, m, dout, dloss, k > 0 && !r->dev_enc ? r->tmp : NULL);
             if (idx >= 0)
                 s_release(r, idx);
             if (rc)
                 return s_fail(r, step, "schedule error: backward failed (%s)", tah_strerror(rc));
             if (k > 0) {
-                rc = s_send_tensor(r, NODE_DEST_UP, TAH__DATA_KIND__DATA_GRAD, step, m, &x->bwd, shape, r->tmp);
+                rc = s_send_tensor(r, NODE_DEST_UP, TAH__DATA_KIND__DATA_GRAD, step, m, &x->bwd, shape,
+                                   r->dev_enc ? NULL : r->tmp, STAGE_WIRE_DINP);
                 if (rc)
                     return s_fail(r, step, "sending a gradient failed (%s)", tah_strerror(rc));
                 r->fp32_bwd += (uint64_t)r->fp32_fs;
@@ -370,33 +441,44 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
         }
     }
 
-    /* tied embeddings: both copies become first + last */
+    /* tied embeddings: both copies become first + last. The last stage
+     * sends its dense head gradient as soon as its backward passes are
+     * done; the first stage sends only the rows of wte its step touched
+     * (link.h), which the last stage adds to its copy. */
     if (x->tied && S == 1) {
         stage_tied_sync(st, st);
     } else if (x->tied && (k == 0 || k == S - 1)) {
         codec_spec_t fp32;
         codec_spec_default(CODEC_FP32, &fp32);
-        codec_shape_t ts = { 1, (uint32_t)x->Vp, (uint32_t)x->C };
+        const size_t C = (size_t)x->C;
         float *mine = k == 0 ? st->g[GPT2_WTE] : st->g[STAGE_HEAD];
-        size_t n = (size_t)x->Vp * x->C;
+        size_t nrows = s_tied_rows(r);
         if (stage_sync_to_host(st, STAGE_SYNC_TIED) != 0) /* GPU stage: mine is its host mirror */
             return s_fail(r, step, "copying the tied gradient from the GPU failed: %s", stage_error(st));
-        if (k == 0) {
-            rc = s_send_tensor(r, NODE_DEST_TIED, TAH__DATA_KIND__DATA_TIED, step, 0, &fp32, ts, mine);
-            if (rc)
-                return s_fail(r, step, "sending the tied gradient failed (%s)", tah_strerror(rc));
-        }
+        if (k == 0)
+            for (size_t i = 0; i < nrows; i++)
+                memcpy(r->rowbuf + i * C, mine + (size_t)r->rows[i] * C, C * sizeof(float));
+        codec_shape_t ts = { 1, (uint32_t)(k == 0 ? nrows : (size_t)x->Vp), (uint32_t)C };
+        rc = s_send_tensor(r, NODE_DEST_TIED, TAH__DATA_KIND__DATA_TIED, step, 0, &fp32, ts,
+                           k == 0 ? r->rowbuf : mine, 0);
+        if (rc)
+            return s_fail(r, step, "sending the tied gradient failed (%s)", tah_strerror(rc));
         int idx = s_wait(r, TAH__DATA_KIND__DATA_TIED, step, 0);
         if (idx < 0)
             return s_aborted(r, step);
-        if (k == S - 1) {
-            rc = s_send_tensor(r, NODE_DEST_TIED, TAH__DATA_KIND__DATA_TIED, step, 0, &fp32, ts, mine);
-            if (rc) {
-                s_release(r, idx);
-                return s_fail(r, step, "sending the tied gradient failed (%s)", tah_strerror(rc));
-            }
+        const float *peer = zmq_msg_data(&r->stash[idx].msg);
+        if (k == 0) {
+            stage_tied_reduce(mine, peer, (size_t)x->Vp * C, 1);
+        } else if (zmq_msg_size(&r->stash[idx].msg) != nrows * C * sizeof(float)) {
+            char why[128];
+            snprintf(why, sizeof why, "%zu bytes of rows from the first stage, expected %zu rows (%zu bytes)",
+                     zmq_msg_size(&r->stash[idx].msg), nrows, nrows * C * sizeof(float));
+            s_release(r, idx);
+            return s_fail(r, step, "tied gradient: %s", why);
+        } else {
+            for (size_t i = 0; i < nrows; i++)
+                stage_tied_reduce(mine + (size_t)r->rows[i] * C, peer + i * C, C, 0);
         }
-        stage_tied_reduce(mine, zmq_msg_data(&r->stash[idx].msg), n, k == 0);
         s_release(r, idx);
         if (stage_sync_to_device(st, STAGE_SYNC_TIED) != 0)
             return s_fail(r, step, "copying the tied gradient to the GPU failed: %s", stage_error(st));
@@ -619,11 +701,27 @@ static int s_setup(runner_t *r, int *start)
     r->stash = calloc((size_t)r->nstash, sizeof *r->stash);
     if (!r->inputs || !r->targets || !r->vin || !r->vtg || !r->tmp || !r->losses || !r->slots || !r->stash)
         goto nomem;
+    if (x->tied && x->S > 1 && (x->stage == 0 || x->stage == x->S - 1)) {
+        r->rowmask = malloc((size_t)x->Vp);
+        r->rows = malloc((size_t)x->Vp * sizeof(int));
+        r->rowbuf = x->stage == 0 ? malloc((size_t)x->Vp * x->C * sizeof(float)) : NULL;
+        if (!r->rowmask || !r->rows || (x->stage == 0 && !r->rowbuf))
+            goto nomem;
+    }
+    /* TAH_NODE_HOST_ENCODE=1: encode on the host anyway (to compare the two paths) */
+    const char *he = getenv("TAH_NODE_HOST_ENCODE");
+    r->dev_enc = stage_encodes_on_device(r->st) && !(he && !strcmp(he, "1"));
+    size_t cap = (size_t)(r->fwd_fs > r->bwd_fs ? r->fwd_fs : r->bwd_fs);
+    for (int i = 0; r->dev_enc && i < R_NPINNED; i++) {
+        r->pinned[i].buf = stage_host_alloc(r->st, cap);
+        r->pinned[i].cap = r->pinned[i].buf ? cap : 0;
+        atomic_init(&r->pinned[i].busy, 0);
+    }
     char d[256];
     stage_describe(r->st, d, sizeof d);
-    log_info("job %llu: stage %d/%d: %s; codecs fwd %s (%lld B/frame) bwd %s (%lld B/frame)",
+    log_info("job %llu: stage %d/%d: %s; codecs fwd %s (%lld B/frame) bwd %s (%lld B/frame), encoded on the %s",
              (unsigned long long)j->id, j->stage, j->S, d, t->fwd_codec, (long long)r->fwd_fs, t->bwd_codec,
-             (long long)r->bwd_fs);
+             (long long)r->bwd_fs, r->dev_enc ? "device into page-locked frames" : "host");
     return 0;
 nomem:
     snprintf(err, sizeof err, "out of memory building the stage");
@@ -640,6 +738,19 @@ static void s_teardown(runner_t *r)
         if (r->stash[i].used)
             s_release(r, i);
     free(r->stash);
+    /* ZeroMQ may still be sending from a page-locked frame: wait for it
+     * (up to 5 s), and leave a buffer it never hands back allocated */
+    for (int i = 0; r->st && i < R_NPINNED; i++) {
+        if (!r->pinned[i].buf)
+            continue;
+        for (int t = 0; t < 500 && atomic_load(&r->pinned[i].busy); t++)
+            nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
+        if (atomic_load(&r->pinned[i].busy))
+            log_warn("a frame buffer is still in use by the network layer; not freed");
+        else
+            stage_host_free(r->st, r->pinned[i].buf);
+        r->pinned[i].buf = NULL;
+    }
     stage_destroy(&r->st);
     free(r->acts);
     data_destroy(&r->train);
@@ -649,6 +760,9 @@ static void s_teardown(runner_t *r)
     free(r->vin);
     free(r->vtg);
     free(r->tmp);
+    free(r->rowmask);
+    free(r->rows);
+    free(r->rowbuf);
     free(r->losses);
     free(r->slots);
     free(r->spec);

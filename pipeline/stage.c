@@ -571,6 +571,55 @@ int stage_sync_to_device(stage_t *s, int what)
     return s->cu ? s_backend->to_device(s, what) : 0;
 }
 
+int stage_encodes_on_device(const stage_t *s)
+{
+    return s->cu != NULL && s_backend->encode != NULL;
+}
+
+int stage_encode_boundary(stage_t *s, int what, int mb, const codec_spec_t *spec, uint8_t *frame, size_t cap,
+                          size_t *written, char *err, size_t errlen)
+{
+    if (!stage_encodes_on_device(s)) {
+        snprintf(err, errlen, "this stage encodes on the host (cpu backend)");
+        return TAH_EINVAL;
+    }
+    if ((what == STAGE_WIRE_OUT && s->o.last) || (what == STAGE_WIRE_DINP && s->o.first) ||
+        (what != STAGE_WIRE_OUT && what != STAGE_WIRE_DINP)) {
+        snprintf(err, errlen, "stage (layers %d..%d) has no %s boundary tensor", s->o.layer0, s->o.layer1 - 1,
+                 what == STAGE_WIRE_OUT ? "output" : what == STAGE_WIRE_DINP ? "input-gradient" : "such");
+        return TAH_EINVAL;
+    }
+    codec_shape_t shape = { (uint32_t)s->o.B, (uint32_t)s->o.T, (uint32_t)s->o.cfg.C };
+    int64_t fs = codec_frame_size(spec, shape);
+    if (fs < 0) {
+        snprintf(err, errlen, "codec frame size: %s", tah_strerror((int)fs));
+        return (int)fs;
+    }
+    if ((size_t)fs > cap) {
+        snprintf(err, errlen, "frame buffer of %zu bytes, the frame needs %lld", cap, (long long)fs);
+        return TAH_ESPACE;
+    }
+    int rc = s_backend->encode(s, what, mb, spec, frame, (size_t)fs, err, errlen);
+    if (rc == 0 && written)
+        *written = (size_t)fs;
+    return rc;
+}
+
+void *stage_host_alloc(const stage_t *s, size_t bytes)
+{
+    return s->cu && s_backend->host_alloc ? s_backend->host_alloc(bytes) : malloc(bytes ? bytes : 1);
+}
+
+void stage_host_free(const stage_t *s, void *p)
+{
+    if (!p)
+        return;
+    if (s->cu && s_backend->host_free)
+        s_backend->host_free(p);
+    else
+        free(p);
+}
+
 void stage_describe(const stage_t *s, char *buf, size_t buflen)
 {
     if (s->cu) {

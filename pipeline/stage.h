@@ -185,6 +185,28 @@ enum { STAGE_SYNC_PARAMS = 1, STAGE_SYNC_MOMENTS = 2, STAGE_SYNC_TIED = 4, STAGE
 int stage_sync_to_host(const stage_t *s, int what);
 int stage_sync_to_device(stage_t *s, int what);
 
+/* Boundary tensors encoded where they live (the CUDA backend; issue 6):
+ * the codec runs on the stage's device and only the payload crosses to the
+ * host, one device-to-host copy into frame + 64, then the frame is sealed
+ * (header + CRC, codec_frame_seal). what = STAGE_WIRE_OUT: the output of
+ * micro-batch mb's stage_forward (non-last stages; mb still in flight, so
+ * before any stage_discard); STAGE_WIRE_DINP: the input gradient of the last
+ * stage_backward (non-first stages; mb is that call's). Either call may have
+ * passed out / dinp = NULL. The frame is byte for byte what codec_encode
+ * writes for the same tensor in float32 (cuda/cu_codec.h). frame holds
+ * cap >= codec_frame_size(spec, shape (B,T,C)) bytes; stage_host_alloc
+ * memory (pinned) is copied into fastest. 0, TAH_EINVAL (no such tensor,
+ * a CPU stage), TAH_ESPACE, a codec error (TAH_ENONFINITE...) or
+ * TAH_EDEVICE, with err filled. */
+enum { STAGE_WIRE_OUT = 1, STAGE_WIRE_DINP = 2 };
+int stage_encodes_on_device(const stage_t *s);
+int stage_encode_boundary(stage_t *s, int what, int mb, const codec_spec_t *spec, uint8_t *frame, size_t cap,
+                          size_t *written, char *err, size_t errlen);
+/* Host memory for frames: page-locked on a CUDA stage (NULL if that fails),
+ * malloc otherwise. Free with stage_host_free on the same stage. */
+void *stage_host_alloc(const stage_t *s, size_t bytes);
+void stage_host_free(const stage_t *s, void *p);
+
 /* One line: "layers 0..3 (first, last), 1234 params, cpu backend (OpenBLAS, 2 threads)"
  * plus the tensor-parallel degree and codecs when tp > 1. */
 void stage_describe(const stage_t *s, char *buf, size_t buflen);

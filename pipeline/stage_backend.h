@@ -40,6 +40,11 @@ typedef struct stage_backend {
     int (*to_device)(stage_t *s, int what);
     void (*describe)(const stage_t *s, char *buf, size_t buflen);
     const char *(*error)(const stage_t *s); /* NULL while no call failed */
+    /* stage_encode_boundary (stage.h); the stage checked what and the frame size */
+    int (*encode)(stage_t *s, int what, int mb, const codec_spec_t *spec, uint8_t *frame, size_t len, char *err,
+                  size_t errlen);
+    void *(*host_alloc)(size_t bytes); /* page-locked, NULL on failure */
+    void (*host_free)(void *p);
 } stage_backend_t;
 
 /* Register the backend for STAGE_CUDA (one; a later call replaces it). */

@@ -131,6 +131,52 @@ typedef struct {
     double act, grad, param;
 } tols_t;
 
+/* stage_encode_boundary: the device's frame of a boundary tensor is byte for
+ * byte the CPU codec's frame of the same tensor read back as float32
+ * (host), for every wire codec; a tensor that is not there is refused. */
+static const char *const k_wire_specs[] = { "tah", "fixpt:bits=8", "ash-fp8", "int:bits=4", "fp32" };
+#define N_WIRE_SPECS (sizeof k_wire_specs / sizeof k_wire_specs[0])
+
+static void s_check_wire(const char *ctx, stage_t *g, int what, int mb, const float *host)
+{
+    const stage_opts_t *o = &g->o;
+    codec_shape_t shape = { (uint32_t)o->B, (uint32_t)o->T, (uint32_t)o->cfg.C };
+    char err[512];
+    for (size_t i = 0; i < N_WIRE_SPECS; i++) {
+        codec_spec_t spec;
+        if (codec_spec_parse(k_wire_specs[i], &spec, err, sizeof err) != 0) {
+            CHECK(0, "spec %s: %s", k_wire_specs[i], err);
+            continue;
+        }
+        int64_t fs = codec_frame_size(&spec, shape);
+        CHECK(fs > 0, "frame size of %s", k_wire_specs[i]);
+        if (fs <= 0)
+            continue;
+        uint8_t *dev = stage_host_alloc(g, (size_t)fs), *cpu = malloc((size_t)fs);
+        CHECK(dev && cpu, "frame buffers");
+        if (!dev || !cpu) {
+            stage_host_free(g, dev);
+            free(cpu);
+            return;
+        }
+        size_t wd = 0, wc = 0;
+        int rd = stage_encode_boundary(g, what, mb, &spec, dev, (size_t)fs, &wd, err, sizeof err);
+        CHECK(rd == 0, "%s: device encode %s: %s", ctx, k_wire_specs[i], err);
+        int rcc = codec_encode(&spec, shape, host, cpu, (size_t)fs, &wc, err, sizeof err);
+        CHECK(rcc == 0, "%s: cpu encode %s: %s", ctx, k_wire_specs[i], err);
+        if (rd == 0 && rcc == 0)
+            CHECK(wd == wc && !memcmp(dev, cpu, wc), "%s: %s %s frame differs from the CPU codec's", ctx,
+                  what == STAGE_WIRE_OUT ? "output" : "dinp", k_wire_specs[i]);
+        /* too small a buffer and a micro-batch that is not there: refused */
+        CHECK(stage_encode_boundary(g, what, mb, &spec, dev, (size_t)fs - 1, NULL, err, sizeof err) == TAH_ESPACE,
+              "short frame buffer accepted");
+        CHECK(stage_encode_boundary(g, what, mb + 7, &spec, dev, (size_t)fs, NULL, err, sizeof err) == TAH_EINVAL,
+              "micro-batch %d encoded", mb + 7);
+        stage_host_free(g, dev);
+        free(cpu);
+    }
+}
+
 static void s_run_split(const gpt2_model_t *model, int S, int tied, int precision, const tols_t *tol, int tp)
 {
     const gpt2_config_t *cfg = &model->cfg;
@@ -170,6 +216,7 @@ static void s_run_split(const gpt2_model_t *model, int S, int tied, int precisio
         if (!cpu[k] || !gpu[k])
             goto out;
         CHECK(stage_load_params(cpu[k], model) == 0, "cpu load");
+        CHECK(!stage_encodes_on_device(cpu[k]) && stage_encodes_on_device(gpu[k]), "encodes_on_device");
         int rc = stage_load_params(gpu[k], model);
         CHECK(rc == 0, "cuda load: %s", *stage_error(gpu[k]) ? stage_error(gpu[k]) : tah_strerror(rc));
         if (k == 0) {
@@ -204,6 +251,8 @@ static void s_run_split(const gpt2_model_t *model, int S, int tied, int precisio
                 if (k < S - 1) {
                     snprintf(w, sizeof w, "r%d s%d mb%d out", round, k, m);
                     s_cmp(ctx, w, gout, act[k][m], BTC, tol->act);
+                    if (round == 0)
+                        s_check_wire(ctx, gpu[k], STAGE_WIRE_OUT, m, gout);
                 } else {
                     snprintf(w, sizeof w, "r%d mb%d loss %.5f", round, m, lc);
                     s_cmp(ctx, w, &lg, &lc, 1, tol->act);
@@ -226,6 +275,8 @@ static void s_run_split(const gpt2_model_t *model, int S, int tied, int precisio
                     char w[64];
                     snprintf(w, sizeof w, "r%d s%d mb%d dinp", round, k, m);
                     s_cmp(ctx, w, gout, dact[k][m], BTC, tol->grad);
+                    if (round == 0)
+                        s_check_wire(ctx, gpu[k], STAGE_WIRE_DINP, m, gout);
                 }
             }
         }

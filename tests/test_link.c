@@ -209,6 +209,32 @@ static void test_tied_and_norm(void **state)
     assert_int_equal(s_check(&mid, 0, &t, out, n), TAH_EINVAL); /* stage 0 is not stage 2's tied partner */
     free(t.payload);
 
+    /* the first stage sends the R rows of wte its step touched: 1 <= R <= Vp
+     * rows to the last stage; the last stage always sends all Vp */
+    const link_expect_t first = s_expect(0);
+    msg_t rows = s_tensor(&last, TAH__DATA_KIND__DATA_TIED, 0, "fp32", (codec_shape_t){ 1, 3, C }, g);
+    rows.h.mb = 0;
+    assert_int_equal(link_payload_elems(&last, &rows.h), (size_t)3 * C);
+    assert_int_equal(s_check(&last, 0, &rows, out, n), 0);
+    assert_memory_equal(out, g, (size_t)3 * C * sizeof(float));
+    free(rows.payload);
+    rows = s_tensor(&first, TAH__DATA_KIND__DATA_TIED, 3, "fp32", (codec_shape_t){ 1, 3, C }, g);
+    rows.h.mb = 0;
+    assert_int_equal(link_payload_elems(&first, &rows.h), n);
+    assert_int_equal(s_check(&first, 3, &rows, out, n), TAH_ESHAPE); /* rows only travel first -> last */
+    free(rows.payload);
+    t = s_tensor(&first, TAH__DATA_KIND__DATA_TIED, 3, "fp32", (codec_shape_t){ 1, VP, C }, g);
+    t.h.mb = 0;
+    assert_int_equal(s_check(&first, 3, &t, out, n), 0);
+    free(t.payload);
+    float big[(VP + 1) * C];
+    s_fill(big, (VP + 1) * (size_t)C, 4);
+    rows = s_tensor(&last, TAH__DATA_KIND__DATA_TIED, 0, "fp32", (codec_shape_t){ 1, VP + 1, C }, big);
+    rows.h.mb = 0;
+    assert_int_equal(link_payload_elems(&last, &rows.h), n);
+    assert_int_equal(s_check(&last, 0, &rows, out, n), TAH_ESHAPE); /* more rows than the vocabulary */
+    free(rows.payload);
+
     /* norm partials: exactly nnorm finite non-negative doubles */
     double slots[NSLOTS], got[NSLOTS];
     for (int i = 0; i < NSLOTS; i++)
