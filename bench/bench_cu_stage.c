@@ -16,10 +16,17 @@
  * bf16 (bf16 activations and weight copies: ~3 significant digits per
  * operand, errors averaging out over the 16k-token mean).
  *
+ * With --tp N the stage is tensor parallel over GPUs K..K+N-1 (cu_stage.h;
+ * one host thread drives them, the all-reduces over NCCL), --tp-codec SPEC
+ * compresses its all-reduces (none, ash-fp8, int:bits=4, ...; the
+ * all-gather shot takes --tp-codec-ag SPEC, default the same): the
+ * end-to-end tokens/s of `scripts/gpu-check --tp 2`.
+ *
  *   bench_cu_stage [--device K] [--precision fp32|bf16|both] [--batch B]
  *                  [--micro M] [--seq T] [--steps N] [--layers L] [--csv FILE]
- *                  [--check-cpu]
- * Exit status: 0, 1 on a device error, 2 usage, 77 without a CUDA device. */
+ *                  [--check-cpu] [--tp N] [--tp-codec SPEC] [--tp-codec-ag SPEC]
+ * Exit status: 0, 1 on a device error, 2 usage, 77 without a CUDA device
+ * (or fewer than N at --tp N). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +38,7 @@
 #include "gpt2.h"
 #include "optim.h"
 #include "stage.h"
+#include "tpcomm.h" /* tp_codec_parse, tp_codec_format, TP_MAX */
 
 static double s_now(void)
 {
@@ -91,12 +99,19 @@ static int s_cpu_loss(const gpt2_model_t *model, int B, int T, float *loss)
     return rc;
 }
 
-static int s_bench(const gpt2_model_t *model, int device, int prec, int B, int M, int T, int steps, result_t *r)
+typedef struct {
+    int tp;
+    codec_spec_t rs, ag;
+} tpopts_t;
+
+static int s_bench(const gpt2_model_t *model, int device, int prec, int B, int M, int T, int steps,
+                   const tpopts_t *tpo, result_t *r)
 {
     char err[512] = "";
     const gpt2_config_t *cfg = &model->cfg;
     stage_opts_t o = { .cfg = *cfg, .layer0 = 0, .layer1 = cfg->L, .first = 1, .last = 1, .B = B, .T = T,
-                       .nslots = M, .tied = 1, .backend = STAGE_CUDA, .device = device, .precision = prec };
+                       .nslots = M, .tied = 1, .backend = STAGE_CUDA, .device = device, .precision = prec,
+                       .tp = tpo->tp, .tp_rs = tpo->rs, .tp_ag = tpo->ag };
     stage_t *s = stage_new(&o, err, sizeof err);
     if (!s) {
         fprintf(stderr, "bench_cu_stage: %s\n", err);
@@ -188,22 +203,28 @@ static int s_bench(const gpt2_model_t *model, int device, int prec, int B, int M
     return rc ? 1 : 0;
 }
 
+static int s_usage(void)
+{
+    fprintf(stderr, "usage: bench_cu_stage [--device K] [--precision fp32|bf16|both] [--batch B] [--micro M] "
+                    "[--seq T] [--steps N] [--layers L] [--csv FILE] [--check-cpu] [--tp N] [--tp-codec SPEC] "
+                    "[--tp-codec-ag SPEC]\n");
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
     int device = 0, B = 16, M = 2, T = 1024, steps = 5, L = 12, which = 3; /* 1 fp32, 2 bf16 */
     int check_cpu = 0;
-    const char *csv = "bench_cu_stage.csv";
+    const char *csv = "bench_cu_stage.csv", *tp_codec = "none", *tp_codec_ag = NULL;
+    tpopts_t tpo = { .tp = 1 };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--check-cpu")) {
             check_cpu = 1;
             continue;
         }
-        if (!v) {
-            fprintf(stderr, "usage: bench_cu_stage [--device K] [--precision fp32|bf16|both] [--batch B] [--micro M] "
-                            "[--seq T] [--steps N] [--layers L] [--csv FILE] [--check-cpu]\n");
-            return 2;
-        }
+        if (!v)
+            return s_usage();
         if (!strcmp(a, "--device"))
             device = atoi(v);
         else if (!strcmp(a, "--precision"))
@@ -220,6 +241,18 @@ int main(int argc, char **argv)
             L = atoi(v);
         else if (!strcmp(a, "--csv"))
             csv = v;
+        else if (!strcmp(a, "--tp")) {
+            char *end = NULL;
+            long t = strtol(v, &end, 10);
+            if (*end || end == v || t < 1 || t > TP_MAX) {
+                fprintf(stderr, "bench_cu_stage: --tp %s: want 1..%d\n", v, TP_MAX);
+                return s_usage();
+            }
+            tpo.tp = (int)t;
+        } else if (!strcmp(a, "--tp-codec"))
+            tp_codec = v;
+        else if (!strcmp(a, "--tp-codec-ag"))
+            tp_codec_ag = v;
         else {
             fprintf(stderr, "bench_cu_stage: unknown option %s\n", a);
             return 2;
@@ -230,9 +263,32 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_cu_stage: bad sizes\n");
         return 2;
     }
-    if (cu_stage_device_count() < 1) {
-        printf("bench_cu_stage: no CUDA device; skipped\n");
+    {
+        char cerr[256];
+        if (tp_codec_parse(tp_codec, &tpo.rs, cerr, sizeof cerr) != 0 ||
+            tp_codec_parse(tp_codec_ag ? tp_codec_ag : tp_codec, &tpo.ag, cerr, sizeof cerr) != 0) {
+            fprintf(stderr, "bench_cu_stage: tp codec: %s\n", cerr);
+            return s_usage();
+        }
+        if (12 % tpo.tp != 0) {
+            fprintf(stderr, "bench_cu_stage: --tp %d must divide GPT-2's 12 heads\n", tpo.tp);
+            return 2;
+        }
+    }
+    if (cu_stage_device_count() < device + tpo.tp) {
+        printf("bench_cu_stage: %d CUDA device(s), cuda:%d at tp=%d needs %d; skipped\n", cu_stage_device_count(),
+               device, tpo.tp, device + tpo.tp);
         return 77;
+    }
+    char tpname[300];
+    {
+        char rs[128], ag[128];
+        tp_codec_format(&tpo.rs, rs, sizeof rs);
+        tp_codec_format(&tpo.ag, ag, sizeof ag);
+        if (!strcmp(rs, ag))
+            snprintf(tpname, sizeof tpname, "%s", rs);
+        else
+            snprintf(tpname, sizeof tpname, "%s/%s", rs, ag);
     }
     cu_stage_register();
     char err[512];
@@ -249,8 +305,9 @@ int main(int argc, char **argv)
     for (int p = 0; p < 2; p++) {
         if (!(which & (1 << p)))
             continue;
-        printf("== %s, GPT-2 L=%d, %d x %d x %d tokens per step\n", p ? "bf16" : "fp32", L, M, B, T);
-        ok[p] = s_bench(model, device, p ? STAGE_BF16 : STAGE_FP32, B, M, T, steps, &res[p]) == 0;
+        printf("== %s, GPT-2 L=%d, %d x %d x %d tokens per step, tp=%d (all-reduce %s)\n", p ? "bf16" : "fp32", L, M,
+               B, T, tpo.tp, tpo.tp > 1 ? tpname : "-");
+        ok[p] = s_bench(model, device, p ? STAGE_BF16 : STAGE_FP32, B, M, T, steps, &tpo, &res[p]) == 0;
         if (!ok[p])
             status = 1;
     }
@@ -275,8 +332,12 @@ int main(int argc, char **argv)
     }
     FILE *f = fopen(csv, "w");
     if (f)
-        fprintf(f, "precision,layers,micro,batch,seq,ms_step,tokens_s,fwd_ms,bwd_ms,opt_ms,loss_first,loss_last\n");
-    printf("\nGPT-2 (L=%d) one stage, %d x %d x %d tokens/step, median of %d steps\n", L, M, B, T, steps);
+        fprintf(f, "precision,layers,micro,batch,seq,ms_step,tokens_s,fwd_ms,bwd_ms,opt_ms,loss_first,loss_last,tp,"
+                   "steps,tp_codec\n");
+    else
+        fprintf(stderr, "bench_cu_stage: cannot write %s\n", csv);
+    printf("\nGPT-2 (L=%d) one stage, %d x %d x %d tokens/step, tp=%d%s%s, median of %d steps\n", L, M, B, T, tpo.tp,
+           tpo.tp > 1 ? ", all-reduce " : "", tpo.tp > 1 ? tpname : "", steps);
     printf("%-9s %10s %12s %9s %9s %11s %10s\n", "precision", "ms/step", "tokens/s", "fwd ms", "bwd ms",
            "norm+adamw", "loss");
     for (int p = 0; p < 2; p++) {
@@ -285,9 +346,9 @@ int main(int argc, char **argv)
         printf("%-9s %10.1f %12.0f %9.1f %9.1f %11.1f %10.4f\n", p ? "bf16" : "fp32", res[p].step_ms, res[p].tok_s,
                res[p].fwd_ms, res[p].bwd_ms, res[p].opt_ms, res[p].loss_last);
         if (f)
-            fprintf(f, "%s,%d,%d,%d,%d,%.3f,%.0f,%.3f,%.3f,%.3f,%.5f,%.5f\n", p ? "bf16" : "fp32", L, M, B, T,
-                    res[p].step_ms, res[p].tok_s, res[p].fwd_ms, res[p].bwd_ms, res[p].opt_ms, res[p].loss0,
-                    res[p].loss_last);
+            fprintf(f, "%s,%d,%d,%d,%d,%.3f,%.0f,%.3f,%.3f,%.3f,%.5f,%.5f,%d,%d,\"%s\"\n", p ? "bf16" : "fp32", L, M,
+                    B, T, res[p].step_ms, res[p].tok_s, res[p].fwd_ms, res[p].bwd_ms, res[p].opt_ms, res[p].loss0,
+                    res[p].loss_last, tpo.tp, steps + 2, tpo.tp > 1 ? tpname : "-");
     }
     if (f)
         fclose(f);

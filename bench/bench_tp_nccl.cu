@@ -9,36 +9,22 @@
 // Exit 0 when every check passed, 1 on a failed check or a CUDA/NCCL error,
 // 2 on a usage error, 77 when fewer than 2 (or --gpus) GPUs are visible.
 //
-// One host thread drives all GPUs (ncclCommInitAll; NCCL calls of all ranks
-// inside one ncclGroupStart/End), each GPU on its own non-blocking stream.
-// NCCL_NVLS_ENABLE=0 is set before NCCL starts (NVLink multicast must stay
-// off on the machines this runs on).
-//
-// Two-shot compressed all-reduce, per rank r of N (tensor n, padded with
-// zeros to N*k, k = ceil(n/N) rounded up to 256 = the ash-fp8 block and a
-// multiple of the int group of 128):
-//   0. convert its bf16 tensor to fp32 (k_bf16_to_f32: the codecs take fp32);
-//   1. encode chunk j (elements [j*k, (j+1)*k)) once for every j with the
-//      reduce-scatter codec: a payload of shape (1,1,k);
-//   2. all-to-all: grouped ncclSend/ncclRecv hands rank j every rank's
-//      payload of chunk j (its own stays in place);
-//   3. decode the N payloads of chunk r (its own included, so every
-//      contribution went through the codec once) and sum them in fp32 in
-//      rank order 0..N-1 (k_sum_ranks);
-//   4. encode the sum once with the all-gather codec;
-//   5. ncclAllGather of the equal-size payloads (in place);
-//   6. decode all N chunks into the fp32 output, its own included, so every
-//      rank holds the same bits.
-// Exactly two compressions per element. The pairs: ash-fp8 / ash-fp8 and
-// int:bits=4 / int:bits=8 (Flash Communication's INT4 reduce-scatter with
-// an INT8 all-gather). The output is left in fp32 (the decoders write fp32).
-//
-// What goes on the wire: the codec payload only. A frame is the 64-byte
-// header + the payload (codec.h); the header is a pure function of (spec,
-// shape) apart from its CRC, both ends agree spec and shape when the group
-// is set up, and the GPU codecs write only the payload (sealing would mean a
-// device-to-host copy and a host CRC per chunk). Payload slots are padded to
-// 256 bytes (16-byte alignment for the vector paths; < 256 B per slot).
+// The all-reduces are cuda/cu_tpcomm.h's (the module the CUDA stage uses at
+// tp > 1): one host thread drives all GPUs (ncclCommInitAll; NCCL calls of
+// all ranks inside one ncclGroupStart/End), each GPU on its own non-blocking
+// stream; NCCL_NVLS_ENABLE=0 is set before NCCL starts (NVLink multicast
+// must stay off on the machines this runs on). One group per variant: codec
+// none (NCCL's all-reduce, bf16 and fp32) and the two-shot compressed
+// all-reduce (cu_tpcomm.h: the tensor zero-padded to N*k, k = ceil(n/N)
+// rounded up to the codecs' block/group; every chunk encoded once with the
+// reduce-scatter codec, all-to-all with grouped ncclSend/ncclRecv, the own
+// chunk's N payloads decoded and summed in fp32 in rank order, the sum
+// encoded once with the all-gather codec, ncclAllGather in place, every
+// chunk decoded: exactly two compressions per element, every rank the same
+// bits; only codec payloads travel, in slots padded to 256 bytes). The
+// pairs: ash-fp8 / ash-fp8 and int:bits=4 / int:bits=8 (Flash
+// Communication's INT4 reduce-scatter with an INT8 all-gather). The bf16
+// input is converted to fp32 for the codecs inside; the output is fp32.
 //
 // Timing (CUDA events on every stream, warm-up, mean of --iters): for each
 // variant, the whole loop of iterations is timed twice:
@@ -57,8 +43,9 @@
 // fp32 in rank order) against rank 0's output: relative L2 error; every
 // rank's output bitwise against rank 0's (compressed variants); up to
 // ORACLE_MB, rank 0's output bitwise against the same two-shot run with the
-// CPU codecs on the host (s_cpu_oracle); no non-finite output; every codec
-// call's status. Bounds (exit 1 beyond):
+// CPU codecs on the host (s_cpu_oracle); no non-finite output; the codec
+// status of every call (collected on the device, cu_tp_status). Bounds
+// (exit 1 beyond):
 //   NCCL fp32 < 1e-6: it only reorders fp32 sums of N terms (error ~N*2^-24);
 //   ash-fp8 < 0.1, int4/int8 < 0.2: see s_bound().
 //
@@ -80,19 +67,18 @@
 
 #include <cuda_bf16.h> // __nv_bfloat16 (before nccl.h: ncclBfloat16)
 #include <cuda_runtime.h>
-#include <nccl.h>
+#include <nccl.h> // ncclGetVersion
 
 extern "C" { // C headers without their own extern "C"
-#include "codec.h"  // codec_spec_parse, codec_frame_size, CODEC_HEADER_SIZE
+#include "codec.h"  // codec_spec_parse, codec_frame_size, codec_encode, codec_decode (the CPU oracle)
 #include "errors.h" // tah_strerror
 }
-#include "cu_codec.h" // cu_codec_encode, cu_codec_decode, cu_codec_status, cu_codec_scratch_bytes
+#include "cu_tpcomm.h" // cu_tp_new, cu_tp_allreduce, cu_tp_status, cu_tp_layout
 
 extern "C" int cu_bench_spin(cudaStream_t st, unsigned int us); // cuda/cu_bench.cu
 
-#define MAXG 8
+#define MAXG CU_TP_MAX
 #define MAXSIZES 16
-#define UNIT 256 // elements: ash-fp8 block (256), a multiple of the int group (128)
 #define WARMUP 3
 #define WATCHDOG_S 180
 #define ORACLE_MB 4 // sizes up to this also run the two-shot with the CPU codecs, compared bitwise
@@ -219,24 +205,6 @@ __global__ static void k_bf16_to_f32(float *y /* (n) */, const __nv_bfloat16 *x 
         y[i] = __bfloat162float(x[i]);
 }
 
-// acc[i] = ((dec[0][i] + dec[1][i]) + dec[2][i]) ...: rank order, fp32.
-// k4 = k/4 float4 groups; dec holds nranks chunks of k floats, k % 4 == 0.
-__global__ static void k_sum_ranks(float4 *acc /* (k/4) */, const float4 *dec /* (nranks, k/4) */, size_t k4,
-                                   int nranks)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < k4; i += (size_t)gridDim.x * blockDim.x) {
-        float4 a = dec[i];
-        for (int j = 1; j < nranks; j++) {
-            const float4 b = dec[(size_t)j * k4 + i];
-            a.x += b.x;
-            a.y += b.y;
-            a.z += b.z;
-            a.w += b.w;
-        }
-        acc[i] = a;
-    }
-}
-
 __device__ static float d_f(float v)
 {
     return v;
@@ -298,20 +266,19 @@ typedef struct s_pair {
     const char *name;  // "ash-fp8", "int4/int8"
     const char *rs_str, *ag_str;
     codec_spec_t rs, ag;
+    cu_tp_t *tp;             // the two-shot group of this pair
+    size_t k;                // chunk, this size
     size_t plen_rs, plen_ag; // payload bytes of one chunk, this size
-    size_t cap_rs, cap_ag;   // slot stride: plen rounded up to 256
+    size_t wire;             // bytes one rank sends per all-reduce, this size
 } s_pair_t;
 
 typedef struct s_gpu {
     int dev;
     cudaStream_t st;
-    ncclComm_t comm;
     cudaEvent_t e0, e1;
     __nv_bfloat16 *xbf, *ybf; // (n) input, NCCL bf16 output
-    float *xf, *yf;           // (npad) fp32 input, (n) NCCL fp32 output
-    float *out, *dec, *acc;   // (npad) output, (N, k) decoded chunks, (k) this rank's sum
-    uint8_t *rs_send, *rs_recv, *ag; // (N, cap_rs) x2, (N, cap_ag)
-    void *scratch;
+    float *xf, *yf;           // (n) fp32 input, NCCL fp32 output
+    float *out, *cmp;         // (n) two-shot output, rank 0's copied here for the comparison
     double *d_sums;          // 2 doubles
     unsigned long long *d_cnt; // 2 counters
     float *ref;              // (n) rank 0 only
@@ -319,14 +286,16 @@ typedef struct s_gpu {
 
 typedef struct s_bench {
     int N;
-    size_t n, k, npad; // this size
+    size_t n; // this size
     uint64_t seed;
     s_gpu_t g[MAXG];
+    cudaStream_t st[MAXG];
+    cu_tp_t *plain; // codec none: NCCL's all-reduce
     char err[CODEC_ERRLEN];
 } s_bench_t;
 
 enum { V_NCCL_BF16, V_NCCL_FP32, V_TWOSHOT };
-enum { M_CODEC = 1, M_COMM = 2, M_ALL = 3 };
+enum { M_CODEC = CU_TP_CODEC, M_COMM = CU_TP_COMM, M_ALL = CU_TP_ALL };
 
 static void s_dev(const s_gpu_t *g)
 {
@@ -341,124 +310,40 @@ static void s_sync_all(s_bench_t *b)
     }
 }
 
-static codec_shape_t s_shape(const s_bench_t *b)
-{
-    codec_shape_t sh = { 1, 1, (uint32_t)b->k };
-    return sh;
-}
-
-// a failed codec call, or a codec status (check runs): stop with what and where
-static void s_codec(int rc, const s_bench_t *b, const char *what, const s_pair_t *p, int r, int j)
+// a failed all-reduce call or codec status: stop with what and where
+static void s_tp(int rc, const s_bench_t *b, const char *what, const char *variant)
 {
     if (rc == 0)
         return;
-    fprintf(stderr, "bench_tp_nccl: %s %s, rank %d, chunk %d, n %zu, chunk %zu: %s (%s)\n", p->name, what, r, j,
-            b->n, b->k, b->err, tah_strerror(rc));
+    fprintf(stderr, "bench_tp_nccl: %s %s, n %zu: %s (%s), during: %s\n", variant, what, b->n, b->err,
+            tah_strerror(rc), s_phase);
     exit(1);
 }
 
-// One compressed all-reduce of every rank's xbf into its out. mask: codec
-// work, communication, or both. check: read each codec call's status
-// (synchronises; only where every rank's NCCL part is already enqueued).
-static void s_twoshot(s_bench_t *b, const s_pair_t *p, int mask, int check)
-{
-    const int N = b->N;
-    const size_t k = b->k;
-    const codec_shape_t sh = s_shape(b);
-    int rc;
-    if (mask & M_CODEC) // 0-1: convert, encode every chunk
-        for (int r = 0; r < N; r++) {
-            s_gpu_t *g = &b->g[r];
-            s_dev(g);
-            k_bf16_to_f32<<<s_blocks(b->n), 256, 0, g->st>>>(g->xf, g->xbf, b->n);
-            LAUNCHED();
-            for (int j = 0; j < N; j++) {
-                rc = cu_codec_encode(&p->rs, sh, g->xf + (size_t)j * k, g->rs_send + (size_t)j * p->cap_rs,
-                                     g->scratch, g->st, b->err, sizeof b->err);
-                s_codec(rc, b, "reduce-scatter encode", p, r, j);
-                if (check)
-                    s_codec(cu_codec_status(g->scratch, g->st, b->err, sizeof b->err), b,
-                            "reduce-scatter encode status", p, r, j);
-            }
-        }
-    if (mask & M_COMM) { // 2: all-to-all of the payloads
-        NC(ncclGroupStart());
-        for (int r = 0; r < N; r++) {
-            s_gpu_t *g = &b->g[r];
-            for (int j = 0; j < N; j++) {
-                if (j == r)
-                    continue;
-                NC(ncclSend(g->rs_send + (size_t)j * p->cap_rs, p->plen_rs, ncclUint8, j, g->comm, g->st));
-                NC(ncclRecv(g->rs_recv + (size_t)j * p->cap_rs, p->plen_rs, ncclUint8, j, g->comm, g->st));
-            }
-        }
-        NC(ncclGroupEnd());
-    }
-    if (mask & M_CODEC) // 3-4: decode my chunk from every rank, sum in rank order, encode the sum
-        for (int r = 0; r < N; r++) {
-            s_gpu_t *g = &b->g[r];
-            s_dev(g);
-            for (int j = 0; j < N; j++) {
-                // my own chunk never left: its payload is still in the send slot
-                const uint8_t *src = (j == r ? g->rs_send : g->rs_recv) + (size_t)j * p->cap_rs;
-                rc = cu_codec_decode(&p->rs, sh, src, g->dec + (size_t)j * k, g->scratch, g->st, b->err,
-                                     sizeof b->err);
-                s_codec(rc, b, "reduce-scatter decode", p, r, j);
-                if (check)
-                    s_codec(cu_codec_status(g->scratch, g->st, b->err, sizeof b->err), b,
-                            "reduce-scatter decode status", p, r, j);
-            }
-            k_sum_ranks<<<s_blocks(k / 4), 256, 0, g->st>>>((float4 *)g->acc, (const float4 *)g->dec, k / 4, N);
-            LAUNCHED();
-            rc = cu_codec_encode(&p->ag, sh, g->acc, g->ag + (size_t)r * p->cap_ag, g->scratch, g->st, b->err,
-                                 sizeof b->err);
-            s_codec(rc, b, "all-gather encode", p, r, r);
-            if (check)
-                s_codec(cu_codec_status(g->scratch, g->st, b->err, sizeof b->err), b, "all-gather encode status",
-                        p, r, r);
-        }
-    if (mask & M_COMM) { // 5: all-gather, in place
-        NC(ncclGroupStart());
-        for (int r = 0; r < N; r++) {
-            s_gpu_t *g = &b->g[r];
-            NC(ncclAllGather(g->ag + (size_t)r * p->cap_ag, g->ag, p->cap_ag, ncclUint8, g->comm, g->st));
-        }
-        NC(ncclGroupEnd());
-    }
-    if (mask & M_CODEC) // 6: decode every chunk into the output
-        for (int r = 0; r < N; r++) {
-            s_gpu_t *g = &b->g[r];
-            s_dev(g);
-            for (int j = 0; j < N; j++) {
-                rc = cu_codec_decode(&p->ag, sh, g->ag + (size_t)j * p->cap_ag, g->out + (size_t)j * k, g->scratch,
-                                     g->st, b->err, sizeof b->err);
-                s_codec(rc, b, "all-gather decode", p, r, j);
-                if (check)
-                    s_codec(cu_codec_status(g->scratch, g->st, b->err, sizeof b->err), b,
-                            "all-gather decode status", p, r, j);
-            }
-        }
-}
-
-static void s_nccl_allreduce(s_bench_t *b, int fp32)
-{
-    NC(ncclGroupStart());
-    for (int r = 0; r < b->N; r++) {
-        s_gpu_t *g = &b->g[r];
-        if (fp32)
-            NC(ncclAllReduce(g->xf, g->yf, b->n, ncclFloat32, ncclSum, g->comm, g->st));
-        else
-            NC(ncclAllReduce(g->xbf, g->ybf, b->n, ncclBfloat16, ncclSum, g->comm, g->st));
-    }
-    NC(ncclGroupEnd());
-}
-
+// One all-reduce of every rank's input: NCCL's (bf16 xbf -> ybf, fp32 xf
+// -> yf) or a pair's two-shot (xbf -> out, fp32). mask: codec work,
+// communication or both (two-shot). check: read the codec status
+// (synchronises; the check run only).
 static void s_run(s_bench_t *b, int variant, const s_pair_t *p, int mask, int check)
 {
-    if (variant == V_TWOSHOT)
-        s_twoshot(b, p, mask, check);
-    else
-        s_nccl_allreduce(b, variant == V_NCCL_FP32);
+    void *in[MAXG], *out[MAXG];
+    int type = CU_TP_BF16, otype = CU_TP_BF16;
+    cu_tp_t *tp = b->plain;
+    for (int r = 0; r < b->N; r++) {
+        s_gpu_t *g = &b->g[r];
+        in[r] = variant == V_NCCL_FP32 ? (void *)g->xf : (void *)g->xbf;
+        out[r] = variant == V_NCCL_BF16 ? (void *)g->ybf : variant == V_NCCL_FP32 ? (void *)g->yf : (void *)g->out;
+    }
+    if (variant == V_NCCL_FP32)
+        type = otype = CU_TP_F32;
+    if (variant == V_TWOSHOT) {
+        otype = CU_TP_F32;
+        tp = p->tp;
+    }
+    const char *name = variant == V_TWOSHOT ? p->name : variant == V_NCCL_FP32 ? "nccl-fp32" : "nccl-bf16";
+    s_tp(cu_tp_allreduce(tp, in, type, out, otype, b->n, b->st, mask, b->err, sizeof b->err), b, "all-reduce", name);
+    if (check)
+        s_tp(cu_tp_status(tp, b->st, b->err, sizeof b->err), b, "codec status", name);
 }
 
 typedef struct s_timing {
@@ -515,12 +400,8 @@ static void s_time(s_bench_t *b, int variant, const s_pair_t *p, int mask, int i
             t->ms = worst / iters;
         }
     }
-    if (variant == V_TWOSHOT && (mask & M_CODEC)) // the last call of each rank must have succeeded
-        for (int r = 0; r < b->N; r++) {
-            s_dev(&b->g[r]);
-            s_codec(cu_codec_status(b->g[r].scratch, b->g[r].st, b->err, sizeof b->err), b,
-                    "status after the timed runs", p, r, b->N - 1);
-        }
+    if (variant == V_TWOSHOT && (mask & M_CODEC)) // every codec call of the timed runs must have succeeded
+        s_tp(cu_tp_status(p->tp, b->st, b->err, sizeof b->err), b, "codec status after the timed runs", p->name);
 }
 
 // ---- checks ----
@@ -544,21 +425,21 @@ static double s_rel_err(s_bench_t *b, const void *y, int is_bf16, unsigned long 
     return sums[1] > 0.0 ? sqrt(sums[0] / sums[1]) : sqrt(sums[0]);
 }
 
-// elements of rank r's out that differ bitwise from rank 0's (copied into r's dec); *first, values
+// elements of rank r's out that differ bitwise from rank 0's (copied into r's cmp); *first, values
 static unsigned long long s_diff_rank(s_bench_t *b, int r, unsigned long long *first, float *v0, float *vr)
 {
     s_gpu_t *g = &b->g[r];
     s_dev(g);
-    CU(cudaMemcpyPeerAsync(g->dec, g->dev, b->g[0].out, b->g[0].dev, b->n * sizeof(float), g->st));
+    CU(cudaMemcpyPeerAsync(g->cmp, g->dev, b->g[0].out, b->g[0].dev, b->n * sizeof(float), g->st));
     unsigned long long init[2] = { 0ull, ~0ull }, cnt[2];
     CU(cudaMemcpyAsync(g->d_cnt, init, sizeof init, cudaMemcpyHostToDevice, g->st));
-    k_diff<<<s_blocks(b->n), 256, 0, g->st>>>(g->d_cnt, g->out, g->dec, b->n);
+    k_diff<<<s_blocks(b->n), 256, 0, g->st>>>(g->d_cnt, g->out, g->cmp, b->n);
     LAUNCHED();
     CU(cudaMemcpyAsync(cnt, g->d_cnt, sizeof cnt, cudaMemcpyDeviceToHost, g->st));
     CU(cudaStreamSynchronize(g->st));
     *first = cnt[1];
     if (cnt[0]) {
-        CU(cudaMemcpy(v0, g->dec + cnt[1], sizeof *v0, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(v0, g->cmp + cnt[1], sizeof *v0, cudaMemcpyDeviceToHost));
         CU(cudaMemcpy(vr, g->out + cnt[1], sizeof *vr, cudaMemcpyDeviceToHost));
     }
     return cnt[0];
@@ -573,15 +454,15 @@ static unsigned long long s_diff_rank(s_bench_t *b, int r, unsigned long long *f
 static long long s_cpu_oracle(s_bench_t *b, const s_pair_t *p, unsigned long long *first, float *vcpu, float *vgpu)
 {
     const int N = b->N;
-    const size_t n = b->n, k = b->k;
-    const codec_shape_t sh = s_shape(b);
+    const size_t n = b->n, k = p->k, npad = k * (size_t)N;
+    const codec_shape_t sh = { 1, 1, (uint32_t)k };
     const int64_t f1 = codec_frame_size(&p->rs, sh), f2 = codec_frame_size(&p->ag, sh);
     const size_t fmax = (size_t)(f1 > f2 ? f1 : f2);
     long long mism = -1;
     uint16_t *hb = (uint16_t *)malloc(n * sizeof *hb);
-    float *x = (float *)calloc((size_t)N * b->npad, sizeof *x); // (N, npad), zero padding
+    float *x = (float *)calloc((size_t)N * npad, sizeof *x); // (N, npad), zero padding
     float *tmp = (float *)malloc(k * sizeof *tmp), *acc = (float *)malloc(k * sizeof *acc);
-    float *cpu = (float *)malloc(b->npad * sizeof *cpu), *gpu = (float *)malloc(n * sizeof *gpu);
+    float *cpu = (float *)malloc(npad * sizeof *cpu), *gpu = (float *)malloc(n * sizeof *gpu);
     uint8_t *frame = (uint8_t *)malloc(fmax);
     if (!hb || !x || !tmp || !acc || !cpu || !gpu || !frame) {
         printf("  %s: CPU oracle: out of host memory\n", p->name);
@@ -592,14 +473,14 @@ static long long s_cpu_oracle(s_bench_t *b, const s_pair_t *p, unsigned long lon
         CU(cudaMemcpy(hb, b->g[r].xbf, n * sizeof *hb, cudaMemcpyDeviceToHost));
         for (size_t i = 0; i < n; i++) {
             const uint32_t u = (uint32_t)hb[i] << 16; // bf16 -> fp32 is exact
-            memcpy(&x[(size_t)r * b->npad + i], &u, sizeof u);
+            memcpy(&x[(size_t)r * npad + i], &u, sizeof u);
         }
     }
     s_dev(&b->g[0]);
     CU(cudaMemcpy(gpu, b->g[0].out, n * sizeof *gpu, cudaMemcpyDeviceToHost));
     for (int j = 0; j < N; j++) {
         for (int r = 0; r < N; r++) {
-            int rc = codec_encode(&p->rs, sh, x + (size_t)r * b->npad + (size_t)j * k, frame, fmax, NULL, b->err,
+            int rc = codec_encode(&p->rs, sh, x + (size_t)r * npad + (size_t)j * k, frame, fmax, NULL, b->err,
                                   sizeof b->err);
             if (rc == 0)
                 rc = codec_decode(frame, (size_t)f1, tmp, k, NULL, b->err, sizeof b->err);
@@ -715,19 +596,14 @@ typedef struct s_row {
     int ok;
 } s_row_t;
 
-static void s_pair_sizes(s_pair_t *p, size_t k)
+// the pair's chunk, payloads and wire bytes for this size (cu_tp_layout)
+static void s_pair_sizes(s_pair_t *p, size_t n)
 {
-    const codec_shape_t sh = { 1, 1, (uint32_t)k };
-    const int64_t f1 = codec_frame_size(&p->rs, sh), f2 = codec_frame_size(&p->ag, sh);
-    if (f1 < (int64_t)CODEC_HEADER_SIZE || f2 < (int64_t)CODEC_HEADER_SIZE) {
-        fprintf(stderr, "bench_tp_nccl: %s cannot encode a chunk of %zu floats: %s\n", p->name, k,
-                tah_strerror((int)(f1 < 0 ? f1 : f2)));
+    cu_tp_layout(p->tp, n, &p->k, &p->plen_rs, &p->plen_ag, &p->wire);
+    if (!p->plen_rs || !p->plen_ag) {
+        fprintf(stderr, "bench_tp_nccl: %s cannot encode a chunk of %zu floats\n", p->name, p->k);
         exit(1);
     }
-    p->plen_rs = (size_t)f1 - CODEC_HEADER_SIZE;
-    p->plen_ag = (size_t)f2 - CODEC_HEADER_SIZE;
-    p->cap_rs = (p->plen_rs + 255) / 256 * 256;
-    p->cap_ag = (p->plen_ag + 255) / 256 * 256;
 }
 
 int main(int argc, char **argv)
@@ -827,8 +703,8 @@ int main(int argc, char **argv)
     }
 
     // ---- codec pairs ----
-    s_pair_t pairs[2] = { { "ash-fp8", "ash-fp8", "ash-fp8", {}, {}, 0, 0, 0, 0 },
-                          { "int4/int8", "int:bits=4", "int:bits=8", {}, {}, 0, 0, 0, 0 } };
+    s_pair_t pairs[2] = { { "ash-fp8", "ash-fp8", "ash-fp8", {}, {}, NULL, 0, 0, 0, 0 },
+                          { "int4/int8", "int:bits=4", "int:bits=8", {}, {}, NULL, 0, 0, 0, 0 } };
     for (int q = 0; q < 2; q++) {
         char err[CODEC_ERRLEN];
         if (codec_spec_parse(pairs[q].rs_str, &pairs[q].rs, err, sizeof err) != 0 ||
@@ -843,78 +719,52 @@ int main(int argc, char **argv)
     for (int s = 0; s < nsizes; s++)
         maxmb = sizes[s] > maxmb ? sizes[s] : maxmb;
     const size_t nmax = (size_t)maxmb << 19;
-    size_t kmax = (nmax + (size_t)N - 1) / (size_t)N;
-    kmax = (kmax + UNIT - 1) / UNIT * UNIT;
-    const size_t npmax = kmax * (size_t)N;
-    size_t caprs = 0, capag = 0, scratch = 0;
-    for (int q = 0; q < 2; q++) {
-        s_pair_sizes(&pairs[q], kmax);
-        caprs = pairs[q].cap_rs > caprs ? pairs[q].cap_rs : caprs;
-        capag = pairs[q].cap_ag > capag ? pairs[q].cap_ag : capag;
-        const codec_shape_t sh = { 1, 1, (uint32_t)kmax };
-        for (int w = 0; w < 2; w++) {
-            const size_t sb = cu_codec_scratch_bytes(w ? &pairs[q].ag : &pairs[q].rs, sh);
-            if (sb == 0) {
-                fprintf(stderr, "bench_tp_nccl: cu_codec_scratch_bytes(%s, (1,1,%zu)) = 0\n",
-                        w ? pairs[q].ag_str : pairs[q].rs_str, kmax);
-                return 1;
-            }
-            scratch = sb > scratch ? sb : scratch;
-        }
-    }
-    const double need_gb = (double)(nmax * 2 * 2 + npmax * 4 * 3 + nmax * 4 + kmax * 4 + (size_t)N * caprs * 2 +
-                                    (size_t)N * capag + scratch + nmax * 4) / 1e9;
-    printf("  buffers per GPU for %ld MB: %.2f GB (n %zu, chunk %zu, scratch %zu B)\n", maxmb, need_gb, nmax, kmax,
-           scratch);
+    printf("  bench buffers per GPU for %ld MB: %.2f GB (n %zu); each two-shot group adds ~3 fp32 copies\n", maxmb,
+           (double)(nmax * (2 + 2 + 4 + 4 + 4 + 4 + 4)) / 1e9, nmax);
     s_set_phase("allocation");
     for (int r = 0; r < N; r++) {
         s_gpu_t *g = &b->g[r];
         s_dev(g);
         CU(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
+        b->st[r] = g->st;
         CU(cudaEventCreate(&g->e0));
         CU(cudaEventCreate(&g->e1));
         CU(cudaMalloc((void **)&g->xbf, nmax * 2));
         CU(cudaMalloc((void **)&g->ybf, nmax * 2));
-        CU(cudaMalloc((void **)&g->xf, npmax * 4));
+        CU(cudaMalloc((void **)&g->xf, nmax * 4));
         CU(cudaMalloc((void **)&g->yf, nmax * 4));
-        CU(cudaMalloc((void **)&g->out, npmax * 4));
-        CU(cudaMalloc((void **)&g->dec, npmax * 4));
-        CU(cudaMalloc((void **)&g->acc, kmax * 4));
-        CU(cudaMalloc((void **)&g->rs_send, (size_t)N * caprs));
-        CU(cudaMalloc((void **)&g->rs_recv, (size_t)N * caprs));
-        CU(cudaMalloc((void **)&g->ag, (size_t)N * capag));
-        CU(cudaMalloc(&g->scratch, scratch));
+        CU(cudaMalloc((void **)&g->out, nmax * 4));
+        CU(cudaMalloc((void **)&g->cmp, nmax * 4));
         CU(cudaMalloc((void **)&g->d_sums, 2 * sizeof(double)));
         CU(cudaMalloc((void **)&g->d_cnt, 2 * sizeof(unsigned long long)));
         if (r == 0)
             CU(cudaMalloc((void **)&g->ref, nmax * 4));
-        // zero padding and slots once: the convert writes [0, n), padding stays 0
-        CU(cudaMemset(g->xf, 0, npmax * 4));
-        CU(cudaMemset(g->rs_send, 0, (size_t)N * caprs));
-        CU(cudaMemset(g->rs_recv, 0, (size_t)N * caprs));
-        CU(cudaMemset(g->ag, 0, (size_t)N * capag));
         CU(cudaDeviceSynchronize());
     }
 
-    s_set_phase("ncclCommInitAll");
-    ncclComm_t comms[MAXG];
-    NC(ncclCommInitAll(comms, N, devs));
-    for (int r = 0; r < N; r++)
-        b->g[r].comm = comms[r];
-    printf("  NCCL communicator of %d ranks ready\n", N);
+    s_set_phase("cu_tp_new (ncclCommInitAll)");
+    {
+        const codec_spec_t none = { };
+        b->plain = cu_tp_new(N, devs, &none, &none, nmax, b->err, sizeof b->err);
+        for (int q = 0; q < 2 && b->plain; q++)
+            if (!(pairs[q].tp = cu_tp_new(N, devs, &pairs[q].rs, &pairs[q].ag, nmax, b->err, sizeof b->err)))
+                break;
+        if (!b->plain || !pairs[0].tp || !pairs[1].tp) {
+            fprintf(stderr, "bench_tp_nccl: %s\n", b->err);
+            return 1;
+        }
+    }
+    printf("  NCCL communicators of %d ranks ready (NCCL all-reduce, ash-fp8 and int4/int8 two-shot groups)\n", N);
 
     static s_row_t rows[MAXSIZES * 4];
     int nrows = 0, status = 0;
     for (int s = 0; s < nsizes; s++) {
         const long mb = sizes[s];
         b->n = (size_t)mb << 19;
-        b->k = (b->n + (size_t)N - 1) / (size_t)N;
-        b->k = (b->k + UNIT - 1) / UNIT * UNIT;
-        b->npad = b->k * (size_t)N;
         for (int q = 0; q < 2; q++)
-            s_pair_sizes(&pairs[q], b->k);
+            s_pair_sizes(&pairs[q], b->n);
         printf("== %ld MB per GPU: %zu bf16 elements, chunk %zu (payload %zu B ash-fp8, %zu + %zu B int4/int8)\n",
-               mb, b->n, b->k, pairs[0].plen_rs, pairs[1].plen_rs, pairs[1].plen_ag);
+               mb, b->n, pairs[0].k, pairs[0].plen_rs, pairs[1].plen_rs, pairs[1].plen_ag);
 
         // inputs and the reference
         s_set_phase("inputs and reference");
@@ -925,9 +775,6 @@ int main(int argc, char **argv)
             LAUNCHED();
             k_bf16_to_f32<<<s_blocks(b->n), 256, 0, g->st>>>(g->xf, g->xbf, b->n);
             LAUNCHED();
-            // the padding of the last chunk is zero (an earlier, larger size wrote there)
-            if (b->npad > b->n)
-                CU(cudaMemsetAsync(g->xf + b->n, 0, (b->npad - b->n) * sizeof(float), g->st));
             if (r == 0) {
                 k_ref<<<s_blocks(b->n), 256, 0, g->st>>>(g->ref, b->n, b->seed, N);
                 LAUNCHED();
@@ -993,7 +840,7 @@ int main(int argc, char **argv)
                             printf("  FAIL %s: CPU oracle did not run\n", row->variant);
                     }
                 }
-                row->wire = (double)(N - 1) * (double)(p->cap_rs + p->cap_ag);
+                row->wire = (double)p->wire;
             } else {
                 row->wire = ring * S * (v == 1 ? 2.0 : 1.0);
             }
@@ -1115,21 +962,21 @@ int main(int argc, char **argv)
 
     s_set_phase("teardown");
     for (int r = 0; r < N; r++) {
+        s_dev(&b->g[r]);
+        CU(cudaStreamSynchronize(b->g[r].st));
+    }
+    cu_tp_destroy(&b->plain);
+    cu_tp_destroy(&pairs[0].tp);
+    cu_tp_destroy(&pairs[1].tp);
+    for (int r = 0; r < N; r++) {
         s_gpu_t *g = &b->g[r];
         s_dev(g);
-        CU(cudaStreamSynchronize(g->st));
-        NC(ncclCommDestroy(g->comm));
         cudaFree(g->xbf);
         cudaFree(g->ybf);
         cudaFree(g->xf);
         cudaFree(g->yf);
         cudaFree(g->out);
-        cudaFree(g->dec);
-        cudaFree(g->acc);
-        cudaFree(g->rs_send);
-        cudaFree(g->rs_recv);
-        cudaFree(g->ag);
-        cudaFree(g->scratch);
+        cudaFree(g->cmp);
         cudaFree(g->d_sums);
         cudaFree(g->d_cnt);
         cudaFree(g->ref);

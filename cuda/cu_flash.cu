@@ -418,21 +418,16 @@ template <int HS> size_t s_smem_fwd() { return (size_t)5 * BR * (HS + 8) * sizeo
 template <int HS> size_t s_smem_kv() { return (size_t)6 * BR * (HS + 8) * sizeof(cu_bf16) + 4 * BR * sizeof(float); }
 template <int HS> size_t s_smem_q() { return (size_t)6 * BR * (HS + 8) * sizeof(cu_bf16); }
 
-// raise the dynamic shared-memory limit once per kernel (above 48 KB)
-template <class K> cudaError_t s_optin(K kernel, size_t bytes, int *done)
+// raise the dynamic shared-memory limit once per kernel and device (above 48 KB)
+template <class K> cudaError_t s_optin(K kernel, size_t bytes, cl_optin *state)
 {
-    if (*done || bytes <= 48 * 1024)
-        return cudaSuccess;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (e == cudaSuccess)
-        *done = 1;
-    return e;
+    return cl_smem_optin((const void *)kernel, bytes, state);
 }
 
 template <int HS> cudaError_t s_fa_fwd(cu_bf16 *out, float *lse, const cu_bf16 *qkv, int B, int T, int C, int NH,
                                        cudaStream_t st)
 {
-    static int optin = 0;
+    static cl_optin optin;
     const size_t sm = s_smem_fwd<HS>();
     cudaError_t e = s_optin(k_fa_fwd<HS>, sm, &optin);
     if (e != cudaSuccess)
@@ -446,7 +441,7 @@ template <int HS>
 cudaError_t s_fa_bwd(cu_bf16 *dqkv, float *dsum, const cu_bf16 *dout, const cu_bf16 *out, const float *lse,
                      const cu_bf16 *qkv, int B, int T, int C, int NH, cudaStream_t st)
 {
-    static int optin_kv = 0, optin_q = 0;
+    static cl_optin optin_kv, optin_q;
     const float scale = 1.0f / sqrtf((float)HS), sl2 = scale * S_LOG2E;
     const size_t rows = (size_t)B * NH * T, threads = rows * (HS / 8);
     k_fa_dsum<HS><<<(unsigned)((threads + 255) / 256), 256, 0, st>>>(dsum, dout, out, B, T, C, NH);

@@ -18,6 +18,23 @@
 #define S_LN_EPS 1e-5f /* LAYERS_LN_EPS */
 #define S_GELU_SCALE 0.7978845608028654f
 
+cudaError_t cl_smem_optin(const void *kernel, size_t bytes, cl_optin *state)
+{
+    if (bytes <= 48 * 1024)
+        return cudaSuccess;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    const int known = dev >= 0 && dev < 64;
+    if (known && state->bytes[dev] >= (int)bytes)
+        return cudaSuccess;
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e == cudaSuccess && known)
+        state->bytes[dev] = (int)bytes;
+    return e;
+}
+
 static unsigned s_grid(size_t n, unsigned block)
 {
     size_t g = (n + block - 1) / block;
@@ -244,10 +261,11 @@ __global__ void k_layernorm_backward_x(X *dinp, const X *dout, const X *inp, con
     }
 }
 
-// column sums: dw[c] += sum_n d[n,c] * norm[n,c] (when dw), db[c] += sum_n d[n,c]
+// column sums: dw[c] += sum_n d[n,c] * norm[n,c] (when dw), db[c] += sum_n d[n,c];
+// dout's rows are ld apart, inp's C
 template <class X>
 __global__ void k_colsum(float *dw, float *db, const X *dout, const X *inp, const float *mean, const float *rstd,
-                         int N, int C, int rows_per_chunk)
+                         int N, int C, int ld, int rows_per_chunk)
 {
     __shared__ float sw[8][33], sb[8][33];
     const int c = blockIdx.x * 32 + threadIdx.x;
@@ -256,7 +274,7 @@ __global__ void k_colsum(float *dw, float *db, const X *dout, const X *inp, cons
     float aw = 0.0f, ab = 0.0f;
     if (c < C) {
         for (int n = n0 + threadIdx.y; n < n1; n += 8) {
-            float d = cu_ld(dout[(size_t)n * C + c]);
+            float d = cu_ld(dout[(size_t)n * ld + c]);
             ab += d;
             if (dw)
                 aw += d * ((cu_ld(inp[(size_t)n * C + c]) - mean[n]) * rstd[n]);
@@ -278,14 +296,14 @@ __global__ void k_colsum(float *dw, float *db, const X *dout, const X *inp, cons
 
 template <class X>
 static cudaError_t s_colsum(float *dw, float *db, const X *dout, const X *inp, const float *mean, const float *rstd,
-                            int N, int C, cudaStream_t st)
+                            int N, int C, int ld, cudaStream_t st)
 {
     int chunks = (N + 255) / 256;
     if (chunks > 1024)
         chunks = 1024;
     int rows = (N + chunks - 1) / chunks;
     dim3 grid((unsigned)((C + 31) / 32), (unsigned)chunks), block(32, 8);
-    k_colsum<X><<<grid, block, 0, st>>>(dw, db, dout, inp, mean, rstd, N, C, rows);
+    k_colsum<X><<<grid, block, 0, st>>>(dw, db, dout, inp, mean, rstd, N, C, ld, rows);
     return cudaGetLastError();
 }
 
@@ -397,9 +415,9 @@ __global__ void k_colpart_sum(float *out, const float *part, int nblocks, size_t
 
 // Column sums db[c] += sum_n d[n,c], deterministic: grid (column groups,
 // CL_COLPART_BLOCKS row chunks), thread = one 16-byte vector of columns over
-// the chunk's rows; part[chunk][OC], then k_colpart_sum.
+// the chunk's rows (ld apart); part[chunk][OC], then k_colpart_sum.
 template <class X>
-__global__ void k_colsum_part(float *part, const X *dout, int N, int OC, int rows_per_chunk)
+__global__ void k_colsum_part(float *part, const X *dout, int N, int OC, int ld, int rows_per_chunk)
 {
     constexpr int W = s_vec<X>::W;
     const int v = blockIdx.x * blockDim.x + threadIdx.x;
@@ -415,7 +433,7 @@ __global__ void k_colsum_part(float *part, const X *dout, int N, int OC, int row
         float t[4][W];
 #pragma unroll
         for (int u = 0; u < 4; u++)
-            d_ld16<X>(t[u], dout + (size_t)(n + u) * OC + v * W);
+            d_ld16<X>(t[u], dout + (size_t)(n + u) * ld + v * W);
 #pragma unroll
         for (int u = 0; u < 4; u++)
 #pragma unroll
@@ -424,7 +442,7 @@ __global__ void k_colsum_part(float *part, const X *dout, int N, int OC, int row
     }
     for (; n < n1; n++) {
         float t[W];
-        d_ld16<X>(t, dout + (size_t)n * OC + v * W);
+        d_ld16<X>(t, dout + (size_t)n * ld + v * W);
 #pragma unroll
         for (int j = 0; j < W; j++)
             acc[j] += t[j];
@@ -457,13 +475,9 @@ cudaError_t cl_layernorm_backward(X *dinp, float *dw, float *db, const X *dout, 
         cudaError_t e = cudaSuccess;
 #define S_LNB(K)                                                                                                  \
     do {                                                                                                          \
-        static int optin_ = 0;                                                                                    \
-        if (sm > 48 * 1024 && !optin_) {                                                                          \
-            if ((e = cudaFuncSetAttribute(k_layernorm_backward<X, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                          (int)sm)) != cudaSuccess)                                               \
-                return e;                                                                                         \
-            optin_ = 1;                                                                                           \
-        }                                                                                                         \
+        static cl_optin optin_;                                                                                   \
+        if ((e = cl_smem_optin((const void *)k_layernorm_backward<X, K>, sm, &optin_)) != cudaSuccess)           \
+            return e;                                                                                             \
         k_layernorm_backward<X, K><<<(unsigned)nb, 256, sm, st>>>(dinp, part, dout, inp, w, mean, rstd, N, C);    \
     } while (0)
         if (nch <= 1)
@@ -492,27 +506,46 @@ cudaError_t cl_layernorm_backward(X *dinp, float *dw, float *db, const X *dout, 
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return e;
-    return s_colsum<X>(dw, db, dout, inp, mean, rstd, N, C, st);
+    return s_colsum<X>(dw, db, dout, inp, mean, rstd, N, C, C, st);
 }
 
 template <class X>
-cudaError_t cl_bias_backward(float *dbias, const X *dout, int N, int OC, float *part, cudaStream_t st)
+cudaError_t cl_bias_backward(float *dbias, const X *dout, int N, int OC, float *part, cudaStream_t st, int ld)
 {
     constexpr int W = s_vec<X>::W;
-    if (part && OC % W == 0 && s_aligned16(dout)) {
+    if (ld <= 0)
+        ld = OC;
+    if (part && OC % W == 0 && ld % W == 0 && s_aligned16(dout)) {
         int chunks = (N + 63) / 64;
         if (chunks > CL_COLPART_CHUNKS)
             chunks = CL_COLPART_CHUNKS;
         const int rows = (N + chunks - 1) / chunks, nv = OC / W;
         dim3 grid((unsigned)((nv + 127) / 128), (unsigned)chunks);
-        k_colsum_part<X><<<grid, 128, 0, st>>>(part, dout, N, OC, rows);
+        k_colsum_part<X><<<grid, 128, 0, st>>>(part, dout, N, OC, ld, rows);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess)
             return e;
         k_colpart_sum<<<(unsigned)((OC + 255) / 256), 256, 0, st>>>(dbias, part, chunks, (size_t)OC, OC);
         return cudaGetLastError();
     }
-    return s_colsum<X>(NULL, dbias, dout, NULL, NULL, NULL, N, OC, st);
+    return s_colsum<X>(NULL, dbias, dout, NULL, NULL, NULL, N, OC, ld, st);
+}
+
+// ---- residual + bias after a compressed all-reduce (element-wise) ----
+
+template <class X>
+__global__ void k_residual_bias(X *out, const X *x, const float *sum, const float *bias, size_t n, int C)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = cu_st<X>(cu_ld(x[i]) + sum[i] + bias[i % (size_t)C]);
+}
+
+template <class X>
+cudaError_t cl_residual_bias(X *out, const X *x, const float *sum, const float *bias, int N, int C, cudaStream_t st)
+{
+    const size_t n = (size_t)N * C;
+    k_residual_bias<X><<<s_grid(n, S_BLOCK), S_BLOCK, 0, st>>>(out, x, sum, bias, n, C);
+    return cudaGetLastError();
 }
 
 // ---- GELU (tanh approximation, layers.c's formula) ----
@@ -763,7 +796,9 @@ cudaError_t cl_crossentropy_backward(X *logits, const float *lse, const int *tar
     template cudaError_t cl_layernorm_backward<X>(X *, float *, float *, const X *, const X *, const float *, \
                                                   const float *, const float *, int, int, float *,            \
                                                   cudaStream_t);                                              \
-    template cudaError_t cl_bias_backward<X>(float *, const X *, int, int, float *, cudaStream_t);            \
+    template cudaError_t cl_bias_backward<X>(float *, const X *, int, int, float *, cudaStream_t, int);       \
+    template cudaError_t cl_residual_bias<X>(X *, const X *, const float *, const float *, int, int,          \
+                                             cudaStream_t);                                                   \
     template int cl_crossentropy_fusable<X>(const X *, int);                                                  \
     template cudaError_t cl_crossentropy_fused<X>(float *, float *, X *, const int *, int, int, int,          \
                                                   cudaStream_t);                                              \

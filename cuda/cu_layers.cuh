@@ -20,6 +20,16 @@ template <class X> __device__ __forceinline__ X cu_st(float x);
 template <> __device__ __forceinline__ float cu_st<float>(float x) { return x; }
 template <> __device__ __forceinline__ cu_bf16 cu_st<cu_bf16>(float x) { return __float2bfloat16_rn(x); }
 
+// Raise kernel's dynamic shared-memory limit to bytes (needed above 48 KB)
+// on the current device. The attribute is per device (a tensor-parallel
+// stage launches the same kernel on several GPUs): *state remembers, per
+// device (0..63; others always set it), the largest limit set so far, so
+// the call is free after the first. Zero-initialised state (a static).
+struct cl_optin {
+    int bytes[64];
+};
+cudaError_t cl_smem_optin(const void *kernel, size_t bytes, cl_optin *state);
+
 // y = (X) x, n elements (and back)
 template <class X> cudaError_t cl_from_f32(X *y, const float *x, size_t n, cudaStream_t st);
 template <class X> cudaError_t cl_to_f32(float *y, const X *x, size_t n, cudaStream_t st);
@@ -48,10 +58,15 @@ cudaError_t cl_layernorm_backward(X *dinp /* (N,C) += */, float *dw /* (C) += */
                                   const X *dout /* (N,C) */, const X *inp /* (N,C) */, const float *w /* (C) */,
                                   const float *mean /* (N) */, const float *rstd /* (N) */, int N, int C,
                                   float *part /* scratch or NULL */, cudaStream_t st);
-// dbias[j] += sum_n dout[n,j]
+// dbias[j] += sum_n dout[n,j]; dout's rows are ld apart (0: OC)
 template <class X>
-cudaError_t cl_bias_backward(float *dbias /* (OC) += */, const X *dout /* (N,OC) */, int N, int OC,
-                             float *part /* scratch or NULL */, cudaStream_t st);
+cudaError_t cl_bias_backward(float *dbias /* (OC) += */, const X *dout /* (N,OC), row stride ld */, int N, int OC,
+                             float *part /* scratch or NULL */, cudaStream_t st, int ld = 0);
+// out = x + sum + bias[column] (the row-parallel layers' residual after a
+// compressed all-reduce; out may not alias sum)
+template <class X>
+cudaError_t cl_residual_bias(X *out /* (N,C) */, const X *x /* (N,C) */, const float *sum /* (N,C) */,
+                             const float *bias /* (C) */, int N, int C, cudaStream_t st);
 template <class X> cudaError_t cl_gelu_forward(X *out, const X *inp, size_t n, cudaStream_t st);
 // dinp = gelu'(inp) * dout (=, dinp may alias dout)
 template <class X> cudaError_t cl_gelu_backward(X *dinp, const X *inp, const X *dout, size_t n, cudaStream_t st);
@@ -97,7 +112,8 @@ int cl_attention_supports(int hs);
 // One AdamW launch over every tensor of a stage: blockIdx.y picks the tensor.
 #define CL_MAX_TENSORS 24
 struct cl_adamw_tensors {
-    size_t off[CL_MAX_TENSORS], n[CL_MAX_TENSORS]; // element offset and count in the allocation
+    size_t off[CL_MAX_TENSORS], n[CL_MAX_TENSORS]; // element offset in the allocation, elements per run
+    size_t rows[CL_MAX_TENSORS], stride[CL_MAX_TENSORS]; // runs of n elements stride apart (rows <= 1: one run)
     float wd[CL_MAX_TENSORS];                      // weight decay of the tensor
     int count;
 };
@@ -105,8 +121,9 @@ struct cl_adamw_tensors {
 // (NULL in fp32 mode) gets bf16(p) of every updated element.
 cudaError_t cl_adamw(float *p, cu_bf16 *p16, float *m, float *v, const float *g, const cl_adamw_tensors *t,
                      float lr, float b1, float b2, float eps, float bc1, float bc2, float grad_scale, cudaStream_t st);
-// Sum of squares (double) of each segment [off, off+n) of x: partials[seg * CL_SUMSQ_BLOCKS + k]
-// for k < CL_SUMSQ_BLOCKS; segs is a device array of (off, n) pairs.
+// Sum of squares (double) of each segment of x: partials[seg * CL_SUMSQ_BLOCKS + k] for
+// k < CL_SUMSQ_BLOCKS; segs is a device array of (off, n, rows, stride) quadruples: rows runs
+// of n elements starting at off, stride apart (rows <= 1: the one run [off, off+n)).
 #define CL_SUMSQ_BLOCKS 64
 cudaError_t cl_sumsq(double *partials, const float *x, const unsigned long long *segs, int nseg, cudaStream_t st);
 // a = b = a + b (a first, as stage_tied_sync)

@@ -2,16 +2,29 @@
 // launch: blockIdx.y = tensor, grid-stride over its elements), the
 // per-segment double sums of squares for the global norm, and the
 // tied-embedding sum (see cu_layers.cuh). pipeline/optim.c is the oracle.
+// A tensor or segment is `rows` runs of n elements, `stride` apart (a
+// tensor-parallel rank's slice of a sharded weight); rows <= 1 is one
+// contiguous run, indexed without a division.
 #include "cu_layers.cuh"
+
+// element e of a strided set: run e / n, offset e % n in it
+__device__ __forceinline__ size_t d_strided(size_t off, size_t n, size_t rows, size_t stride, size_t e)
+{
+    if (rows <= 1)
+        return off + e;
+    const size_t r = e / n;
+    return off + r * stride + (e - r * n);
+}
 
 __global__ void k_adamw(float *p, cu_bf16 *p16, float *m, float *v, const float *g, cl_adamw_tensors t, float lr,
                         float b1, float b2, float eps, float bc1, float bc2, float grad_scale)
 {
     const int k = blockIdx.y;
-    const size_t off = t.off[k], n = t.n[k];
+    const size_t off = t.off[k], n = t.n[k], rows = t.rows[k], stride = t.stride[k];
+    const size_t total = rows > 1 ? rows * n : n;
     const float wd = t.wd[k];
-    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
-        const size_t i = off + j;
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < total; j += (size_t)gridDim.x * blockDim.x) {
+        const size_t i = d_strided(off, n, rows, stride, j);
         float gi = g[i] * grad_scale;
         float mi = b1 * m[i] + (1.0f - b1) * gi;
         float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
@@ -32,8 +45,10 @@ cudaError_t cl_adamw(float *p, cu_bf16 *p16, float *m, float *v, const float *g,
     if (t->count <= 0)
         return cudaSuccess;
     size_t maxn = 0;
-    for (int k = 0; k < t->count; k++)
-        maxn = t->n[k] > maxn ? t->n[k] : maxn;
+    for (int k = 0; k < t->count; k++) {
+        const size_t total = t->rows[k] > 1 ? t->rows[k] * t->n[k] : t->n[k];
+        maxn = total > maxn ? total : maxn;
+    }
     size_t blocks = (maxn + 255) / 256;
     if (blocks > 4096)
         blocks = 4096;
@@ -46,10 +61,11 @@ __global__ void k_sumsq(double *partials, const float *x, const unsigned long lo
 {
     __shared__ double sh[256];
     const int s = blockIdx.y;
-    const size_t off = segs[2 * s], n = segs[2 * s + 1];
+    const size_t off = segs[4 * s], n = segs[4 * s + 1], rows = segs[4 * s + 2], stride = segs[4 * s + 3];
+    const size_t total = rows > 1 ? rows * n : n;
     double acc = 0.0;
-    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
-        double a = (double)x[off + j];
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < total; j += (size_t)gridDim.x * blockDim.x) {
+        double a = (double)x[d_strided(off, n, rows, stride, j)];
         acc += a * a;
     }
     sh[threadIdx.x] = acc;

@@ -15,6 +15,13 @@
  *         products (refreshed by every AdamW step and every upload), fp32
  *         accumulation, LayerNorm statistics, softmax, loss, gradients of
  *         the parameters, master weights and moments in fp32.
+ * Tensor parallelism (o.tp > 1, docs/tp.md "GPU"): the stage runs over tp
+ * GPUs (stage_device(o, r)) driven by the calling thread, Megatron-style
+ * (pipeline/blocks.h's split), with NCCL's all-reduce or the compressed
+ * two-shot of cu_tpcomm.h between them; every rank holds the full
+ * tensors, the host mirrors and checkpoints are the same as at tp = 1.
+ * Needs a build with NCCL (otherwise creation fails: "built without
+ * NCCL").
  * Attention is causal flash-style (online softmax; per-row logsumexp kept
  * for backward, which recomputes the probabilities): no (T,T) buffer; in
  * bf16 on the tensor cores (cu_flash.cu). Parameter gradients have no

@@ -174,11 +174,21 @@ static void s_send_hello(agent_t *a)
     Tah__Hello h = TAH__HELLO__INIT;
     h.name = a->name;
     h.endpoint = a->endpoint;
-    char backend[16];
-    if (a->o->cuda)
+    char backend[16]; /* the coordinator takes < 16 characters */
+    if (a->o->cuda && a->o->ndevices > 0) {
+        char list[64];
+        int n = snprintf(list, sizeof list, "cuda:%d", a->o->devices[0]);
+        for (int r = 1; r < a->o->ndevices && n > 0 && (size_t)n < sizeof list; r++)
+            n += snprintf(list + n, sizeof list - (size_t)n, ",%d", a->o->devices[r]);
+        if (n > 0 && (size_t)n < sizeof backend) /* "cuda:0,1" */
+            memcpy(backend, list, (size_t)n + 1);
+        else /* the first GPU and the count: "cuda:0x8" */
+            snprintf(backend, sizeof backend, "cuda:%dx%d", a->o->devices[0], a->o->ndevices);
+    } else if (a->o->cuda) {
         snprintf(backend, sizeof backend, "cuda:%d", a->o->device);
-    else
+    } else {
         snprintf(backend, sizeof backend, "cpu");
+    }
     h.backend = backend;
     h.threads = (uint32_t)(a->o->threads > 0 ? a->o->threads : 1);
     h.gflops = a->gflops;
@@ -541,6 +551,8 @@ static void s_on_assign(agent_t *a, const Tah__Assign *as)
     j->threads = a->o->threads;
     j->cuda = a->o->cuda;
     j->device = a->o->device;
+    j->ndevices = a->o->ndevices;
+    memcpy(j->devices, a->o->devices, sizeof j->devices);
     j->tp = a->o->tp;
     j->peer_timeout_ms = as->peer_timeout_ms ? as->peer_timeout_ms : 15000;
     j->ctx = a->ctx;

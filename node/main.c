@@ -1,7 +1,7 @@
 /* main.c — tah-node: a volunteer node.
  *
  *   tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]
- *                 [--advertise HOST[:PORT]] [--threads N] [--device cpu|cuda:K] [-v]
+ *                 [--advertise HOST[:PORT]] [--threads N] [--device cpu|cuda:K|cuda:K,L,...] [-v]
  *                 [--pid-file FILE] [--tp N]
  *                 [--coordinator-key FILE|Z85 [--key FILE] [--token T]]
  *   tah-node leave --pid-file FILE [--timeout SEC]
@@ -27,13 +27,14 @@
 #include "keys.h"   /* keys_new, keys_write */
 #include "log.h"
 #include "node.h"
+#include "trainopts.h" /* trainopts_parse_device: the one device-option parser */
 #ifdef TAH_HAVE_CUDA_STAGE
 #include "cu_stage.h" /* cu_stage_register, cu_stage_device_count */
 #endif
 
 static const char *s_usage =
     "usage: tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]\n"
-    "                     [--advertise HOST[:PORT]] [--threads N] [--device cpu|cuda:K] [-v]\n"
+    "                     [--advertise HOST[:PORT]] [--threads N] [--device cpu|cuda:K|cuda:K,L,...] [-v]\n"
     "                     [--pid-file FILE] [--tp N] [--coordinator-key FILE|Z85 [--key FILE] [--token T]]\n"
     "       tah-node leave --pid-file FILE [--timeout SEC]\n"
     "       tah-node keygen [--out DIR]\n"
@@ -49,11 +50,12 @@ static const char *s_usage =
     "  --advertise H[:P]  host (and port, e.g. behind a port forward) others use to reach\n"
     "                  --listen (default: the --listen host and the bound port)\n"
     "  --pid-file FILE write this process's id to FILE (removed at exit), for `leave`\n"
-    "  --tp N          split each stage it runs over N tensor-parallel ranks (CPU worker threads;\n"
-    "                  1..8, must divide the model's heads; default: the job's tp); the job's\n"
-    "                  tp_codec compresses the all-reduces. Neighbours see no difference\n"
+    "  --tp N          split each stage it runs over N tensor-parallel ranks (CPU worker threads, or\n"
+    "                  GPUs with --device; 1..8, must divide the model's heads; default: the job's tp);\n"
+    "                  the job's tp_codec compresses the all-reduces. Neighbours see no difference\n"
     "  --threads N     compute threads of the stage (default 1; the job's `threads` if 0)\n"
-    "  --device D      cpu (default) or cuda:K: run the assigned stage on GPU K (job option precision = fp32|bf16)\n"
+    "  --device D      cpu (default) or cuda:K: run the assigned stage on GPU K (job option precision =\n"
+    "                  fp32|bf16); with tp N on GPUs K..K+N-1, or on a list cuda:K,L,... of N GPUs (--tp N)\n"
     "  --coord-timeout SEC  coordinator silence that stops the current job (30)\n"
     "  --coordinator-key K  the secure coordinator's public key (its STATE_DIR/coord.pub, or\n"
     "                  the 40 Z85 characters); without it the link is plaintext (`serve --open`)\n"
@@ -272,19 +274,29 @@ int main(int argc, char **argv)
     }
     tah_log_init("tah-node", o.name);
     if (strcmp(device, "cpu") != 0) {
-        char *dend = NULL;
-        long k = !strncmp(device, "cuda:", 5) ? strtol(device + 5, &dend, 10) : -1;
-        if (k < 0 || k > 1023 || dend == device + 5 || *dend)
-            return s_usage_error("--device wants cpu or cuda:K, got", device);
+        int k = -1;
+        char why[160];
+        if (trainopts_parse_device(device, &k, &o.ndevices, o.devices, why, sizeof why) != 0) {
+            char what[200];
+            snprintf(what, sizeof what, "--device %s, got", why);
+            return s_usage_error(what, device);
+        }
+        if (o.ndevices > 0 && o.tp != o.ndevices)
+            return s_usage_error("--device with a list of GPUs needs --tp equal to its length (one GPU per "
+                                 "tensor-parallel rank), got", device);
 #ifdef TAH_HAVE_CUDA_STAGE
         int ndev = cu_stage_device_count();
-        if (k >= ndev) {
-            log_error("--device %s: no such device (%d CUDA devices visible); HINT: --device cpu", device, ndev);
-            return 1;
+        for (int r = 0; r < (o.tp > 1 ? o.tp : 1); r++) {
+            const int d = o.ndevices ? o.devices[r] : k + r;
+            if (d >= ndev) {
+                log_error("--device %s: no such device cuda:%d%s (%d CUDA devices visible); HINT: --device cpu",
+                          device, d, o.tp > 1 ? " (a tensor-parallel rank's GPU)" : "", ndev);
+                return 1;
+            }
         }
         cu_stage_register();
         o.cuda = 1;
-        o.device = (int)k;
+        o.device = k;
 #else
         log_error("--device %s: this build has no CUDA backend (TAH_CUDA=OFF or no nvcc); HINT: --device cpu",
                   device);

@@ -24,7 +24,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "link.h" /* link_expect_t */
+#include "link.h"   /* link_expect_t */
+#include "tpcomm.h" /* TP_MAX */
 
 enum { NODE_DEST_DOWN = 1, NODE_DEST_UP = 2, NODE_DEST_TIED = 3 };
 enum { NODE_DONE = 1, NODE_FAILED = 2, NODE_ABORTED = 3, NODE_DRAINED = 4 };
@@ -53,7 +54,8 @@ typedef struct node_job {
     char (*names)[64];             /* per stage */
     char (*keys)[41];              /* per stage: CURVE public key (Z85); NULL: plaintext data plane */
     int threads;
-    int cuda, device;              /* cuda: the stage runs on cuda:device (the node's --device) */
+    int cuda, device;              /* cuda: the stage runs on cuda:device (the node's --device) ... */
+    int ndevices, devices[TP_MAX]; /* ... or, ndevices > 0, its tensor-parallel ranks on devices[] */
     int tp;                        /* > 0: the node's --tp (overrides the job's tp) */
     uint32_t peer_timeout_ms;
     void *ctx;                     /* ZeroMQ context (for the runner's pipe end) */
@@ -80,7 +82,8 @@ typedef struct node_opts {
     const char *listen;            /* HOST:PORT (port 0: ephemeral) */
     const char *advertise;         /* host others use to reach us (default: the listen host) */
     int threads;
-    int cuda, device;              /* --device cuda:K: cuda = 1, device = K (0, 0: cpu) */
+    int cuda, device;              /* --device cuda:K: cuda = 1, device = K (0, 0: cpu); tp > 1: ranks on K+r */
+    int ndevices, devices[TP_MAX]; /* --device cuda:K,L,...: one GPU per tensor-parallel rank (ndevices = tp) */
     int tp;                        /* --tp N: tensor-parallel degree of the stages it runs (0: the job's) */
     double coord_timeout;          /* s */
     const char *coordinator_key;   /* secure coordinator: its public key (Z85 or file); NULL: plaintext */

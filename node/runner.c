@@ -579,8 +579,10 @@ static int s_setup(runner_t *r, int *start)
     stage_opts_t so = { .cfg = *cfg, .B = t->batch, .T = t->seq, .tied = !t->untied,
                         .tp = j->tp > 0 ? j->tp : t->tp,
                         .backend = j->cuda ? STAGE_CUDA : STAGE_CPU, .device = j->device,
+                        .ndevices = j->cuda ? j->ndevices : 0,
                         /* the job's precision is for GPU nodes; a CPU stage computes in fp32 */
                         .precision = j->cuda ? t->precision : STAGE_FP32 };
+    memcpy(so.devices, j->devices, sizeof so.devices);
     if (trainopts_tp_codecs(t, &so.tp_rs, &so.tp_ag, err, sizeof err) != 0)
         goto fail;
     if (j->layer0 >= 0) {

@@ -47,6 +47,11 @@ size_t stage_param_sizes(const stage_opts_t *o, size_t sizes[STAGE_NTENSORS])
     return total;
 }
 
+int stage_device(const stage_opts_t *o, int r)
+{
+    return o->ndevices > 0 ? o->devices[r] : o->device + r;
+}
+
 const char *stage_tensor_name(int i)
 {
     return i == STAGE_HEAD ? "head" : gpt2_tensor_name(i);
@@ -107,13 +112,31 @@ static int s_validate(const stage_opts_t *o, char *err, size_t errlen)
         what = "precision (fp32 or bf16)";
     else if (o->backend == STAGE_CPU && o->precision != STAGE_FP32)
         what = "precision (the cpu backend computes in fp32 only)";
-    else if (o->backend == STAGE_CUDA && o->tp > 1)
-        what = "tp (tensor parallelism runs on the cpu backend only, so far)";
     else if (o->tp < 0 || o->tp > TP_MAX || (o->tp > 1 && o->cfg.NH % o->tp != 0)) {
         if (err)
             snprintf(err, errlen, "bad stage options: tensor-parallel degree tp=%d must be 1..%d and divide the number "
                                   "of heads NH=%d (then it divides C=%d and 4C)", o->tp, TP_MAX, o->cfg.NH, o->cfg.C);
         return TAH_EINVAL;
+    }
+    if (!what && o->backend == STAGE_CUDA) {
+        const int tp = o->tp > 1 ? o->tp : 1;
+        const char *dwhy = NULL;
+        if (o->ndevices != 0 && o->ndevices != tp)
+            dwhy = "the device list must name one GPU per tensor-parallel rank";
+        for (int r = 0; r < tp && !dwhy; r++) {
+            const int d = stage_device(o, r);
+            if (d < 0 || d > 1023)
+                dwhy = "GPU indices are 0..1023";
+            for (int q = 0; q < r && !dwhy; q++)
+                if (stage_device(o, q) == d)
+                    dwhy = "a GPU appears twice in the device list (one GPU per rank)";
+        }
+        if (dwhy) {
+            if (err)
+                snprintf(err, errlen, "bad stage options: devices: %s (tp=%d, device cuda:%d, %d listed)", dwhy, tp,
+                         o->device, o->ndevices);
+            return TAH_EINVAL;
+        }
     }
     if (what) {
         if (err)

@@ -26,7 +26,9 @@
  * Tensor parallelism (o.tp > 1, blocks.h): the layers run Megatron-style on
  * tp worker threads with a (compressed) all-reduce between them; the
  * stage's tensors stay whole, so everything above (gradients, norm, AdamW,
- * checkpoints) is the same at any tp.
+ * checkpoints) is the same at any tp. On the CUDA backend the tp ranks are
+ * tp GPUs (stage_device()) driven by the calling thread, the all-reduce
+ * NCCL's or the same two-shot compressed one (cuda/cu_tpcomm.h).
  *
  * Memory: parameters, gradients, moments (m then v) and activations are
  * each one allocation, carved from the size table stage_param_sizes(). */
@@ -51,7 +53,9 @@ typedef struct stage_opts {
     int nslots;         /* micro-batches in flight at most (>= 1) */
     int tied;           /* 1: HEAD is a tied copy of wte */
     int backend;        /* STAGE_CPU (0, the default) or STAGE_CUDA (stage_backend.h) */
-    int device;         /* STAGE_CUDA: GPU index (cuda:device) */
+    int device;         /* STAGE_CUDA: GPU index (cuda:device); at tp > 1 ranks r on cuda:device+r ... */
+    int ndevices;       /* STAGE_CUDA: ... unless this is tp (> 0): rank r on cuda:devices[r] (distinct) */
+    int devices[TP_MAX];
     int precision;      /* STAGE_CUDA: STAGE_FP32 (0) or STAGE_BF16 */
     int tp;             /* tensor-parallel degree: 0 or 1 = none; else 2..TP_MAX dividing NH */
     codec_spec_t tp_rs, tp_ag; /* all-reduce codecs, reduce-scatter and all-gather (id 0 = none) */
@@ -107,6 +111,10 @@ typedef struct stage {
     long long t;                     /* AdamW steps taken */
     void *cu;                        /* STAGE_CUDA: the backend's state (stage_backend.h) */
 } stage_t;
+
+/* The GPU of tensor-parallel rank r (STAGE_CUDA): devices[r] when a list
+ * is given (ndevices > 0), else device + r. */
+int stage_device(const stage_opts_t *o, int r);
 
 /* Elements per tensor of a stage with these options; returns the total. */
 size_t stage_param_sizes(const stage_opts_t *o, size_t sizes[STAGE_NTENSORS]);

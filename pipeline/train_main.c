@@ -30,7 +30,7 @@ static const char *s_usage =
     "                 [--metrics FILE] [--save MODEL.bin]\n"
     "                 [--val-every N] [--val-batches N] [--lr-min-frac X] [--untied]\n"
     "                 [--save-ckpt PREFIX] [--ckpt-every N] [--resume PREFIX] [--quiet]\n"
-    "                 [--device cpu|cuda:K] [--precision fp32|bf16]\n"
+    "                 [--device cpu|cuda:K|cuda:K,L,...] [--precision fp32|bf16]\n"
     "\n"
     "  --init-from F     start from an llm.c GPT-2 model file (version 3)\n"
     "  --model ...       random GPT-2 init (--seed); Vp defaults to V rounded up to 128 (V >= 1024)\n"
@@ -47,8 +47,8 @@ static const char *s_usage =
     "  --fwd-codec SPEC  codec of every stage-boundary activation (fp32); e.g. tah:hi_frac=0.8\n"
     "  --bwd-codec SPEC  codec of every stage-boundary gradient (fp32); e.g. fixpt:bits=8\n"
     "  --threads N       OpenMP/OpenBLAS threads (default: all cores)\n"
-    "  --tp N            tensor parallelism: every stage's layers on N worker threads, Megatron-style\n"
-    "                    (1..8, must divide NH; each worker gets threads/N threads)\n"
+    "  --tp N            tensor parallelism: every stage's layers on N ranks, Megatron-style (1..8, must\n"
+    "                    divide NH): N worker threads (each gets threads/N threads), or N GPUs with --device\n"
     "  --tp-codec SPEC   codec of the tensor-parallel all-reduce: none (exact fp32 sum, default),\n"
     "                    ash-fp8, int:bits=4, fp16, bf16, fixpt; --tp-codec-ag SPEC for its\n"
     "                    all-gather shot (default: the same), e.g. --tp-codec int:bits=4 --tp-codec-ag int:bits=8\n"
@@ -59,7 +59,8 @@ static const char *s_usage =
     "  --save-ckpt P     write per-stage checkpoints P.stage<k>.ckpt (atomically) at the end,\n"
     "                    and every N steps with --ckpt-every N\n"
     "  --resume P        continue from per-stage checkpoints P.stage<k>.ckpt\n"
-    "  --device D        cpu (default) or cuda:K: every stage on GPU K (the CUDA backend)\n"
+    "  --device D        cpu (default) or cuda:K: every stage on GPU K (the CUDA backend); with --tp N on\n"
+    "                    GPUs K..K+N-1, or on the N GPUs of a list cuda:K,L,... (NCCL all-reduce)\n"
     "  --precision P     fp32 (default) or bf16 (cuda only: bf16 activations, fp32 master weights)\n";
 
 static int s_usage_error(const char *fmt, const char *a, const char *b)
@@ -128,13 +129,23 @@ int main(int argc, char **argv)
         return s_usage_error("--batch, --seq, --steps and --lr are required%s%s", "", "");
     if (o.precision != 0 && o.device < 0)
         return s_usage_error("--precision bf16 needs --device cuda:K%s%s", "", "");
+    if (o.ndevices > 0 && o.ndevices != o.tp) {
+        char why[160];
+        snprintf(why, sizeof why, "%d GPUs but --tp is %d", o.ndevices, o.tp);
+        return s_usage_error("--device lists %s: one GPU per tensor-parallel rank (cuda:K puts rank r on GPU K+r)%s",
+                             why, "");
+    }
     if (o.device >= 0) {
 #ifdef TAH_HAVE_CUDA_STAGE
         int ndev = cu_stage_device_count();
-        if (o.device >= ndev) {
-            fprintf(stderr, "tah-train: --device cuda:%d: no such device (%d CUDA devices visible)%s\n", o.device,
-                    ndev, ndev ? "" : "; HINT: is the NVIDIA driver loaded? --device cpu runs without a GPU");
-            return 1;
+        for (int r = 0; r < (o.tp > 1 ? o.tp : 1); r++) {
+            const int d = o.ndevices ? o.devices[r] : o.device + r;
+            if (d >= ndev) {
+                fprintf(stderr, "tah-train: --device: cuda:%d%s: no such device (%d CUDA devices visible)%s\n", d,
+                        o.tp > 1 ? " (a tensor-parallel rank's GPU)" : "", ndev,
+                        ndev ? "" : "; HINT: is the NVIDIA driver loaded? --device cpu runs without a GPU");
+                return 1;
+            }
         }
         cu_stage_register();
 #else
@@ -220,7 +231,9 @@ int main(int argc, char **argv)
                           .tied = !untied, .fwd_codec = fwd_codec, .bwd_codec = bwd_codec,
                           .tp = tp, .tp_rs = tp_rs, .tp_ag = tp_ag,
                           .optim = opt, .backend = o.device >= 0 ? STAGE_CUDA : STAGE_CPU,
-                          .device = o.device >= 0 ? o.device : 0, .precision = o.precision };
+                          .device = o.device >= 0 ? o.device : 0, .ndevices = o.ndevices,
+                          .precision = o.precision };
+    memcpy(to.devices, o.devices, sizeof to.devices);
     tr = trainer_new(&to, model, err, sizeof err);
     if (!tr) {
         fprintf(stderr, "tah-train: %s\n", err);

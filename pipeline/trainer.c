@@ -64,8 +64,9 @@ trainer_t *trainer_new(const trainer_opts_t *o, const gpt2_model_t *init, char *
         goto nomem;
     for (int k = 0; k < S; k++) {
         stage_opts_t so = { .cfg = o->cfg, .B = o->B, .T = o->T, .tied = o->tied, .backend = o->backend,
-                            .device = o->device, .precision = o->precision,
+                            .device = o->device, .ndevices = o->ndevices, .precision = o->precision,
                             .tp = o->tp, .tp_rs = o->tp_rs, .tp_ag = o->tp_ag };
+        memcpy(so.devices, o->devices, sizeof so.devices);
         trainer_split(o->cfg.L, S, k, &so.layer0, &so.layer1);
         so.first = k == 0;
         so.last = k == S - 1;

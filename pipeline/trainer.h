@@ -38,7 +38,9 @@ typedef struct trainer_opts {
     codec_spec_t tp_rs, tp_ag; /* its all-reduce codecs (tpcomm.h; id 0 = none) */
     optim_opts_t optim;
     int backend;           /* STAGE_CPU (0) or STAGE_CUDA: every stage */
-    int device;            /* STAGE_CUDA: cuda:device (all stages share it) */
+    int device;            /* STAGE_CUDA: cuda:device (all stages share it; tp > 1: ranks on device+r ...) */
+    int ndevices;          /* ... unless this is tp: rank r on devices[r] */
+    int devices[TP_MAX];
     int precision;         /* STAGE_FP32 (0) or STAGE_BF16 */
 } trainer_opts_t;
 

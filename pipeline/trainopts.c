@@ -152,7 +152,7 @@ int trainopts_set(trainopts_t *o, const char *name, const char *value, char *err
         return TAH_EINVAL;
     }
     const char *why = NULL;
-    char range[128] = "";
+    char range[128] = "", dwhy[160] = "";
     switch (d->kind) {
     case O_PATH:
     case O_SPEC:
@@ -227,15 +227,8 @@ int trainopts_set(trainopts_t *o, const char *name, const char *value, char *err
             why = "wants 1f1b or gpipe";
         break;
     case O_DEVICE: {
-        char *end = NULL;
-        long k = -1;
-        if (!strcmp(value, "cpu"))
-            o->device = -1;
-        else if (!strncmp(value, "cuda:", 5) && (errno = 0, k = strtol(value + 5, &end, 10), !errno) &&
-                 end != value + 5 && !*end && k >= 0 && k < 1024)
-            o->device = (int)k;
-        else
-            why = "wants cpu or cuda:K (K = 0..1023)";
+        if (trainopts_parse_device(value, &o->device, &o->ndevices, o->devices, dwhy, sizeof dwhy) != 0)
+            why = dwhy;
         break;
     }
     case O_PRECISION:
@@ -288,11 +281,66 @@ int trainopts_check(const trainopts_t *o, char *err, size_t errlen)
             why = buf;
         }
     }
+    if (!why && o->ndevices > 0 && o->ndevices != o->tp) {
+        snprintf(buf, sizeof buf, "device lists %d GPUs but tp is %d: one GPU per tensor-parallel rank (cuda:K "
+                 "puts rank r on GPU K+r)", o->ndevices, o->tp);
+        why = buf;
+    }
     if (why) {
         if (err)
             snprintf(err, errlen, "%s", why);
         return TAH_EINVAL;
     }
+    return 0;
+}
+
+int trainopts_parse_device(const char *value, int *device, int *ndevices, int devices[TP_MAX], char *err,
+                           size_t errlen)
+{
+    int list[TP_MAX], n = 0;
+    const char *why = NULL;
+    if (!strcmp(value, "cpu")) {
+        *device = -1;
+        *ndevices = 0;
+        return 0;
+    }
+    if (strncmp(value, "cuda:", 5) != 0) {
+        why = "wants cpu, cuda:K or cuda:K,L,... (K = 0..1023)";
+    } else {
+        const char *p = value + 5;
+        for (;;) {
+            char *end = NULL;
+            errno = 0;
+            long k = strtol(p, &end, 10);
+            if (errno || end == p || k < 0 || k > 1023 || (*end && *end != ',') || *p == '-' || *p == '+' ||
+                *p == ' ') {
+                why = "wants cpu, cuda:K or cuda:K,L,... (K = 0..1023)";
+                break;
+            }
+            if (n == TP_MAX) {
+                why = "lists more GPUs than the largest tensor-parallel degree (8)";
+                break;
+            }
+            for (int j = 0; j < n && !why; j++)
+                if (list[j] == (int)k)
+                    why = "lists a GPU twice (one GPU per tensor-parallel rank)";
+            if (why)
+                break;
+            list[n++] = (int)k;
+            if (!*end)
+                break;
+            p = end + 1;
+        }
+    }
+    if (why) {
+        if (err)
+            snprintf(err, errlen, "%s", why);
+        return TAH_EINVAL;
+    }
+    *device = list[0];
+    *ndevices = n > 1 ? n : 0;
+    for (int j = 0; j < TP_MAX; j++)
+        devices[j] = j < n ? list[j] : 0;
     return 0;
 }
 

@@ -21,6 +21,7 @@
 #include "gpt2.h"     /* gpt2_config_t */
 #include "optim.h"    /* optim_opts_t */
 #include "schedule.h" /* sched_kind_t */
+#include "tpcomm.h"   /* TP_MAX */
 
 #define TRAINOPTS_PATH 1024
 #define TRAINOPTS_SPEC 256
@@ -45,7 +46,9 @@ typedef struct trainopts {
     int val_every, val_batches;
     int untied, quiet;
     int ckpt_every;           /* 0 = only at the end (with save_ckpt) */
-    int device;               /* "cpu" = -1 (default), "cuda:K" = K */
+    int device;               /* "cpu" = -1 (default), "cuda:K" = K, "cuda:K,L,..." = K (the first) */
+    int ndevices;             /* "cuda:K,L,...": the list's length (2..TP_MAX), else 0 */
+    int devices[TP_MAX];      /* the list: one GPU per tensor-parallel rank */
     int precision;            /* STAGE_FP32 (0, "fp32") or STAGE_BF16 ("bf16"; cuda only: tah-train refuses it
                                  on the cpu, a job file's applies to its GPU nodes, CPU nodes run fp32) */
     optim_opts_t optim;       /* lr, schedule, warmup, ... */
@@ -64,6 +67,14 @@ const char *const *trainopts_names(void);
 int trainopts_set(trainopts_t *o, const char *name, const char *value, char *err, size_t errlen);
 /* Required options and cross-option rules; 0 or TAH_EINVAL with a message. */
 int trainopts_check(const trainopts_t *o, char *err, size_t errlen);
+/* The one parser of a device option (tah-train --device, tah-node join
+ * --device, a job file's device): "cpu" (device -1), "cuda:K" (K; its
+ * tensor-parallel ranks on K, K+1, ...), or "cuda:K,L,..." (2..TP_MAX
+ * distinct GPUs, one per rank: *ndevices = the count, devices[] the list,
+ * *device = the first). GPU indices 0..1023. 0, or TAH_EINVAL with why
+ * (err, may be NULL) filled. */
+int trainopts_parse_device(const char *value, int *device, int *ndevices, int devices[TP_MAX], char *err,
+                           size_t errlen);
 /* The two all-reduce codecs (the all-gather one defaults to tp_codec). */
 int trainopts_tp_codecs(const trainopts_t *o, codec_spec_t *rs, codec_spec_t *ag, char *err, size_t errlen);
 

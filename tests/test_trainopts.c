@@ -78,11 +78,62 @@ static void test_values(void **state)
     assert_non_null(strstr(err, "j.ini:2: beta2"));
 }
 
+/* the one device parser (tah-train --device, tah-node join --device): cpu,
+ * cuda:K, and a list of distinct GPUs, one per tensor-parallel rank */
+static void test_devices(void **state)
+{
+    (void)state;
+    int dev = 7, n = 7, list[TP_MAX];
+    char err[256] = "";
+    assert_int_equal(trainopts_parse_device("cpu", &dev, &n, list, err, sizeof err), 0);
+    assert_int_equal(dev, -1);
+    assert_int_equal(n, 0);
+    assert_int_equal(trainopts_parse_device("cuda:3", &dev, &n, list, err, sizeof err), 0);
+    assert_int_equal(dev, 3);
+    assert_int_equal(n, 0);
+    assert_int_equal(trainopts_parse_device("cuda:2,0,5", &dev, &n, list, err, sizeof err), 0);
+    assert_int_equal(dev, 2);
+    assert_int_equal(n, 3);
+    assert_int_equal(list[0], 2);
+    assert_int_equal(list[1], 0);
+    assert_int_equal(list[2], 5);
+    assert_int_equal(trainopts_parse_device("cuda:0,1,2,3,4,5,6,7", &dev, &n, list, err, sizeof err), 0);
+    assert_int_equal(n, 8);
+    const char *bad[] = { "gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:1024", "cuda:0,", "cuda:,1", "cuda:0,,1",
+                          "cuda:0, 1", "cuda:1 ", "cuda:+1" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        if (trainopts_parse_device(bad[i], &dev, &n, list, err, sizeof err) == 0)
+            fail_msg("device '%s' was accepted", bad[i]);
+        assert_non_null(strstr(err, "cuda:K,L,..."));
+    }
+    assert_int_not_equal(trainopts_parse_device("cuda:0,1,0", &dev, &n, list, err, sizeof err), 0);
+    assert_non_null(strstr(err, "twice"));
+    assert_int_not_equal(trainopts_parse_device("cuda:0,1,2,3,4,5,6,7,8", &dev, &n, list, err, sizeof err), 0);
+    assert_non_null(strstr(err, "(8)"));
+    /* through the option table and the cross-option check: the list's length is tp */
+    trainopts_t o;
+    trainopts_defaults(&o);
+    assert_int_equal(trainopts_set(&o, "device", "cuda:0,1", err, sizeof err), 0);
+    assert_int_equal(o.device, 0);
+    assert_int_equal(o.ndevices, 2);
+    assert_int_not_equal(trainopts_set(&o, "device", "cuda:1,1", err, sizeof err), 0);
+    assert_non_null(strstr(err, "device = 'cuda:1,1' lists a GPU twice"));
+    job_spec_t j;
+    assert_int_equal(jobfile_parse("[job]\nmodel = 4,2,64,32,256\ntrain_data = t\nbatch = 2\nseq = 16\nsteps = 5\n"
+                                   "lr = 1e-3\ndevice = cuda:0,1\n", "j.ini", &j, err, sizeof err) != 0, 1);
+    assert_non_null(strstr(err, "device lists 2 GPUs but tp is 1"));
+    assert_int_equal(jobfile_parse("[job]\nmodel = 4,2,64,32,256\ntrain_data = t\nbatch = 2\nseq = 16\nsteps = 5\n"
+                                   "lr = 1e-3\ndevice = cuda:0,1\ntp = 2\n", "j.ini", &j, err, sizeof err),
+                     0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_tah_train_option_is_a_job_key),
         cmocka_unit_test(test_values),
+        cmocka_unit_test(test_devices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
