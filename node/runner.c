@@ -200,7 +200,7 @@ static int s_send_tensor(runner_t *r, int dest, uint32_t kind, int step, int mb,
     if (rc) {
         if (!pb)
             zmq_msg_close(&payload);
-        snprintf(r->job->reason, sizeof r->job->reason, "step %d: encoding %s mb %d failed: %s (%s)", step,
+        snprintf(r->job->reason, sizeof r->job->reason, "step %d: encoding %s mb %d failed: %.400s (%s)", step,
                  wire_data_kind_name(kind), mb, cerr, tah_strerror(rc));
         return rc;
     }
