@@ -53,6 +53,7 @@ static link_expect_t s_job(void)
     x.tied = 1;
     codec_spec_parse("fp32", &x.fwd, NULL, 0);
     codec_spec_parse("fixpt:bits=8", &x.bwd, NULL, 0);
+    codec_spec_parse("fp32", &x.tied_spec, NULL, 0);
     x.nnorm = NNORM;
     x.max_norm_ratio = 1000.0;
     x.max_bad_frames = 10;

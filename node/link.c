@@ -166,10 +166,8 @@ int link_check(const link_expect_t *x, int from, int cur_step, const Tah__DataHe
         return 0;
     }
     /* tensor kinds: codec frame */
-    codec_spec_t fp32;
-    codec_spec_default(CODEC_FP32, &fp32);
     const codec_spec_t *want = h->kind == TAH__DATA_KIND__DATA_GRAD   ? &x->bwd
-                               : h->kind == TAH__DATA_KIND__DATA_TIED ? &fp32
+                               : h->kind == TAH__DATA_KIND__DATA_TIED ? &x->tied_spec
                                                                       : &x->fwd;
     codec_shape_t shape = h->kind == TAH__DATA_KIND__DATA_TIED
                               ? (codec_shape_t){ 1, s_tied_rows(x, h), (uint32_t)x->C }

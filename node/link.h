@@ -7,9 +7,9 @@
  *   ACT           stage k-1        fwd codec frame (B,T,C)    s     0..M-1
  *   EVAL          stage k-1        fwd codec frame (B,T,C)    s     0..val_batches-1
  *   GRAD          stage k+1        bwd codec frame (B,T,C)    s     0..M-1
- *   TIED          last stage       fp32 frame (1,Vp,C)        s     0
- *                 first stage      fp32 frame (1,R,C): rows   s     0
- *                                  of wte its step touched
+ *   TIED          last stage       tied codec frame (1,Vp,C)  s     0
+ *                 first stage      tied codec frame (1,R,C):  s     0
+ *                                  rows of wte its step touched
  *   NORM_PARTIAL  stage k-1        nnorm float64 (LE), >= 0   s     0
  *   NORM          stage k+1        empty; header value >= 0   s     0
  *   PING          any neighbour    empty                      0     0
@@ -49,6 +49,7 @@ typedef struct link_expect {
     int B, T, C, Vp;
     int tied;              /* tied embeddings (first and last stage exchange TIED) */
     codec_spec_t fwd, bwd; /* the job's codecs */
+    codec_spec_t tied_spec; /* the tied exchange's (job key tied_codec, fp32 by default) */
     size_t nnorm;          /* norm slots (stage_norm_nslots) */
     double max_norm_ratio; /* job key max_norm_ratio (node/guard.h; 0: off) */
     int max_bad_frames;    /* job key max_bad_frames (reports to the coordinator) */

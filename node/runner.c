@@ -81,7 +81,7 @@ typedef struct runner {
     float *tmp;              /* (B,T,C) */
     int dev_enc;             /* the stage encodes its boundary tensors on its device */
     uint8_t *rowmask;        /* tied, first or last stage: (Vp) */
-    int *rows;               /* (Vp): the wte rows of the step (s_tied_rows) */
+    int *rows;               /* (Vp): the wte rows of the step (stage_tied_rows) */
     float *rowbuf;           /* first stage: (Vp, C), those rows of the gradient */
     s_pinned_t pinned[R_NPINNED];
     float *losses;           /* (M) */
@@ -158,6 +158,19 @@ static int s_send_msg(runner_t *r, int dest, Tah__DataHeader *h, zmq_msg_t *payl
     return rc;
 }
 
+/* Header for an encoded frame (moved: zero-copy) and send. */
+static int s_send_frame(runner_t *r, int dest, uint32_t kind, int step, int mb, const codec_spec_t *spec,
+                        codec_shape_t shape, zmq_msg_t *frame)
+{
+    Tah__DataHeader h;
+    link_header(&h, r->x, kind, step, mb);
+    h.codec = (uint32_t)spec->id;
+    h.b = shape.b;
+    h.t = shape.s;
+    h.c = shape.c;
+    return s_send_msg(r, dest, &h, frame);
+}
+
 static void s_pinned_done(void *data, void *hint)
 {
     (void)data;
@@ -204,13 +217,7 @@ static int s_send_tensor(runner_t *r, int dest, uint32_t kind, int step, int mb,
                  wire_data_kind_name(kind), mb, cerr, tah_strerror(rc));
         return rc;
     }
-    Tah__DataHeader h;
-    link_header(&h, r->x, kind, step, mb);
-    h.codec = (uint32_t)spec->id;
-    h.b = shape.b;
-    h.t = shape.s;
-    h.c = shape.c;
-    return s_send_msg(r, dest, &h, &payload);
+    return s_send_frame(r, dest, kind, step, mb, spec, shape, &payload);
 }
 
 /* Wait for a message (kind, step, mb); returns its stash index, or -1 when
@@ -316,23 +323,6 @@ static int s_aborted(runner_t *r, int step)
 {
     r->job->fail_step = step;
     return 1;
-}
-
-/* The rows of wte the first stage's step touched: the distinct tokens of
- * its M batches, ascending, into r->rows; returns their count. The first
- * and the last stage load the same batches, so both get the same rows. */
-static size_t s_tied_rows(runner_t *r)
-{
-    const link_expect_t *x = r->x;
-    const size_t n = (size_t)x->M * x->B * x->T;
-    memset(r->rowmask, 0, (size_t)x->Vp);
-    for (size_t i = 0; i < n; i++)
-        r->rowmask[r->inputs[i]] = 1; /* data_load checked every token < V <= Vp */
-    size_t nrows = 0;
-    for (int v = 0; v < x->Vp; v++)
-        if (r->rowmask[v])
-            r->rows[nrows++] = v;
-    return nrows;
 }
 
 /* Validation pass (forward only), as trainer_eval: batch i of the val
@@ -444,23 +434,36 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
     /* tied embeddings: both copies become first + last. The last stage
      * sends its dense head gradient as soon as its backward passes are
      * done; the first stage sends only the rows of wte its step touched
-     * (link.h), which the last stage adds to its copy. */
+     * (link.h), which the last stage adds to its copy. With a lossy tied
+     * codec each side first replaces what it sends by the decode of its own
+     * frame (stage_tied_codec), so both sums have the same bits. */
     if (x->tied && S == 1) {
         stage_tied_sync(st, st);
     } else if (x->tied && (k == 0 || k == S - 1)) {
-        codec_spec_t fp32;
-        codec_spec_default(CODEC_FP32, &fp32);
-        const size_t C = (size_t)x->C;
+        const size_t C = (size_t)x->C, R = stage_tied_rows(r->inputs, (size_t)M * BT, x->Vp, r->rowmask, r->rows);
         float *mine = k == 0 ? st->g[GPT2_WTE] : st->g[STAGE_HEAD];
-        size_t nrows = s_tied_rows(r);
+        float *send = k == 0 ? r->rowbuf : mine;
         if (stage_sync_to_host(st, STAGE_SYNC_TIED) != 0) /* GPU stage: mine is its host mirror */
             return s_fail(r, step, "copying the tied gradient from the GPU failed: %s", stage_error(st));
-        if (k == 0)
-            for (size_t i = 0; i < nrows; i++)
-                memcpy(r->rowbuf + i * C, mine + (size_t)r->rows[i] * C, C * sizeof(float));
-        codec_shape_t ts = { 1, (uint32_t)(k == 0 ? nrows : (size_t)x->Vp), (uint32_t)C };
-        rc = s_send_tensor(r, NODE_DEST_TIED, TAH__DATA_KIND__DATA_TIED, step, 0, &fp32, ts,
-                           k == 0 ? r->rowbuf : mine, 0);
+        for (size_t i = 0; k == 0 && i < R; i++)
+            memcpy(r->rowbuf + i * C, mine + (size_t)r->rows[i] * C, C * sizeof(float));
+        codec_shape_t ts = { 1, (uint32_t)(k == 0 ? R : (size_t)x->Vp), (uint32_t)C };
+        size_t n = (size_t)ts.s * C;
+        int64_t fs = codec_frame_size(&x->tied_spec, ts);
+        zmq_msg_t frame;
+        if (fs < 0 || zmq_msg_init_size(&frame, (size_t)fs) != 0)
+            return s_fail(r, step, "tied gradient: %s", fs < 0 ? tah_strerror((int)fs) : "out of memory");
+        char cerr[CODEC_ERRLEN] = "";
+        rc = codec_encode(&x->tied_spec, ts, send, zmq_msg_data(&frame), (size_t)fs, NULL, cerr, sizeof cerr);
+        if (!rc && x->tied_spec.id != CODEC_FP32)
+            rc = codec_decode(zmq_msg_data(&frame), (size_t)fs, send, n, NULL, cerr, sizeof cerr);
+        if (rc) {
+            zmq_msg_close(&frame);
+            return s_fail(r, step, "encoding the tied gradient failed: %s", cerr);
+        }
+        for (size_t i = 0; k == 0 && i < R; i++)
+            memcpy(mine + (size_t)r->rows[i] * C, r->rowbuf + i * C, C * sizeof(float));
+        rc = s_send_frame(r, NODE_DEST_TIED, TAH__DATA_KIND__DATA_TIED, step, 0, &x->tied_spec, ts, &frame);
         if (rc)
             return s_fail(r, step, "sending the tied gradient failed (%s)", tah_strerror(rc));
         int idx = s_wait(r, TAH__DATA_KIND__DATA_TIED, step, 0);
@@ -469,14 +472,14 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
         const float *peer = zmq_msg_data(&r->stash[idx].msg);
         if (k == 0) {
             stage_tied_reduce(mine, peer, (size_t)x->Vp * C, 1);
-        } else if (zmq_msg_size(&r->stash[idx].msg) != nrows * C * sizeof(float)) {
+        } else if (zmq_msg_size(&r->stash[idx].msg) != R * C * sizeof(float)) {
             char why[128];
             snprintf(why, sizeof why, "%zu bytes of rows from the first stage, expected %zu rows (%zu bytes)",
-                     zmq_msg_size(&r->stash[idx].msg), nrows, nrows * C * sizeof(float));
+                     zmq_msg_size(&r->stash[idx].msg), R, R * C * sizeof(float));
             s_release(r, idx);
             return s_fail(r, step, "tied gradient: %s", why);
         } else {
-            for (size_t i = 0; i < nrows; i++)
+            for (size_t i = 0; i < R; i++)
                 stage_tied_reduce(mine + (size_t)r->rows[i] * C, peer + i * C, C, 0);
         }
         s_release(r, idx);
@@ -642,7 +645,8 @@ static int s_setup(runner_t *r, int *start)
     x->max_norm_ratio = r->spec->max_norm_ratio;
     x->max_bad_frames = r->spec->max_bad_frames;
     if (codec_spec_parse(t->fwd_codec, &x->fwd, err, sizeof err) != 0 ||
-        codec_spec_parse(t->bwd_codec, &x->bwd, err, sizeof err) != 0)
+        codec_spec_parse(t->bwd_codec, &x->bwd, err, sizeof err) != 0 ||
+        codec_spec_parse(t->tied_codec, &x->tied_spec, err, sizeof err) != 0)
         goto fail;
     codec_shape_t shape = { (uint32_t)x->B, (uint32_t)x->T, (uint32_t)x->C };
     codec_spec_t fp32;

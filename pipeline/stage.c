@@ -450,6 +450,49 @@ void stage_zero_grad(stage_t *s)
     memset(s->grads, 0, s->nparams * sizeof(float));
 }
 
+size_t stage_tied_rows(const int *tokens, size_t n, int Vp, uint8_t *mask, int *rows)
+{
+    memset(mask, 0, (size_t)Vp);
+    for (size_t i = 0; i < n; i++)
+        mask[tokens[i]] = 1;
+    size_t nrows = 0;
+    for (int v = 0; v < Vp; v++)
+        if (mask[v])
+            rows[nrows++] = v;
+    return nrows;
+}
+
+int stage_tied_codec(const codec_spec_t *spec, float *g, int Vp, int C, const int *rows, size_t nrows, char *err,
+                     size_t errlen)
+{
+    if (spec->id == CODEC_FP32)
+        return 0;
+    size_t R = rows ? nrows : (size_t)Vp, n = R * (size_t)C;
+    codec_shape_t shape = { 1, (uint32_t)R, (uint32_t)C };
+    int64_t fs = codec_frame_size(spec, shape);
+    if (fs < 0) {
+        snprintf(err, errlen, "tied codec: no frame of shape (1,%zu,%d)", R, C);
+        return (int)fs;
+    }
+    float *x = rows ? malloc(n * sizeof(float)) : g;
+    uint8_t *frame = malloc((size_t)fs);
+    int rc = x && frame ? 0 : TAH_ENOMEM;
+    if (rc)
+        snprintf(err, errlen, "tied codec: out of memory");
+    for (size_t i = 0; !rc && rows && i < R; i++)
+        memcpy(x + i * C, g + (size_t)rows[i] * C, (size_t)C * sizeof(float));
+    if (!rc)
+        rc = codec_encode(spec, shape, x, frame, (size_t)fs, NULL, err, errlen);
+    if (!rc)
+        rc = codec_decode(frame, (size_t)fs, x, n, NULL, err, errlen);
+    for (size_t i = 0; !rc && rows && i < R; i++)
+        memcpy(g + (size_t)rows[i] * C, x + i * C, (size_t)C * sizeof(float));
+    if (rows)
+        free(x);
+    free(frame);
+    return rc;
+}
+
 void stage_tied_reduce(float *mine, const float *peer, size_t n, int mine_is_first)
 {
 #pragma omp parallel for schedule(static)

@@ -28,7 +28,7 @@ static const char *s_usage =
     "                 [--fwd-codec SPEC] [--bwd-codec SPEC] [--threads N] [--seed N]\n"
     "                 [--tp N] [--tp-codec SPEC] [--tp-codec-ag SPEC]\n"
     "                 [--metrics FILE] [--save MODEL.bin]\n"
-    "                 [--val-every N] [--val-batches N] [--lr-min-frac X] [--untied]\n"
+    "                 [--val-every N] [--val-batches N] [--lr-min-frac X] [--untied] [--tied-codec SPEC]\n"
     "                 [--save-ckpt PREFIX] [--ckpt-every N] [--resume PREFIX] [--quiet]\n"
     "                 [--device cpu|cuda:K|cuda:K,L,...] [--precision fp32|bf16]\n"
     "\n"
@@ -56,6 +56,8 @@ static const char *s_usage =
     "  --save F          write the trained model as an llm.c model file (atomically)\n"
     "  --val-every N     evaluate every N steps (50), on --val-batches batches (8)\n"
     "  --untied          LM head independent of wte (no tied-embedding sync)\n"
+    "  --tied-codec SPEC codec of the tied-embedding gradient exchange between the first and the last\n"
+    "                    stage, as tah-node sends it (fp32 = exact, default); e.g. fixpt:bits=8, bf16\n"
     "  --save-ckpt P     write per-stage checkpoints P.stage<k>.ckpt (atomically) at the end,\n"
     "                    and every N steps with --ckpt-every N\n"
     "  --resume P        continue from per-stage checkpoints P.stage<k>.ckpt\n"
@@ -229,6 +231,7 @@ int main(int argc, char **argv)
     opt.total_steps = steps;
     trainer_opts_t to = { .cfg = *cfg, .S = S, .M = M, .B = B, .T = T, .sched = sched,
                           .tied = !untied, .fwd_codec = fwd_codec, .bwd_codec = bwd_codec,
+                          .tied_codec = o.tied_codec,
                           .tp = tp, .tp_rs = tp_rs, .tp_ag = tp_ag,
                           .optim = opt, .backend = o.device >= 0 ? STAGE_CUDA : STAGE_CPU,
                           .device = o.device >= 0 ? o.device : 0, .ndevices = o.ndevices,
@@ -266,8 +269,9 @@ int main(int argc, char **argv)
         printf("tah-train: model L=%d NH=%d C=%d maxT=%d V=%d Vp=%d (%zu params), %s embeddings\n",
                cfg->L, cfg->NH, cfg->C, cfg->maxT, cfg->V, cfg->Vp, model->nparams,
                untied ? "untied" : "tied");
-        printf("tah-train: %d stage(s), %d micro-batch(es) of B=%d T=%d, schedule %s, codecs fwd=%s bwd=%s, %d threads\n",
-               S, M, B, T, sched_name(sched), fwd_codec, bwd_codec, layers_max_threads());
+        printf("tah-train: %d stage(s), %d micro-batch(es) of B=%d T=%d, schedule %s, codecs fwd=%s bwd=%s%s%s, %d threads\n",
+               S, M, B, T, sched_name(sched), fwd_codec, bwd_codec, !untied && S > 1 ? " tied=" : "",
+               !untied && S > 1 ? o.tied_codec : "", layers_max_threads());
         for (int k = 0; k < S; k++) {
             char d[256];
             stage_describe(tr->stages[k], d, sizeof d);

@@ -28,7 +28,7 @@ trainer_t *trainer_new(const trainer_opts_t *o, const gpt2_model_t *init, char *
     if (!t)
         goto nomem;
     t->o = *o;
-    t->o.fwd_codec = t->o.bwd_codec = NULL; /* not owned; parsed below */
+    t->o.fwd_codec = t->o.bwd_codec = t->o.tied_codec = NULL; /* not owned; parsed below */
     const int S = o->S, M = o->M;
     const size_t BT = (size_t)o->B * o->T, BTC = BT * o->cfg.C;
     if (o->fwd_codec) {
@@ -41,6 +41,12 @@ trainer_t *trainer_new(const trainer_opts_t *o, const gpt2_model_t *init, char *
             goto fail;
         t->use_bwd = 1;
     }
+    codec_spec_default(CODEC_FP32, &t->tied);
+    if (o->tied_codec && codec_spec_parse(o->tied_codec, &t->tied, err, errlen) != 0)
+        goto fail;
+    if (t->tied.id != CODEC_FP32 && o->tied && S > 1 &&
+        (!(t->rowmask = malloc((size_t)o->cfg.Vp)) || !(t->rows = malloc((size_t)o->cfg.Vp * sizeof(int)))))
+        goto nomem;
     codec_shape_t shape = { (uint32_t)o->B, (uint32_t)o->T, (uint32_t)o->cfg.C };
     for (int dir = 0; dir < 2; dir++) {
         if (!(dir ? t->use_bwd : t->use_fwd))
@@ -128,6 +134,8 @@ void trainer_destroy(trainer_t **self_p)
     free(t->tmp);
     free(t->inputs);
     free(t->targets);
+    free(t->rowmask);
+    free(t->rows);
     free(t->losses);
     free(t->norm_slots);
     free(t->done);
@@ -215,6 +223,26 @@ int trainer_accumulate(trainer_t *t, data_loader_t *dl, double *loss, char *err,
             if (err)
                 snprintf(err, errlen, "schedule %s deadlocked with S=%d, M=%d", sched_name(t->o.sched), S, M);
             return TAH_EINVAL;
+        }
+    }
+    if (t->o.tied && S > 1 && t->tied.id != CODEC_FP32) {
+        /* as tah-node: the first stage's touched rows and the last stage's
+         * whole gradient cross the link through the tied codec */
+        stage_t *f = t->stages[0], *l = t->stages[S - 1];
+        size_t nrows = stage_tied_rows(t->inputs, (size_t)M * BT, t->o.cfg.Vp, t->rowmask, t->rows);
+        char cerr[256] = "";
+        int rc = stage_sync_to_host(f, STAGE_SYNC_TIED) || stage_sync_to_host(l, STAGE_SYNC_TIED) ? TAH_EDEVICE : 0;
+        if (!rc)
+            rc = stage_tied_codec(&t->tied, f->g[GPT2_WTE], t->o.cfg.Vp, t->o.cfg.C, t->rows, nrows, cerr, sizeof cerr);
+        if (!rc)
+            rc = stage_tied_codec(&t->tied, l->g[STAGE_HEAD], t->o.cfg.Vp, t->o.cfg.C, NULL, 0, cerr, sizeof cerr);
+        if (!rc && (stage_sync_to_device(f, STAGE_SYNC_TIED) || stage_sync_to_device(l, STAGE_SYNC_TIED)))
+            rc = TAH_EDEVICE;
+        if (rc) {
+            if (err)
+                snprintf(err, errlen, "step %d: tied-embedding codec failed: %s (%s)", t->step + 1,
+                         rc == TAH_EDEVICE ? stage_error(f) : cerr, tah_strerror(rc));
+            return rc;
         }
     }
     if (t->o.tied)

@@ -34,6 +34,7 @@ typedef struct trainer_opts {
     int tied;              /* tied embeddings (1) or independent LM head (0) */
     const char *fwd_codec; /* codec spec for activations, NULL = plain copy */
     const char *bwd_codec; /* codec spec for gradients, NULL = plain copy */
+    const char *tied_codec; /* tied exchange between first and last stage (S > 1), NULL = fp32 (exact) */
     int tp;                /* tensor-parallel degree of every stage (0/1 = none) */
     codec_spec_t tp_rs, tp_ag; /* its all-reduce codecs (tpcomm.h; id 0 = none) */
     optim_opts_t optim;
@@ -54,7 +55,9 @@ typedef struct trainer {
     trainer_opts_t o;
     stage_t **stages;
     sched_action_t **acts;     /* per stage, 2M actions */
-    codec_spec_t fwd, bwd;
+    codec_spec_t fwd, bwd, tied; /* tied.id != CODEC_FP32: emulate the runtime's lossy tied exchange */
+    uint8_t *rowmask;          /* (Vp) */
+    int *rows;                 /* (Vp): the wte rows the step touched */
     int use_fwd, use_bwd;
     uint8_t *frame;
     size_t frame_cap;

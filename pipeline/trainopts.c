@@ -50,6 +50,7 @@ static const s_opt_t s_opts[] = {
     { "tp", O_INT, F(tp), 1, TP_MAX, 0, 0 },
     { "tp-codec", O_TPSPEC, F(tp_codec), 0, 0, 0, 0 },
     { "tp-codec-ag", O_TPSPEC, F(tp_codec_ag), 0, 0, 0, 0 },
+    { "tied-codec", O_SPEC, F(tied_codec), 0, 0, 0, 0 },
     { "threads", O_INT, F(threads), 1, 1024, 0, 0 },
     { "seed", O_INT, F(seed), 0, 2147483647.0, 0, 0 },
     { "metrics", O_PATH, F(metrics), 0, 0, 0, 0 },
@@ -75,6 +76,7 @@ void trainopts_defaults(trainopts_t *o)
     o->micro_batches = 1;
     o->tp = 1;
     snprintf(o->tp_codec, sizeof o->tp_codec, "none");
+    snprintf(o->tied_codec, sizeof o->tied_codec, "fp32");
     o->schedule = SCHED_1F1B;
     o->seed = 1337;
     o->val_every = 50;
@@ -167,6 +169,11 @@ int trainopts_set(trainopts_t *o, const char *name, const char *value, char *err
             char cerr[256] = "";
             int bad = d->kind == O_SPEC ? codec_spec_parse(value, &cs, cerr, sizeof cerr)
                                         : tp_codec_parse(value, &cs, cerr, sizeof cerr);
+            if (bad == 0 && cs.id == CODEC_TAH && d->off == F(tied_codec)) {
+                bad = TAH_EINVAL;
+                snprintf(cerr, sizeof cerr, "TAH-Quant is for (B,T,C) activations; use fp32, fp16, bf16, fixpt, "
+                         "ash-fp8 or int");
+            }
             if (bad != 0) {
                 if (err)
                     snprintf(err, errlen, "%s = '%s': %s", d->name, value, cerr);

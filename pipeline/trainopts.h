@@ -37,6 +37,7 @@ typedef struct trainopts {
     int tp;                   /* tensor-parallel degree of every stage (1) */
     char tp_codec[TRAINOPTS_SPEC];    /* its all-reduce codec, reduce-scatter shot ("none") */
     char tp_codec_ag[TRAINOPTS_SPEC]; /* all-gather shot; "" = the same as tp_codec */
+    char tied_codec[TRAINOPTS_SPEC];  /* tied-embedding gradient exchange between first and last stage ("fp32") */
     int batch, seq, steps;    /* required */
     int have_lr;
     int stages, micro_batches;

@@ -36,6 +36,7 @@ static link_expect_t s_expect(int stage)
     x.tied = 1;
     codec_spec_parse("fp32", &x.fwd, NULL, 0);
     codec_spec_parse("fixpt:bits=8", &x.bwd, NULL, 0);
+    codec_spec_parse("fp32", &x.tied_spec, NULL, 0);
     x.nnorm = NSLOTS;
     return x;
 }
@@ -233,6 +234,14 @@ static void test_tied_and_norm(void **state)
     rows.h.mb = 0;
     assert_int_equal(link_payload_elems(&last, &rows.h), n);
     assert_int_equal(s_check(&last, 0, &rows, out, n), TAH_ESHAPE); /* more rows than the vocabulary */
+    free(rows.payload);
+    /* the tied codec is the job's: fixpt rows pass a fixpt job, not an fp32 one */
+    link_expect_t last8 = last;
+    codec_spec_parse("fixpt:bits=8", &last8.tied_spec, NULL, 0);
+    rows = s_tensor(&last8, TAH__DATA_KIND__DATA_TIED, 0, "fixpt:bits=8", (codec_shape_t){ 1, 5, C }, g);
+    rows.h.mb = 0;
+    assert_int_equal(s_check(&last8, 0, &rows, out, n), 0);
+    assert_int_equal(s_check(&last, 0, &rows, out, n), TAH_ESHAPE);
     free(rows.payload);
 
     /* norm partials: exactly nnorm finite non-negative doubles */

@@ -2,7 +2,8 @@
  * and 4 nodes on loopback train the same job as tah-train (fp32 codec), and
  * every step's loss, gradient norm and validation loss must match. Then a
  * second job (2 stages, GPipe, untied head) on the same nodes, which must
- * have gone back to idle. Same bits are expected (same init, data order,
+ * have gone back to idle, and a third whose tied-embedding exchange goes
+ * through a lossy codec (tied_codec). Same bits are expected (same init, data order,
  * schedule, tied sync and norm order, 1 thread each); the tolerance 1e-5
  * only absorbs the 6-decimal printing of metrics.jsonl. */
 #include <math.h>
@@ -101,6 +102,18 @@ static void test_fp32_equals_tah_train(void **state)
                    "gpipe", "--untied", "--grad-clip", "0.5", "--threads", "1", "--metrics", ref, "--quiet",
                    NULL };
     s_run_job(&r, "b.ini", ini, a2, 8);
+    assert_true(rt_wait_nodes(&r, "idle", 4, 20));
+
+    /* 3 stages, tied, the tied exchange through 8-bit fixed point: both
+     * ends sum the decoded frames, as tah-train --tied-codec does */
+    snprintf(ini, sizeof ini,
+             "[job]\nmodel = 4,2,64,32,256\ntrain_data = train.txt\nbatch = 2\nseq = 16\nsteps = 6\n"
+             "lr = 3e-3\nstages = 3\nmicro_batches = 2\ntied_codec = fixpt:bits=8\n");
+    snprintf(ref, sizeof ref, "%s/c.ini.ref.jsonl", r.dir);
+    char *a3[] = { TAH_TRAIN_EXE, "--model", "4,2,64,32,256", "--train-data", train, "--batch", "2", "--seq",
+                   "16", "--steps", "6", "--lr", "3e-3", "--stages", "3", "--micro-batches", "2",
+                   "--tied-codec", "fixpt:bits=8", "--threads", "1", "--metrics", ref, "--quiet", NULL };
+    s_run_job(&r, "c.ini", ini, a3, 6);
     assert_true(rt_wait_nodes(&r, "idle", 4, 20));
     assert_int_equal(rt_stop(&r), 0);
 }

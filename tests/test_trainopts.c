@@ -119,6 +119,13 @@ static void test_devices(void **state)
     assert_int_equal(o.ndevices, 2);
     assert_int_not_equal(trainopts_set(&o, "device", "cuda:1,1", err, sizeof err), 0);
     assert_non_null(strstr(err, "device = 'cuda:1,1' lists a GPU twice"));
+    /* the tied exchange's codec: fp32 by default, any codec but TAH-Quant */
+    assert_string_equal(o.tied_codec, "fp32");
+    assert_int_equal(trainopts_set(&o, "tied_codec", "fixpt:bits=8", err, sizeof err), 0);
+    assert_string_equal(o.tied_codec, "fixpt:bits=8");
+    assert_int_not_equal(trainopts_set(&o, "tied-codec", "tah", err, sizeof err), 0);
+    assert_non_null(strstr(err, "TAH-Quant is for (B,T,C) activations"));
+    assert_int_not_equal(trainopts_set(&o, "tied-codec", "zstd", err, sizeof err), 0);
     job_spec_t j;
     assert_int_equal(jobfile_parse("[job]\nmodel = 4,2,64,32,256\ntrain_data = t\nbatch = 2\nseq = 16\nsteps = 5\n"
                                    "lr = 1e-3\ndevice = cuda:0,1\n", "j.ini", &j, err, sizeof err) != 0, 1);
