@@ -721,13 +721,84 @@ static int s_grow(cs_dev *c, const stage_t *s, void **p, size_t *have, size_t ne
     return rc;
 }
 
-static int s_encode(stage_t *s, int what, int mb, const codec_spec_t *spec, uint8_t *frame, size_t len, char *err,
-                    size_t errlen)
+// Check the request (spec, frame of len bytes) and get the wire stream,
+// codec scratch and payload buffer ready; then set it as c's request.
+static int s_wire_prepare(stage_t *s, const codec_spec_t *spec, uint8_t *frame, size_t len, char *err, size_t errlen)
+{
+    cs_dev *c = CS(s);
+    cs_rank *g = &c->g[0];
+    const codec_shape_t shape = { (uint32_t)s->o.B, (uint32_t)s->o.T, (uint32_t)s->o.cfg.C };
+    const size_t scr = cu_codec_scratch_bytes(spec, shape);
+    if (!scr || len <= CODEC_HEADER_SIZE) {
+        snprintf(err, errlen, "codec spec or shape (%u,%u,%u) not encodable on the device", shape.b, shape.s, shape.c);
+        return TAH_EINVAL;
+    }
+    CK(cudaSetDevice(g->dev));
+    if (!c->wst) {
+        CK(cudaStreamCreateWithFlags(&c->wst, cudaStreamNonBlocking));
+        CK(cudaEventCreateWithFlags(&c->wev, cudaEventDisableTiming));
+    }
+    int rc;
+    if ((rc = s_grow(c, s, &c->wscr, &c->wscr_n, scr, "codec scratch")) != 0 ||
+        (rc = s_grow(c, s, (void **)&c->wpay, &c->wpay_n, len - CODEC_HEADER_SIZE, "codec payload")) != 0)
+        return rc;
+    c->wspec = spec;
+    c->wframe = frame;
+    c->wlen = len;
+    c->wlaunched = 0;
+    return 0;
+}
+
+int cs_wire_launch(stage_t *s, const char *src)
 {
     cs_dev *c = CS(s);
     cs_rank *g = &c->g[0];
     const size_t BTC = (size_t)s->o.B * s->o.T * s->o.cfg.C;
     const codec_shape_t shape = { (uint32_t)s->o.B, (uint32_t)s->o.T, (uint32_t)s->o.cfg.C };
+    CK(cudaSetDevice(g->dev));
+    CK(cudaEventRecord(c->wev, g->st));
+    CK(cudaStreamWaitEvent(c->wst, c->wev, 0));
+    const float *x = (const float *)src;
+    if (c->bf16) {
+        CK(cl_to_f32<cu_bf16>(g->stage_f, (const cu_bf16 *)src, BTC, c->wst));
+        x = g->stage_f;
+    }
+    // no wait back: until the caller's s_wire_finish the compute streams touch
+    // neither src (dres or the slot's output) nor stage_f
+    char cerr[256] = "";
+    int rc = cu_codec_encode(c->wspec, shape, x, c->wpay, c->wscr, c->wst, cerr, sizeof cerr);
+    if (rc) // the spec and shape passed s_wire_prepare: a launch failed
+        return cs_fail(c, s, "cu_codec_encode", cerr, __FILE__, __LINE__);
+    CK(cudaMemcpyAsync(c->wframe + CODEC_HEADER_SIZE, c->wpay, c->wlen - CODEC_HEADER_SIZE, cudaMemcpyDeviceToHost,
+                       c->wst));
+    c->wlaunched = 1;
+    return 0;
+}
+
+// Wait for the launched encode, then seal the frame; clears the request.
+static int s_wire_finish(stage_t *s, int what, char *err, size_t errlen)
+{
+    cs_dev *c = CS(s);
+    const codec_shape_t shape = { (uint32_t)s->o.B, (uint32_t)s->o.T, (uint32_t)s->o.cfg.C };
+    const codec_spec_t *spec = c->wspec;
+    c->wspec = NULL;
+    char cerr[256] = "";
+    int rc = cu_codec_status(c->wscr, c->wst, cerr, sizeof cerr);
+    if (rc == TAH_EDEVICE)
+        return cs_fail(c, s, "cu_codec_status", cerr, __FILE__, __LINE__);
+    if (rc == 0)
+        rc = codec_frame_seal(spec, shape, c->wframe, c->wlen, cerr, sizeof cerr);
+    if (rc)
+        snprintf(err, errlen, "encoding the %s on cuda:%d: %s", what == STAGE_WIRE_OUT ? "output" : "input gradient",
+                 c->g[0].dev, cerr);
+    return rc;
+}
+
+static int s_encode(stage_t *s, int what, int mb, const codec_spec_t *spec, uint8_t *frame, size_t len, char *err,
+                    size_t errlen)
+{
+    cs_dev *c = CS(s);
+    const size_t BTC = (size_t)s->o.B * s->o.T * s->o.cfg.C;
     const char *src;
     if (what == STAGE_WIRE_OUT) {
         cs_slot *sl = mb >= 0 ? s_find(c, s, mb) : NULL;
@@ -741,46 +812,12 @@ static int s_encode(stage_t *s, int what, int mb, const codec_spec_t *spec, uint
             snprintf(err, errlen, "the last backward was not micro-batch %d: no input gradient to encode", mb);
             return TAH_EINVAL;
         }
-        src = g->dres;
+        src = c->g[0].dres;
     }
-    const size_t scr = cu_codec_scratch_bytes(spec, shape);
-    if (!scr || len <= CODEC_HEADER_SIZE) {
-        snprintf(err, errlen, "codec spec or shape (%u,%u,%u) not encodable on the device", shape.b, shape.s, shape.c);
-        return TAH_EINVAL;
-    }
-    CK(cudaSetDevice(g->dev));
-    if (!c->wst) {
-        CK(cudaStreamCreateWithFlags(&c->wst, cudaStreamNonBlocking));
-        CK(cudaEventCreateWithFlags(&c->wev, cudaEventDisableTiming));
-    }
-    int rc;
-    const size_t pay = len - CODEC_HEADER_SIZE;
-    if ((rc = s_grow(c, s, &c->wscr, &c->wscr_n, scr, "codec scratch")) != 0 ||
-        (rc = s_grow(c, s, (void **)&c->wpay, &c->wpay_n, pay, "codec payload")) != 0)
-        return rc;
-    CK(cudaEventRecord(c->wev, g->st));
-    CK(cudaStreamWaitEvent(c->wst, c->wev, 0));
-    const float *x = (const float *)src;
-    if (c->bf16) {
-        CK(cl_to_f32<cu_bf16>(g->stage_f, (const cu_bf16 *)src, BTC, c->wst));
-        x = g->stage_f;
-    }
-    char cerr[256] = "";
-    rc = cu_codec_encode(spec, shape, x, c->wpay, c->wscr, c->wst, cerr, sizeof cerr);
-    if (rc == TAH_EDEVICE)
-        return cs_fail(c, s, "cu_codec_encode", cerr, __FILE__, __LINE__);
-    if (rc == 0) {
-        CK(cudaMemcpyAsync(frame + CODEC_HEADER_SIZE, c->wpay, pay, cudaMemcpyDeviceToHost, c->wst));
-        rc = cu_codec_status(c->wscr, c->wst, cerr, sizeof cerr);
-        if (rc == TAH_EDEVICE)
-            return cs_fail(c, s, "cu_codec_status", cerr, __FILE__, __LINE__);
-    }
-    if (rc == 0)
-        rc = codec_frame_seal(spec, shape, frame, len, cerr, sizeof cerr);
-    if (rc)
-        snprintf(err, errlen, "encoding the %s on cuda:%d: %s", what == STAGE_WIRE_OUT ? "output" : "input gradient",
-                 g->dev, cerr);
-    return rc;
+    int rc = s_wire_prepare(s, spec, frame, len, err, errlen);
+    if (!rc && (rc = cs_wire_launch(s, src)) != 0)
+        c->wspec = NULL;
+    return rc ? rc : s_wire_finish(s, what, err, errlen);
 }
 
 static int b_encode(stage_t *s, int what, int mb, const codec_spec_t *spec, uint8_t *frame, size_t len, char *err,
@@ -788,6 +825,39 @@ static int b_encode(stage_t *s, int what, int mb, const codec_spec_t *spec, uint
 {
     cs_dev *c = CS(s);
     int rc = c->failed ? TAH_EDEVICE : s_encode(s, what, mb, spec, frame, len, err, errlen);
+    if (c->failed)
+        snprintf(err, errlen, "%s", c->err);
+    return rc;
+}
+
+// stage_backward_encode: the backward with the request set, so that layer 0
+// launches the encode of d(input) before its QKV weight gradients
+// (cu_stage_pass.cu), then the wait and the seal.
+static int b_backward_encode(stage_t *s, int mb, const float *dout, float dloss, const codec_spec_t *spec,
+                             uint8_t *frame, size_t len, char *err, size_t errlen)
+{
+    cs_dev *c = CS(s);
+    cs_slot *sl = mb >= 0 && !c->failed ? s_find(c, s, mb) : NULL;
+    int rc = c->failed ? TAH_EDEVICE : !sl ? TAH_EINVAL : 0;
+    if (rc == TAH_EINVAL)
+        snprintf(err, errlen, "micro-batch %d is not in flight", mb);
+    c->lasterr[0] = 0;
+    if (!rc)
+        rc = s_wire_prepare(s, spec, frame, len, err, errlen);
+    if (!rc) {
+        rc = cs_backward(s, sl, dout, dloss, NULL);
+        c->dinp_mb = rc == 0 ? mb : -1;
+        sl->mb = -1;
+        if (rc == 0 && !c->wlaunched) // no layer deferred its gradients (a stage without layers)
+            rc = cs_wire_launch(s, c->g[0].dres);
+        if (rc == 0)
+            rc = s_wire_finish(s, STAGE_WIRE_DINP, err, errlen);
+        else if (!c->failed)
+            snprintf(err, errlen, "%s", c->lasterr[0] ? c->lasterr : "backward failed");
+        c->wspec = NULL;
+        if (c->wst && rc != 0)
+            cudaStreamSynchronize(c->wst); // a launched copy must not land in a frame the caller reuses
+    }
     if (c->failed)
         snprintf(err, errlen, "%s", c->err);
     return rc;
@@ -835,7 +905,7 @@ static void *b_create(stage_t *s, char *err, size_t errlen)
 static const stage_backend_t k_backend = {
     "cuda",        b_create,  b_destroy, b_forward,  b_backward,  b_discard, b_inflight, b_zero_grad,
     b_tied_sync_self, b_grad_sumsq, b_step, b_to_host, b_to_device, b_describe, b_error,
-    b_encode,      b_host_alloc, b_host_free,
+    b_encode,      b_backward_encode, b_host_alloc, b_host_free,
 };
 
 extern "C" void cu_stage_register(void)

@@ -106,6 +106,11 @@ struct cs_dev {
     uint8_t *wpay;
     size_t wscr_n, wpay_n;
     int dinp_mb;                // micro-batch whose input gradient rank 0's dres holds, -1 when none
+    // stage_backward_encode's request while its backward runs (wspec NULL otherwise)
+    const codec_spec_t *wspec;
+    uint8_t *wframe;
+    size_t wlen;
+    int wlaunched;
     char devname[64];           // rank 0's GPU
     char devlist[64];           // "0" or "0,1"
     char err[512];              // the first device error (sticky)
@@ -159,5 +164,9 @@ int cs_shard(const stage_opts_t *o, int i, int r, int tp, int nl, size_t *off, s
 int cs_forward(stage_t *s, cs_slot *sl, const int *tokens, const float *in, const int *targets, float *out,
                float *loss);
 int cs_backward(stage_t *s, cs_slot *sl, const float *dout, float dloss, float *dinp);
+// Enqueue the encode of rank 0's (B,T,C) tensor src with the request's spec
+// on the wire stream, after what rank 0's compute stream has queued so far,
+// and the copy of the payload into the request's frame (cu_stage.cu).
+int cs_wire_launch(stage_t *s, const char *src);
 
 #endif

@@ -489,6 +489,36 @@ static int s_forward(stage_t *s, cs_slot *sl, const int *tokens, const float *in
     return 0;
 }
 
+// Layer l's QKV weight and bias gradients of rank r from its dqkv and ln1
+// (column-parallel at tp > 1: rank r's rows of each of Q, K and V).
+template <class X> static int s_qkv_dw(stage_t *s, int r, int l, const X *dqkv, const X *ln1)
+{
+    cs_dev *c = CS(s);
+    cs_rank *g = &c->g[r];
+    const int tp = c->tp, C = s->o.cfg.C, Cr = C / tp, BT = s->o.B * s->o.T;
+    const size_t C1 = (size_t)C, Cr1 = (size_t)Cr;
+    float *dwqkv = cs_g(c, g, GPT2_QKVW, l * 3 * C1 * C1), *dbqkv = cs_g(c, g, GPT2_QKVB, l * 3 * C1);
+    int rc;
+    if (tp == 1) {
+        if ((rc = s_mm_dw<X>(c, g, s, dwqkv, ln1, dqkv, BT, C, 3 * C, 1.0f)) != 0)
+            return rc;
+        s_mark(c, r, P_MM_DW);
+        CK(cl_bias_backward<X>(dbqkv, dqkv, BT, 3 * C, g->colpart, g->st));
+        s_mark(c, r, P_BIAS_BWD);
+        return 0;
+    }
+    for (int q = 0; q < 3; q++) {
+        const size_t wo = (q * C1 + r * Cr1) * C1;
+        if ((rc = s_mm_dw<X>(c, g, s, dwqkv + wo, ln1, dqkv + q * Cr1, BT, C, Cr, 1.0f, 0, 0, 3 * Cr)) != 0)
+            return rc;
+    }
+    s_mark(c, r, P_MM_DW);
+    for (int q = 0; q < 3; q++)
+        CK(cl_bias_backward<X>(dbqkv + q * C1 + r * Cr1, dqkv + q * Cr1, BT, Cr, g->colpart, g->st, 3 * Cr));
+    s_mark(c, r, P_BIAS_BWD);
+    return 0;
+}
+
 template <class X> static int s_backward(stage_t *s, cs_slot *sl, const float *dout, float dloss, float *dinp)
 {
     cs_dev *c = CS(s);
@@ -532,6 +562,8 @@ template <class X> static int s_backward(stage_t *s, cs_slot *sl, const float *d
     }
 
     for (int l = s->nl - 1; l >= 0; l--) {
+        // stage_backward_encode: layer 0's QKV weight gradients wait until d(input) is on its way
+        const int defer = l == 0 && c->wspec != NULL;
         // MLP: dres holds d(res3) -> dbuf = d(ln2) (a partial sum at tp > 1)
         for (int r = 0; r < tp; r++) {
             cs_rank *g = &c->g[r];
@@ -581,9 +613,15 @@ template <class X> static int s_backward(stage_t *s, cs_slot *sl, const float *d
             s_mark(c, r, P_ATTN_BWD);
             const X *wqkv = s_w<X>(c, g, GPT2_QKVW, l * 3 * C1 * C1);
             float *dwqkv = cs_g(c, g, GPT2_QKVW, l * 3 * C1 * C1), *dbqkv = cs_g(c, g, GPT2_QKVB, l * 3 * C1);
-            if (tp == 1) {
+            if (tp == 1 && !defer) {
                 if ((rc = s_mm_bwd<X>(c, g, r, s, dbuf[r], dwqkv, dbqkv, dqkv, ln1, wqkv, BT, C, 3 * C)) != 0)
                     return rc;
+                continue;
+            }
+            if (tp == 1) { // the weight and bias gradients after d(input) is out (s_qkv_dw)
+                if ((rc = s_mm_dx<X>(c, g, s, dbuf[r], dqkv, wqkv, BT, C, 3 * C, 1.0f, 0.0f)) != 0)
+                    return rc;
+                s_mark(c, r, P_MM_DX);
                 continue;
             }
             // QKV column-parallel: block q of dqkv_r (columns q*Cr.., ld 3Cr) against rows r*Cr.. of block q
@@ -594,15 +632,8 @@ template <class X> static int s_backward(stage_t *s, cs_slot *sl, const float *d
                     return rc;
             }
             s_mark(c, r, P_MM_DX);
-            for (int q = 0; q < 3; q++) {
-                const size_t wo = (q * C1 + r * Cr1) * C1;
-                if ((rc = s_mm_dw<X>(c, g, s, dwqkv + wo, ln1, dqkv + q * Cr1, BT, C, Cr, 1.0f, 0, 0, 3 * Cr)) != 0)
-                    return rc;
-            }
-            s_mark(c, r, P_MM_DW);
-            for (int q = 0; q < 3; q++)
-                CK(cl_bias_backward<X>(dbqkv + q * C1 + r * Cr1, dqkv + q * Cr1, BT, Cr, g->colpart, g->st, 3 * Cr));
-            s_mark(c, r, P_BIAS_BWD);
+            if (!defer && (rc = s_qkv_dw<X>(s, r, l, dqkv, ln1)) != 0)
+                return rc;
         }
         if (tp > 1 && (rc = s_tp_sum<X>(s, dbuf)) != 0)
             return rc;
@@ -619,6 +650,18 @@ template <class X> static int s_backward(stage_t *s, cs_slot *sl, const float *d
             s_mark(c, r, P_LN_BWD);
         }
         // dres holds d(x)
+        if (defer) {
+            // d(input) is complete: the wire stream encodes it while the
+            // compute streams finish layer 0's QKV weight and bias gradients
+            if ((rc = cs_wire_launch(s, c->g[0].dres)) != 0)
+                return rc;
+            for (int r = 0; r < tp; r++) {
+                char *const *a = sl->a[r];
+                CK(cudaSetDevice(c->g[r].dev));
+                if ((rc = s_qkv_dw<X>(s, r, 0, (X *)c->g[r].dqkv, (const X *)a[A_LN1])) != 0)
+                    return rc;
+            }
+        }
     }
 
     if (s->o.first) { // rank 0 only (float atomics); cu_stage.cu broadcasts before use

@@ -177,11 +177,18 @@ static void s_pinned_done(void *data, void *hint)
     atomic_store((atomic_int *)hint, 0);
 }
 
+/* The backward that stage_backward_encode runs before its encode. */
+typedef struct s_bwd {
+    const float *dout;
+    float dloss;
+} s_bwd_t;
+
 /* Encode and send a boundary tensor: data (host, float32) through the CPU
  * codec, or, with data NULL, the stage's own tensor `what` of micro-batch
- * mb encoded on its device into a free page-locked buffer. */
+ * mb encoded on its device into a free page-locked buffer; with bwd, the
+ * backward of mb runs first in the same call (stage_backward_encode). */
 static int s_send_tensor(runner_t *r, int dest, uint32_t kind, int step, int mb, const codec_spec_t *spec,
-                         codec_shape_t shape, const float *data, int what)
+                         codec_shape_t shape, const float *data, int what, const s_bwd_t *bwd)
 {
     int64_t fs = codec_frame_size(spec, shape);
     if (fs < 0)
@@ -201,8 +208,10 @@ static int s_send_tensor(runner_t *r, int dest, uint32_t kind, int step, int mb,
     }
     size_t written = 0;
     char cerr[512] = "";
-    int rc = data ? codec_encode(spec, shape, data, frame, (size_t)fs, &written, cerr, sizeof cerr)
-                  : stage_encode_boundary(r->st, what, mb, spec, frame, (size_t)fs, &written, cerr, sizeof cerr);
+    int rc = data  ? codec_encode(spec, shape, data, frame, (size_t)fs, &written, cerr, sizeof cerr)
+             : bwd ? stage_backward_encode(r->st, mb, bwd->dout, bwd->dloss, spec, frame, (size_t)fs, &written, cerr,
+                                           sizeof cerr)
+                   : stage_encode_boundary(r->st, what, mb, spec, frame, (size_t)fs, &written, cerr, sizeof cerr);
     if (!rc && pb) {
         atomic_store(&pb->busy, 1);
         if (zmq_msg_init_data(&payload, pb->buf, (size_t)fs, s_pinned_done, &pb->busy) != 0) {
@@ -213,8 +222,8 @@ static int s_send_tensor(runner_t *r, int dest, uint32_t kind, int step, int mb,
     if (rc) {
         if (!pb)
             zmq_msg_close(&payload);
-        snprintf(r->job->reason, sizeof r->job->reason, "step %d: encoding %s mb %d failed: %.400s (%s)", step,
-                 wire_data_kind_name(kind), mb, cerr, tah_strerror(rc));
+        snprintf(r->job->reason, sizeof r->job->reason, "step %d: %s %s mb %d failed: %.400s (%s)", step,
+                 bwd ? "backward and encoding" : "encoding", wire_data_kind_name(kind), mb, cerr, tah_strerror(rc));
         return rc;
     }
     return s_send_frame(r, dest, kind, step, mb, spec, shape, &payload);
@@ -356,7 +365,7 @@ static int s_eval(runner_t *r, int step, double *val_loss)
         if (k < S - 1) {
             /* micro-batch slot 0 (the forward's) holds the device tensor until the discard */
             rc = s_send_tensor(r, NODE_DEST_DOWN, TAH__DATA_KIND__DATA_EVAL, step, i, &x->fwd, shape,
-                               r->dev_enc ? NULL : r->tmp, STAGE_WIRE_OUT);
+                               r->dev_enc ? NULL : r->tmp, STAGE_WIRE_OUT, NULL);
             stage_discard(r->st, 0);
             if (rc)
                 return s_fail(r, step, "sending a validation activation failed (%s)", tah_strerror(rc));
@@ -403,7 +412,7 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
                 return s_fail(r, step, "schedule error: forward failed (%s)", tah_strerror(rc));
             if (k < S - 1) {
                 rc = s_send_tensor(r, NODE_DEST_DOWN, TAH__DATA_KIND__DATA_ACT, step, m, &x->fwd, shape,
-                                   r->dev_enc ? NULL : r->tmp, STAGE_WIRE_OUT);
+                                   r->dev_enc ? NULL : r->tmp, STAGE_WIRE_OUT, NULL);
                 if (rc)
                     return s_fail(r, step, "sending an activation failed (%s)", tah_strerror(rc));
                 r->fp32_fwd += (uint64_t)r->fp32_fs;
@@ -416,14 +425,24 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
                     return s_aborted(r, step);
                 dout = zmq_msg_data(&r->stash[idx].msg);
             }
-            rc = stage_backward(st, m, dout, dloss, k > 0 && !r->dev_enc ? r->tmp : NULL);
+            if (k > 0 && r->dev_enc) { /* backward and the encode of d(input), overlapped on the device */
+                rc = s_send_tensor(r, NODE_DEST_UP, TAH__DATA_KIND__DATA_GRAD, step, m, &x->bwd, shape, NULL,
+                                   STAGE_WIRE_DINP, &(s_bwd_t){ dout, dloss });
+                if (idx >= 0)
+                    s_release(r, idx);
+                if (rc)
+                    return s_fail(r, step, "backward or sending its gradient failed (%s)", tah_strerror(rc));
+                r->fp32_bwd += (uint64_t)r->fp32_fs;
+                continue;
+            }
+            rc = stage_backward(st, m, dout, dloss, k > 0 ? r->tmp : NULL);
             if (idx >= 0)
                 s_release(r, idx);
             if (rc)
                 return s_fail(r, step, "schedule error: backward failed (%s)", tah_strerror(rc));
             if (k > 0) {
-                rc = s_send_tensor(r, NODE_DEST_UP, TAH__DATA_KIND__DATA_GRAD, step, m, &x->bwd, shape,
-                                   r->dev_enc ? NULL : r->tmp, STAGE_WIRE_DINP);
+                rc = s_send_tensor(r, NODE_DEST_UP, TAH__DATA_KIND__DATA_GRAD, step, m, &x->bwd, shape, r->tmp,
+                                   STAGE_WIRE_DINP, NULL);
                 if (rc)
                     return s_fail(r, step, "sending a gradient failed (%s)", tah_strerror(rc));
                 r->fp32_bwd += (uint64_t)r->fp32_fs;

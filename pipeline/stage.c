@@ -619,8 +619,9 @@ int stage_encodes_on_device(const stage_t *s)
     return s->cu != NULL && s_backend->encode != NULL;
 }
 
-int stage_encode_boundary(stage_t *s, int what, int mb, const codec_spec_t *spec, uint8_t *frame, size_t cap,
-                          size_t *written, char *err, size_t errlen)
+/* The checks both device-encoding calls make; the frame's size or an error. */
+static int64_t s_wire_check(const stage_t *s, int what, const codec_spec_t *spec, size_t cap, char *err,
+                            size_t errlen)
 {
     if (!stage_encodes_on_device(s)) {
         snprintf(err, errlen, "this stage encodes on the host (cpu backend)");
@@ -636,13 +637,34 @@ int stage_encode_boundary(stage_t *s, int what, int mb, const codec_spec_t *spec
     int64_t fs = codec_frame_size(spec, shape);
     if (fs < 0) {
         snprintf(err, errlen, "codec frame size: %s", tah_strerror((int)fs));
-        return (int)fs;
+        return fs;
     }
     if ((size_t)fs > cap) {
         snprintf(err, errlen, "frame buffer of %zu bytes, the frame needs %lld", cap, (long long)fs);
         return TAH_ESPACE;
     }
+    return fs;
+}
+
+int stage_encode_boundary(stage_t *s, int what, int mb, const codec_spec_t *spec, uint8_t *frame, size_t cap,
+                          size_t *written, char *err, size_t errlen)
+{
+    int64_t fs = s_wire_check(s, what, spec, cap, err, errlen);
+    if (fs < 0)
+        return (int)fs;
     int rc = s_backend->encode(s, what, mb, spec, frame, (size_t)fs, err, errlen);
+    if (rc == 0 && written)
+        *written = (size_t)fs;
+    return rc;
+}
+
+int stage_backward_encode(stage_t *s, int mb, const float *dout, float dloss, const codec_spec_t *spec,
+                          uint8_t *frame, size_t cap, size_t *written, char *err, size_t errlen)
+{
+    int64_t fs = s_wire_check(s, STAGE_WIRE_DINP, spec, cap, err, errlen);
+    if (fs < 0)
+        return (int)fs;
+    int rc = s_backend->backward_encode(s, mb, dout, dloss, spec, frame, (size_t)fs, err, errlen);
     if (rc == 0 && written)
         *written = (size_t)fs;
     return rc;

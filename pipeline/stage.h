@@ -214,6 +214,14 @@ enum { STAGE_WIRE_OUT = 1, STAGE_WIRE_DINP = 2 };
 int stage_encodes_on_device(const stage_t *s);
 int stage_encode_boundary(stage_t *s, int what, int mb, const codec_spec_t *spec, uint8_t *frame, size_t cap,
                           size_t *written, char *err, size_t errlen);
+/* stage_backward and stage_encode_boundary(STAGE_WIRE_DINP) in one call
+ * (non-first CUDA stages), overlapped: the encode of d(input) starts on the
+ * wire stream as soon as the first layer's input gradient is complete, while
+ * the compute stream still runs that layer's QKV weight and bias gradients
+ * (the same operations as stage_backward, later). Same frame, same
+ * gradients; errors as the two calls'. */
+int stage_backward_encode(stage_t *s, int mb, const float *dout, float dloss, const codec_spec_t *spec,
+                          uint8_t *frame, size_t cap, size_t *written, char *err, size_t errlen);
 /* Host memory for frames: page-locked on a CUDA stage (NULL if that fails),
  * malloc otherwise. Free with stage_host_free on the same stage. */
 void *stage_host_alloc(const stage_t *s, size_t bytes);

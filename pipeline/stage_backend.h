@@ -43,6 +43,9 @@ typedef struct stage_backend {
     /* stage_encode_boundary (stage.h); the stage checked what and the frame size */
     int (*encode)(stage_t *s, int what, int mb, const codec_spec_t *spec, uint8_t *frame, size_t len, char *err,
                   size_t errlen);
+    /* stage_backward_encode (stage.h); the stage checked the role and the frame size */
+    int (*backward_encode)(stage_t *s, int mb, const float *dout, float dloss, const codec_spec_t *spec,
+                           uint8_t *frame, size_t len, char *err, size_t errlen);
     void *(*host_alloc)(size_t bytes); /* page-locked, NULL on failure */
     void (*host_free)(void *p);
 } stage_backend_t;
