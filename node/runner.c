@@ -762,11 +762,12 @@ static void s_teardown(runner_t *r)
             s_release(r, i);
     free(r->stash);
     /* ZeroMQ may still be sending from a page-locked frame: wait for it
-     * (up to 5 s), and leave a buffer it never hands back allocated */
+     * (5 s for all of them), and leave a buffer it never hands back allocated */
+    double deadline = s_now() + 5.0;
     for (int i = 0; r->st && i < R_NPINNED; i++) {
         if (!r->pinned[i].buf)
             continue;
-        for (int t = 0; t < 500 && atomic_load(&r->pinned[i].busy); t++)
+        while (atomic_load(&r->pinned[i].busy) && s_now() < deadline)
             nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
         if (atomic_load(&r->pinned[i].busy))
             log_warn("a frame buffer is still in use by the network layer; not freed");
