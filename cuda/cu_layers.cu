@@ -160,12 +160,22 @@ __global__ void k_encoder_forward(X *out, const int *tok, const float *wte, cons
     }
 }
 
-template <class X> __global__ void k_encoder_backward_wte(float *dwte, const X *dout, const int *tok, int C, size_t n)
+// one block per distinct token u of the micro-batch (row urow[u]), its threads
+// over the channels: the positions order[useg[u] .. useg[u+1]) of that token,
+// ascending, added one after the other -- layers.c's order, no atomics, so
+// the same bits every run
+template <class X>
+__global__ void k_encoder_backward_wte(float *dwte, const X *dout, const int *order, const int *useg, const int *urow,
+                                       int C)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        size_t bt = i / C;
-        int c = (int)(i % C);
-        atomicAdd(&dwte[(size_t)tok[bt] * C + c], cu_ld(dout[i]));
+    const int u = blockIdx.x, k0 = useg[u], k1 = useg[u + 1];
+    float *dw = dwte + (size_t)urow[u] * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = dw[c];
+#pragma unroll 8
+        for (int k = k0; k < k1; k++) // the loads run ahead of the (ordered) additions
+            acc += cu_ld(dout[(size_t)order[k] * C + c]);
+        dw[c] = acc;
     }
 }
 
@@ -191,11 +201,12 @@ cudaError_t cl_encoder_forward(X *out, const int *tok, const float *wte, const f
 }
 
 template <class X>
-cudaError_t cl_encoder_backward(float *dwte, float *dwpe, const X *dout, const int *tok, int B, int T, int C,
-                                cudaStream_t st)
+cudaError_t cl_encoder_backward(float *dwte, float *dwpe, const X *dout, const int *order, const int *useg,
+                                const int *urow, int nu, int B, int T, int C, cudaStream_t st)
 {
-    size_t n = (size_t)B * T * C;
-    k_encoder_backward_wte<X><<<s_grid(n, S_BLOCK), S_BLOCK, 0, st>>>(dwte, dout, tok, C, n);
+    if (nu > 0)
+        k_encoder_backward_wte<X><<<nu, C < S_BLOCK ? 32 * ((C + 31) / 32) : S_BLOCK, 0, st>>>(dwte, dout, order, useg,
+                                                                                           urow, C);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return e;
@@ -789,8 +800,8 @@ cudaError_t cl_crossentropy_backward(X *logits, const float *lse, const int *tar
     template cudaError_t cl_to_f32<X>(float *, const X *, size_t, cudaStream_t);                              \
     template cudaError_t cl_encoder_forward<X>(X *, const int *, const float *, const float *, int, int, int, \
                                                cudaStream_t);                                                 \
-    template cudaError_t cl_encoder_backward<X>(float *, float *, const X *, const int *, int, int, int,      \
-                                                cudaStream_t);                                                \
+    template cudaError_t cl_encoder_backward<X>(float *, float *, const X *, const int *, const int *,        \
+                                                const int *, int, int, int, int, cudaStream_t);               \
     template cudaError_t cl_layernorm_forward<X>(X *, float *, float *, const X *, const float *,             \
                                                  const float *, int, int, cudaStream_t);                      \
     template cudaError_t cl_layernorm_backward<X>(X *, float *, float *, const X *, const X *, const float *, \

@@ -37,10 +37,13 @@ template <class X> cudaError_t cl_to_f32(float *y, const X *x, size_t n, cudaStr
 template <class X>
 cudaError_t cl_encoder_forward(X *out /* (B,T,C) */, const int *tok /* (B,T) */, const float *wte /* (Vp,C) */,
                                const float *wpe /* (maxT,C) */, int B, int T, int C, cudaStream_t st);
+// dwte: the positions grouped by token (built on the host, cu_stage_pass.cu): order
+// (B*T positions, by token, ascending within one), useg (nu+1 starts), urow
+// (nu distinct tokens); deterministic, in layers.c's order of additions
 template <class X>
 cudaError_t cl_encoder_backward(float *dwte /* (Vp,C) += */, float *dwpe /* (maxT,C) += */,
-                                const X *dout /* (B,T,C) */, const int *tok /* (B,T) */, int B, int T, int C,
-                                cudaStream_t st);
+                                const X *dout /* (B,T,C) */, const int *order, const int *useg, const int *urow,
+                                int nu, int B, int T, int C, cudaStream_t st);
 template <class X>
 cudaError_t cl_layernorm_forward(X *out /* (N,C) */, float *mean /* (N) */, float *rstd /* (N) */,
                                  const X *inp /* (N,C) */, const float *w /* (C) */, const float *b /* (C) */,

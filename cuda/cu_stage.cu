@@ -9,8 +9,8 @@
 // (cs_shard), and every rank computes and updates every replicated tensor
 // (LayerNorms, the row-parallel layers' biases, embeddings, lnf, the head)
 // from bit-identical inputs, so the replicas stay identical. The one
-// exception is the embedding gradient (float atomics in the encoder
-// backward): rank 0 alone computes it and s_settle_embed broadcasts it
+// exception is the embedding gradient: rank 0 alone computes it (it alone
+// has the positions grouped by token) and s_settle_embed broadcasts it
 // before the tied sum or AdamW read it. The norm counts each rank's shards
 // and the replicated tensors once (rank 0); to_host gathers each rank's
 // shards (replicated tensors from rank 0) into the full host mirrors, and
@@ -200,7 +200,7 @@ static void b_zero_grad(stage_t *s)
 }
 
 // tp > 1: every rank's wte and wpe gradients = rank 0's (it alone ran the
-// encoder backward, with float atomics), before anything else reads them
+// encoder backward), before anything else reads them
 static int s_settle_embed(stage_t *s)
 {
     cs_dev *c = CS(s);
@@ -481,6 +481,8 @@ static void b_destroy(stage_t *s)
         for (int k = 0; k < CS_NPEV; k++)
             cudaEventDestroy(c->pev[k]);
     cudaFreeHost(c->h_losses);
+    cudaFreeHost(c->h_rows);
+    free(c->h_cnt);
     free(c->slots);
     free(c);
     s->cu = NULL;
@@ -595,13 +597,15 @@ static int s_create_rank(cs_dev *c, stage_t *s, int r)
         per_slot += s_round(asz[i] * (k_act_is_x[i] ? c->xs : sizeof(float)));
     const size_t BT = (size_t)o->B * o->T, BTC = BT * o->cfg.C, BTCr = BTC / (size_t)tp;
     if ((rc = s_alloc(c, s, r, (void **)&g->acts, (size_t)o->nslots * per_slot, "activations")) ||
-        (rc = s_alloc(c, s, r, (void **)&g->toks, (size_t)o->nslots * 2 * BT * sizeof(int), "tokens")))
+        (rc = s_alloc(c, s, r, (void **)&g->toks, (size_t)o->nslots * (5 * BT + 1) * sizeof(int), "tokens")))
         return rc;
     for (int k = 0; k < o->nslots; k++) {
         cs_slot *sl = &c->slots[k];
         char *a = g->acts + (size_t)k * per_slot;
-        sl->tok[r] = g->toks + (size_t)k * 2 * BT;
+        sl->tok[r] = g->toks + (size_t)k * (5 * BT + 1);
         sl->tgt[r] = sl->tok[r] + BT;
+        if (r == 0)
+            sl->rows = sl->tok[r] + 2 * BT;
         for (int i = 0; i < A_N; i++) {
             size_t b = s_round(asz[i] * (k_act_is_x[i] ? c->xs : sizeof(float)));
             sl->a[r][i] = asz[i] ? a : NULL;
@@ -670,6 +674,11 @@ static int s_create(stage_t *s, cs_dev *c)
     }
     const size_t BT = (size_t)o->B * o->T;
     CK(cudaMallocHost((void **)&c->h_losses, (BT ? BT : 1) * sizeof(float)));
+    if (o->first) {
+        CK(cudaMallocHost((void **)&c->h_rows, (3 * BT + 1) * sizeof(int)));
+        if (!(c->h_cnt = (int *)malloc((size_t)o->cfg.Vp * sizeof(int))))
+            return cs_fail(c, s, "malloc", "out of host memory", __FILE__, __LINE__);
+    }
     c->slots = (cs_slot *)calloc((size_t)o->nslots, sizeof *c->slots);
     if (!c->slots)
         return cs_fail(c, s, "calloc", "out of host memory", __FILE__, __LINE__);

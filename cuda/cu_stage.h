@@ -25,7 +25,7 @@
  * Attention is causal flash-style (online softmax; per-row logsumexp kept
  * for backward, which recomputes the probabilities): no (T,T) buffer; in
  * bf16 on the tensor cores (cu_flash.cu). Parameter gradients have no
- * float atomics except the token embedding's (docs/cuda-stage.md).
+ * float atomics: the same step gives the same bits (docs/cuda-stage.md).
  * Boundary activations, gradients, tokens and the loss stay host pointers
  * at the interface; the copies happen inside. Every CUDA and cuBLASLt call
  * is checked: the first failure is kept as a message (stage_error), printed

@@ -50,6 +50,8 @@ struct cs_slot {
     int mb;               // micro-batch id, -1 when free
     int *tok[TP_MAX];     // (B,T) on each rank's device
     int *tgt[TP_MAX];     // (B,T)
+    int *rows;            // first stage, rank 0: order (B*T), useg (B*T+1), urow (B*T) for cl_encoder_backward
+    int nu;               // distinct tokens of the micro-batch
     char *a[TP_MAX][A_N]; // each rank's activations
 };
 
@@ -92,6 +94,8 @@ struct cs_dev {
     size_t off[STAGE_NTENSORS]; // element offset of each tensor
     cs_slot *slots;
     float *h_losses;            // host (B*T), pinned: rank 0's losses
+    int *h_rows;                // first stage: host (3 B*T + 1), pinned: a slot's rows before the upload
+    int *h_cnt;                 // first stage: host (Vp) counts
     void *tpc;                  // the all-reduce group (cu_tp_t, tp > 1)
     int compressed;             // its all-reduce is the compressed two-shot
     int embed_dirty;            // tp > 1: rank 0 has new wte/wpe gradients the others lack

@@ -23,9 +23,9 @@
 //   rank 0's projection GEMM adds x and the bias in its epilogue (so the sum
 //   is res2 at once); with a codec the partials alone are compressed (the
 //   residual stream never is) into fp32 and cl_residual_bias adds x and b.
-//   The embedding gradients are computed on rank 0 only (wte uses float
-//   atomics, so ranks would differ in the last bits); cu_stage.cu
-//   broadcasts them before anything else reads them.
+//   The embedding gradients are computed on rank 0 only (the positions
+//   grouped by token are built for it alone); cu_stage.cu broadcasts them
+//   before anything else reads them.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -353,6 +353,43 @@ template <class X> static int s_download(stage_t *s, float *dst, const X *src)
     return 0;
 }
 
+// The positions of the micro-batch grouped by token, for the deterministic
+// embedding gradient (cl_encoder_backward): into c->h_rows as order (B*T
+// positions, by token, ascending within one token), useg (nu + 1 starts) and
+// urow (the nu distinct tokens); sl->nu. A counting sort over the vocabulary.
+// The caller uploads h_rows before the next call (the stream is synchronised
+// at the end of every forward).
+static int s_token_rows(stage_t *s, cs_slot *sl, const int *tokens)
+{
+    cs_dev *c = CS(s);
+    const int BT = s->o.B * s->o.T, Vp = s->o.cfg.Vp;
+    int *order = c->h_rows, *useg = order + BT, *urow = useg + BT + 1, *cnt = c->h_cnt;
+    memset(cnt, 0, (size_t)Vp * sizeof(int));
+    for (int i = 0; i < BT; i++) {
+        if (tokens[i] < 0 || tokens[i] >= Vp) {
+            snprintf(c->lasterr, sizeof c->lasterr, "token %d at position %d outside the vocabulary 0..%d", tokens[i],
+                     i, Vp - 1);
+            return TAH_EINVAL;
+        }
+        cnt[tokens[i]]++;
+    }
+    int nu = 0, off = 0;
+    for (int v = 0; v < Vp; v++) {
+        if (!cnt[v])
+            continue;
+        urow[nu] = v;
+        useg[nu++] = off;
+        const int n = cnt[v];
+        cnt[v] = off; // from here: the next free place of token v
+        off += n;
+    }
+    useg[nu] = BT;
+    for (int i = 0; i < BT; i++)
+        order[cnt[tokens[i]]++] = i;
+    sl->nu = nu;
+    return 0;
+}
+
 template <class X>
 static int s_forward(stage_t *s, cs_slot *sl, const int *tokens, const float *in, const int *targets, float *out,
                      float *loss)
@@ -373,6 +410,12 @@ static int s_forward(stage_t *s, cs_slot *sl, const int *tokens, const float *in
     for (int r = 0; r < tp; r++) {
         cs_rank *g = &c->g[r];
         CK(cudaSetDevice(g->dev));
+        if (s->o.first && r == 0) {
+            if ((rc = s_token_rows(s, sl, tokens)) != 0)
+                return rc;
+            CK(cudaMemcpyAsync(sl->rows, c->h_rows, (3 * (size_t)BT + 1) * sizeof(int), cudaMemcpyHostToDevice,
+                               g->st));
+        }
         if (s->o.first) {
             CK(cudaMemcpyAsync(sl->tok[r], tokens, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, g->st));
             CK(cl_encoder_forward<X>(a_in[r], sl->tok[r], cs_p(c, g, GPT2_WTE, 0), cs_p(c, g, GPT2_WPE, 0), B, T, C,
@@ -664,10 +707,12 @@ template <class X> static int s_backward(stage_t *s, cs_slot *sl, const float *d
         }
     }
 
-    if (s->o.first) { // rank 0 only (float atomics); cu_stage.cu broadcasts before use
+    if (s->o.first) { // rank 0 only; cu_stage.cu broadcasts before use
         cs_rank *g = &c->g[0];
         CK(cudaSetDevice(g->dev));
-        CK(cl_encoder_backward<X>(cs_g(c, g, GPT2_WTE, 0), cs_g(c, g, GPT2_WPE, 0), dres[0], sl->tok[0], B, T, C,
+        const int *order = sl->rows, *useg = order + BT, *urow = useg + BT + 1;
+        CK(cl_encoder_backward<X>(cs_g(c, g, GPT2_WTE, 0), cs_g(c, g, GPT2_WPE, 0), dres[0], order, useg, urow, sl->nu,
+                                  B, T, C,
                                   g->st));
         s_mark(c, 0, P_ENCODER);
         if (tp > 1)

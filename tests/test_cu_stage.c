@@ -449,6 +449,63 @@ static void s_attn_ref(double *out, double *dqkv, const float *qkv, const float 
     free(dp);
 }
 
+/* ---- the same step twice gives the same bits ---- */
+
+/* A one-stage model (embeddings, tied head) on tokens that repeat (V = 100,
+ * 96 positions, and token 5 at every eighth one): two forward + backward
+ * passes of the same micro-batch from zero gradients give bitwise equal
+ * gradients -- the embedding gradient included, whose rows collect many
+ * positions (cl_encoder_backward sums them in a fixed order, no atomics). */
+static void s_determinism(const gpt2_model_t *model, int precision)
+{
+    const gpt2_config_t *cfg = &model->cfg;
+    const int B = 3, T = cfg->maxT;
+    const size_t BT = (size_t)B * T;
+    char err[512];
+    stage_opts_t o = { .cfg = *cfg, .B = B, .T = T, .nslots = 1, .tied = 1, .layer0 = 0, .layer1 = cfg->L,
+                       .first = 1, .last = 1, .backend = STAGE_CUDA, .device = 0, .precision = precision };
+    stage_t *g = stage_new(&o, err, sizeof err);
+    CHECK(g != NULL, "determinism stage: %s", err);
+    int *tok = malloc(BT * sizeof(int)), *tgt = malloc(BT * sizeof(int));
+    float *first = malloc(g ? g->nparams * sizeof(float) : 1);
+    if (!g || !tok || !tgt || !first)
+        goto out;
+    CHECK(stage_load_params(g, model) == 0, "load");
+    uint64_t rs = 5;
+    for (size_t i = 0; i < BT; i++) {
+        tok[i] = i % 8 == 0 ? 5 : (int)(gpt2_rand_u64(&rs) % (uint64_t)cfg->V);
+        tgt[i] = (int)(gpt2_rand_u64(&rs) % (uint64_t)cfg->V);
+    }
+    for (int run = 0; run < 2; run++) {
+        float loss = 0.0f;
+        stage_zero_grad(g);
+        int rc = stage_forward(g, 0, tok, NULL, tgt, NULL, &loss);
+        if (rc == 0)
+            rc = stage_backward(g, 0, NULL, 1.0f / (float)BT, NULL);
+        if (rc == 0)
+            stage_tied_sync(g, g);
+        if (rc == 0)
+            rc = stage_sync_to_host(g, STAGE_SYNC_GRADS);
+        CHECK(rc == 0, "determinism run %d: %s", run, stage_error(g));
+        if (rc)
+            break;
+        if (run == 0)
+            memcpy(first, g->grads, g->nparams * sizeof(float));
+        else
+            for (int i = 0; i < STAGE_NTENSORS; i++)
+                if (g->sizes[i])
+                    CHECK(!memcmp(first + (g->g[i] - g->grads), g->g[i], g->sizes[i] * sizeof(float)),
+                          "%s: gradient %s differs between two identical steps",
+                          precision == STAGE_BF16 ? "bf16" : "fp32", stage_tensor_name(i));
+    }
+    printf("determinism %s: two identical steps, bitwise equal gradients\n", precision == STAGE_BF16 ? "bf16" : "fp32");
+out:
+    stage_destroy(&g);
+    free(tok);
+    free(tgt);
+    free(first);
+}
+
 static void s_attention_long(int bf16)
 {
     const int B = 1, T = 1100, NH = 2, C = 128;
@@ -933,6 +990,8 @@ int main(int argc, char **argv)
             s_run_split(model, 1, tied, prec ? STAGE_BF16 : STAGE_FP32, prec ? &t16 : &t32, 1);
             s_run_split(model, 3, tied, prec ? STAGE_BF16 : STAGE_FP32, prec ? &t16 : &t32, 1);
         }
+    s_determinism(model, STAGE_FP32);
+    s_determinism(model, STAGE_BF16);
     gpt2_model_destroy(&model);
 
     s_attention_long(0);
