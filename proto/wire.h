@@ -23,7 +23,9 @@
 
 #include "tah.pb-c.h" /* Tah__Envelope, Tah__DataHeader, ... */
 
-#define TAH_PROTO_VERSION 1u
+/* 2: a TIED message from the first stage carries only the wte rows its step
+ * touched (node/link.h), and through the job's tied_codec */
+#define TAH_PROTO_VERSION 2u
 /* Largest control message accepted (a job file plus its strings). */
 #define WIRE_MAX_CONTROL (1u << 20)
 /* Largest data header accepted. */
