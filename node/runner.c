@@ -82,7 +82,7 @@ typedef struct runner {
     int dev_enc;             /* the stage encodes its boundary tensors on its device */
     uint8_t *rowmask;        /* tied, first or last stage: (Vp) */
     int *rows;               /* (Vp): the wte rows of the step (stage_tied_rows) */
-    float *rowbuf;           /* first stage: (Vp, C), those rows of the gradient */
+    float *rowbuf;           /* first stage: (Vp, C), stage_tied_codec's scratch for those rows */
     s_pinned_t pinned[R_NPINNED];
     float *losses;           /* (M) */
     double *slots;           /* nnorm */
@@ -461,27 +461,20 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
     } else if (x->tied && (k == 0 || k == S - 1)) {
         const size_t C = (size_t)x->C, R = stage_tied_rows(r->inputs, (size_t)M * BT, x->Vp, r->rowmask, r->rows);
         float *mine = k == 0 ? st->g[GPT2_WTE] : st->g[STAGE_HEAD];
-        float *send = k == 0 ? r->rowbuf : mine;
         if (stage_sync_to_host(st, STAGE_SYNC_TIED) != 0) /* GPU stage: mine is its host mirror */
             return s_fail(r, step, "copying the tied gradient from the GPU failed: %s", stage_error(st));
-        for (size_t i = 0; k == 0 && i < R; i++)
-            memcpy(r->rowbuf + i * C, mine + (size_t)r->rows[i] * C, C * sizeof(float));
         codec_shape_t ts = { 1, (uint32_t)(k == 0 ? R : (size_t)x->Vp), (uint32_t)C };
-        size_t n = (size_t)ts.s * C;
         int64_t fs = codec_frame_size(&x->tied_spec, ts);
         zmq_msg_t frame;
         if (fs < 0 || zmq_msg_init_size(&frame, (size_t)fs) != 0)
             return s_fail(r, step, "tied gradient: %s", fs < 0 ? tah_strerror((int)fs) : "out of memory");
         char cerr[CODEC_ERRLEN] = "";
-        rc = codec_encode(&x->tied_spec, ts, send, zmq_msg_data(&frame), (size_t)fs, NULL, cerr, sizeof cerr);
-        if (!rc && x->tied_spec.id != CODEC_FP32)
-            rc = codec_decode(zmq_msg_data(&frame), (size_t)fs, send, n, NULL, cerr, sizeof cerr);
+        rc = stage_tied_codec(&x->tied_spec, mine, x->Vp, x->C, k == 0 ? r->rows : NULL, R, r->rowbuf,
+                              zmq_msg_data(&frame), (size_t)fs, cerr, sizeof cerr);
         if (rc) {
             zmq_msg_close(&frame);
             return s_fail(r, step, "encoding the tied gradient failed: %s", cerr);
         }
-        for (size_t i = 0; k == 0 && i < R; i++)
-            memcpy(mine + (size_t)r->rows[i] * C, r->rowbuf + i * C, C * sizeof(float));
         rc = s_send_frame(r, NODE_DEST_TIED, TAH__DATA_KIND__DATA_TIED, step, 0, &x->tied_spec, ts, &frame);
         if (rc)
             return s_fail(r, step, "sending the tied gradient failed (%s)", tah_strerror(rc));

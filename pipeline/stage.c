@@ -462,34 +462,36 @@ size_t stage_tied_rows(const int *tokens, size_t n, int Vp, uint8_t *mask, int *
     return nrows;
 }
 
-int stage_tied_codec(const codec_spec_t *spec, float *g, int Vp, int C, const int *rows, size_t nrows, char *err,
-                     size_t errlen)
+int stage_tied_codec(const codec_spec_t *spec, float *g, int Vp, int C, const int *rows, size_t nrows,
+                     float *scratch, uint8_t *frame, size_t cap, char *err, size_t errlen)
 {
-    if (spec->id == CODEC_FP32)
+    const int lossy = spec->id != CODEC_FP32;
+    if (!frame && !lossy)
         return 0;
     size_t R = rows ? nrows : (size_t)Vp, n = R * (size_t)C;
     codec_shape_t shape = { 1, (uint32_t)R, (uint32_t)C };
     int64_t fs = codec_frame_size(spec, shape);
-    if (fs < 0) {
-        snprintf(err, errlen, "tied codec: no frame of shape (1,%zu,%d)", R, C);
-        return (int)fs;
+    if (fs < 0 || (frame && cap < (size_t)fs)) {
+        snprintf(err, errlen, "tied codec: no frame of shape (1,%zu,%d) in %zu bytes", R, C, frame ? cap : 0);
+        return fs < 0 ? (int)fs : TAH_ESPACE;
     }
-    float *x = rows ? malloc(n * sizeof(float)) : g;
-    uint8_t *frame = malloc((size_t)fs);
-    int rc = x && frame ? 0 : TAH_ENOMEM;
+    float *x = !rows ? g : scratch ? scratch : malloc(n * sizeof(float));
+    uint8_t *f = frame ? frame : malloc((size_t)fs);
+    int rc = x && f ? 0 : TAH_ENOMEM;
     if (rc)
         snprintf(err, errlen, "tied codec: out of memory");
     for (size_t i = 0; !rc && rows && i < R; i++)
         memcpy(x + i * C, g + (size_t)rows[i] * C, (size_t)C * sizeof(float));
     if (!rc)
-        rc = codec_encode(spec, shape, x, frame, (size_t)fs, NULL, err, errlen);
-    if (!rc)
-        rc = codec_decode(frame, (size_t)fs, x, n, NULL, err, errlen);
-    for (size_t i = 0; !rc && rows && i < R; i++)
+        rc = codec_encode(spec, shape, x, f, (size_t)fs, NULL, err, errlen);
+    if (!rc && lossy)
+        rc = codec_decode(f, (size_t)fs, x, n, NULL, err, errlen);
+    for (size_t i = 0; !rc && lossy && rows && i < R; i++)
         memcpy(g + (size_t)rows[i] * C, x + i * C, (size_t)C * sizeof(float));
-    if (rows)
+    if (rows && !scratch)
         free(x);
-    free(frame);
+    if (!frame)
+        free(f);
     return rc;
 }
 

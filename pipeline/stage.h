@@ -165,12 +165,15 @@ void stage_tied_reduce(float *mine, const float *peer, size_t n, int mine_is_fir
  * rows travel. stage_tied_rows: the distinct values of tokens[0..n) (each
  * < Vp), ascending, into rows (Vp ints; mask: Vp bytes of scratch);
  * returns their count. stage_tied_codec: g's travelling rows (rows[0..
- * nrows), or all Vp when rows is NULL) become the decode of their encoding
- * with spec, shape (1, rows, C), as the receiving end sees them, so both
- * ends add the same bits; fp32 changes nothing. 0 or a codec error. */
+ * nrows), or all Vp when rows is NULL) are encoded with spec, shape
+ * (1, rows, C), into frame (cap bytes, for sending; NULL: a scratch frame)
+ * and become the decode of that frame, as the receiving end sees them, so
+ * both ends add the same bits; fp32 leaves g as it is (and without a frame
+ * does nothing). scratch: nrows * C floats for the rows, or NULL (then
+ * allocated). 0 or a codec error. */
 size_t stage_tied_rows(const int *tokens, size_t n, int Vp, uint8_t *mask, int *rows);
-int stage_tied_codec(const codec_spec_t *spec, float *g, int Vp, int C, const int *rows, size_t nrows, char *err,
-                     size_t errlen);
+int stage_tied_codec(const codec_spec_t *spec, float *g, int Vp, int C, const int *rows, size_t nrows,
+                     float *scratch, uint8_t *frame, size_t cap, char *err, size_t errlen);
 
 /* Global-norm bookkeeping that gives the same bits for every split: one
  * double sum of squares per (tensor, layer) in a canonical slot, summed in

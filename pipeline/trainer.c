@@ -233,9 +233,11 @@ int trainer_accumulate(trainer_t *t, data_loader_t *dl, double *loss, char *err,
         char cerr[256] = "";
         int rc = stage_sync_to_host(f, STAGE_SYNC_TIED) || stage_sync_to_host(l, STAGE_SYNC_TIED) ? TAH_EDEVICE : 0;
         if (!rc)
-            rc = stage_tied_codec(&t->tied, f->g[GPT2_WTE], t->o.cfg.Vp, t->o.cfg.C, t->rows, nrows, cerr, sizeof cerr);
+            rc = stage_tied_codec(&t->tied, f->g[GPT2_WTE], t->o.cfg.Vp, t->o.cfg.C, t->rows, nrows, NULL, NULL, 0,
+                                  cerr, sizeof cerr);
         if (!rc)
-            rc = stage_tied_codec(&t->tied, l->g[STAGE_HEAD], t->o.cfg.Vp, t->o.cfg.C, NULL, 0, cerr, sizeof cerr);
+            rc = stage_tied_codec(&t->tied, l->g[STAGE_HEAD], t->o.cfg.Vp, t->o.cfg.C, NULL, 0, NULL, NULL, 0, cerr,
+                                  sizeof cerr);
         if (!rc && (stage_sync_to_device(f, STAGE_SYNC_TIED) || stage_sync_to_device(l, STAGE_SYNC_TIED)))
             rc = TAH_EDEVICE;
         if (rc) {
