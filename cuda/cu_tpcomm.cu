@@ -22,6 +22,9 @@
 
 #include "cu_common.cuh" // cu_head (the status word at the start of codec scratch), CU_ST_*, codec.h
 #include "cu_tpcomm.h"
+extern "C" {
+#include "tpcomm.h" // tp_codec_unit
+}
 
 #define S_SLOT 256 /* payload slot alignment in bytes (16-byte vector paths; < 256 B lost per slot) */
 
@@ -144,19 +147,6 @@ __global__ static void k_sticky(unsigned int *sticky, cu_head *head, int phase)
 
 // ---- layout ----
 
-// elements per codec block or group (chunk starts are multiples of it);
-// pipeline/tpcomm.c cuts its chunks the same way
-static size_t s_unit(const codec_spec_t *s)
-{
-    if (s->id == CODEC_ASH_FP8)
-        return s->p.ash.block;
-    if (s->id == CODEC_INT)
-        return s->p.intq.group;
-    if (s->id == CODEC_FIXPT)
-        return s->p.fixpt.group;
-    return 16;
-}
-
 static size_t s_lcm(size_t a, size_t b)
 {
     size_t x = a, y = b;
@@ -274,7 +264,7 @@ static int s_new(cu_tp_t *t, const int *devices, char *err, size_t errlen)
         t->r[i].dev = devices[i];
     }
     if (t->compressed) {
-        t->unit = s_lcm(s_lcm(s_unit(&t->rs), s_unit(&t->ag)), 4);
+        t->unit = s_lcm(s_lcm(tp_codec_unit(&t->rs), tp_codec_unit(&t->ag)), 4); // and 16-byte starts
         t->kmax = s_chunk(t, t->max_n);
         t->npmax = t->kmax * (size_t)t->n;
         const size_t p1 = s_plen(&t->rs, t->kmax), p2 = s_plen(&t->ag, t->kmax);

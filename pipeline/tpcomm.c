@@ -196,18 +196,6 @@ static void s_chunk(const tp_comm_t *c, size_t n, int j, size_t *off, size_t *le
     *len = hi - lo;
 }
 
-/* elements per codec block or group: chunk starts are multiples of it */
-static size_t s_unit(const codec_spec_t *s)
-{
-    if (s->id == CODEC_ASH_FP8)
-        return s->p.ash.block;
-    if (s->id == CODEC_INT)
-        return s->p.intq.group;
-    if (s->id == CODEC_FIXPT)
-        return s->p.fixpt.group;
-    return 16; /* raw: one cache line of floats */
-}
-
 static size_t s_gcd(size_t a, size_t b)
 {
     while (b) {
@@ -301,7 +289,7 @@ tp_comm_t *tp_comm_new(tp_transport_t *transport, const codec_spec_t *rs, const 
     c->rs = *rs;
     c->ag = *ag;
     c->max_n = max_n;
-    size_t u1 = s_unit(rs), u2 = s_unit(ag);
+    size_t u1 = tp_codec_unit(rs), u2 = tp_codec_unit(ag);
     size_t l = u1 / s_gcd(u1, u2) * u2;
     c->unit = l <= ((size_t)1 << 20) ? l : (u1 > u2 ? u1 : u2);
     size_t off, k;

@@ -71,6 +71,20 @@ struct tp_transport {
 /* Threads of one process, 1..TP_MAX ranks. */
 tp_transport_t *tp_shm_new(int tp, char *err, size_t errlen);
 
+/* Elements per block or group of a chunk's codec (16 for the raw ones):
+ * chunk starts are multiples of it, here and in the GPU group
+ * (cuda/cu_tpcomm.cu). */
+static inline size_t tp_codec_unit(const codec_spec_t *s)
+{
+    if (s->id == CODEC_ASH_FP8)
+        return s->p.ash.block;
+    if (s->id == CODEC_INT)
+        return s->p.intq.group;
+    if (s->id == CODEC_FIXPT)
+        return s->p.fixpt.group;
+    return 16; /* raw: one cache line of floats */
+}
+
 /* "none" -> spec->id = 0; otherwise codec_spec_parse, restricted as above. */
 int tp_codec_parse(const char *str, codec_spec_t *spec, char *err, size_t errlen);
 /* "none" or the canonical codec spec. */
