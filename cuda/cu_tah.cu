@@ -871,6 +871,194 @@ __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, 
         d_flag(head, CU_ST_RANGE);
 }
 
+// ---- one thread per tile (round 8: the default spec, G = A = 64, 4/3 bits, C % 64 == 0) ----
+//
+// Round 7's kernels gave a tile a segment of 8 lanes: every reduction (entropy's
+// 16 accumulators, top-2, min/max), every cross-lane Hadamard stage and the fp16
+// metadata chain ran on all 8 lanes with shuffles, ~1250 warp instructions per 4
+// tiles in the quant. Here lane t of a warp owns tile base + t outright: its 64
+// floats come in as 16 consecutive 16-byte loads (a warp's load instruction k
+// covers half of each of 32 sectors, instruction k + 1 the other half, from L1),
+// and tah.c's scalar loops run as written, in its order, so the same bits.
+
+// tah.c's s_entropy of one full 64-element tile: 16 accumulators, 4 steps of 16
+__device__ __forceinline__ float d_tah_ent_t64(const float4 *__restrict__ src, uint32_t &amax)
+{
+    float f[64];
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const float4 q = src[i];
+        f[4 * i] = q.x;
+        f[4 * i + 1] = q.y;
+        f[4 * i + 2] = q.z;
+        f[4 * i + 3] = q.w;
+    }
+    float s1[16], sl[16];
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        s1[j] = 0.0f;
+        sl[j] = 0.0f;
+    }
+#pragma unroll
+    for (int st = 0; st < 4; st++) {
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const float v = fabsf(f[16 * st + j]);
+            s1[j] = __fadd_rn(s1[j], v);
+            sl[j] = __fadd_rn(sl[j], __fmul_rn(v, d_log2f(v)));
+            amax = max(amax, __float_as_uint(v));
+        }
+    }
+    float S1 = 0.0f, SL = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        S1 = __fadd_rn(S1, s1[j]);
+        SL = __fadd_rn(SL, sl[j]);
+    }
+    float h = 0.0f;
+    if (S1 != 0.0f) {
+        const float D = __fadd_rn(S1, S_ENT_EPS);
+        h = __fsub_rn(__fmul_rn(d_log2f(D), __fdiv_rn(S1, D)), __fdiv_rn(SL, D));
+        h = h > 0.0f ? h : 0.0f;
+    }
+    return h;
+}
+
+// min and max of v[0..64) as tah.c's 8-lane reductions give them: a zero minimum takes
+// the sign of the zero with the smallest key (i % 8, i / 8) (d_zkey); when both are
+// zero the tile is all zeros and tah.c's max is that same element (every lane seeded
+// with the same value, zeros never replace each other), so mx = mn.
+__device__ __forceinline__ void d_minmax64(const float v[64], float &mn, float &mx)
+{
+    float a = v[0], b = v[0];
+#pragma unroll
+    for (int r = 1; r < 64; r++) {
+        a = fminf(a, v[r]);
+        b = fmaxf(b, v[r]);
+    }
+    if (a == 0.0f) { // rare on activations: resolve the zero's sign in key order
+        uint32_t neg = 2u;
+#pragma unroll
+        for (int kk = 63; kk >= 0; kk--) { // reverse, so the smallest key is the last to set it
+            const int i = 8 * (kk & 7) + (kk >> 3);
+            if (v[i] == 0.0f)
+                neg = __float_as_uint(v[i]) >> 31;
+        }
+        a = neg ? -0.0f : 0.0f;
+        if (b == 0.0f)
+            b = a;
+    }
+    mn = a;
+    mx = b;
+}
+
+// tah.c's fwht_f32 on 64 registers (the same butterflies: u + w, u - w per stage)
+__device__ __forceinline__ void d_fwht64(float v[64], float norm)
+{
+#pragma unroll
+    for (int s = 0; s < 6; s++) { // h = 2^s; butterfly k pairs j and j + h
+#pragma unroll
+        for (int k = 0; k < 32; k++) {
+            const int h = 1 << s, j = ((k >> s) << (s + 1)) | (k & (h - 1));
+            const float u = v[j], w = v[j + h];
+            v[j] = __fadd_rn(u, w);
+            v[j + h] = __fsub_rn(u, w);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 64; r++)
+        v[r] = __fmul_rn(v[r], norm);
+}
+
+// Quantise full tile `tile` (global index; qidx its index in sample b; ph = high quant
+// tiles of the sample before it | is_hi << 31) as tah.c's s_encode does: one thread.
+// The code region of a sample must be 8-byte aligned (s_tpt_ok).
+template <uint32_t BH, uint32_t BL>
+__device__ __forceinline__ void d_tah_quant_t64(const float *__restrict__ x, uint8_t *__restrict__ p, const s_tg &g,
+                                                uint64_t tile, uint64_t b, uint32_t qidx, uint32_t ph, float down,
+                                                float rho_down, uint32_t &range)
+{
+    const float4 *src = (const float4 *)(x + tile * 64u);
+    float v[64];
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const float4 q = __ldcs(src + i); // the last read of x: evict first, keep pass 1's lines
+        v[4 * i] = q.x;
+        v[4 * i + 1] = q.y;
+        v[4 * i + 2] = q.z;
+        v[4 * i + 3] = q.w;
+    }
+    // scale; top-2 magnitudes (a multiset: the lane order of tah.c does not matter) and
+    // the first index of the largest
+    float m1 = 0.0f, m2 = 0.0f;
+    uint32_t i1 = 0;
+#pragma unroll
+    for (int r = 0; r < 64; r++) {
+        v[r] = __fmul_rn(v[r], down);
+        const float m = fabsf(v[r]);
+        m2 = fmaxf(m2, fminf(m, m1));
+        if (m > m1) {
+            m1 = m;
+            i1 = (uint32_t)r;
+        }
+    }
+    const uint32_t piv = m1 > 0.0f ? i1 : 0u;
+    float mn, mx;
+    d_minmax64(v, mn, mx);
+    const bool rot = __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau;
+    if (rot) { // swap element 0 with the pivot (register selects, no run-time index), transform
+        float vp = v[0];
+#pragma unroll
+        for (int r = 1; r < 64; r++)
+            vp = piv == (uint32_t)r ? v[r] : vp;
+        const float v0 = v[0];
+#pragma unroll
+        for (int r = 1; r < 64; r++)
+            v[r] = piv == (uint32_t)r ? v0 : v[r];
+        v[0] = vp;
+        d_fwht64(v, g.norm);
+        d_minmax64(v, mn, mx);
+    }
+    const uint32_t is_hi = ph >> 31;
+    const float levels = is_hi ? (float)((1u << BH) - 1u) : (float)((1u << BL) - 1u);
+    const uint16_t min16 = d_half_from_f32_down(mn);
+    const float minf = d_half_to_f32(min16);
+    const uint16_t step16 = d_half_from_f32_up(__fdiv_rn(__fsub_rn(mx, minf), levels));
+    const float step = d_half_to_f32(step16);
+    const float inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+    range |= (uint32_t)((step16 & 0x7c00u) == 0x7c00u || (min16 & 0x7c00u) == 0x7c00u);
+    // codes, packed both ways as they come (bitpack's LSB-first stream): BH bits in wh,
+    // BL bits in wl; the tile's width picks one
+    uint32_t wh[2 * BH] = {}, wl[2 * BL] = {};
+#pragma unroll
+    for (int r = 0; r < 64; r++) {
+        float t = __fadd_rn(__fmul_rn(__fsub_rn(v[r], minf), inv), 0.5f);
+        t = t < levels ? t : levels;
+        t = t > 0.0f ? t : 0.0f;
+        const uint32_t c = (uint32_t)t;
+        const int bh = (int)BH * r, bl = (int)BL * r;
+        wh[bh / 32] |= c << (bh % 32);
+        if (bh % 32 + (int)BH > 32)
+            wh[bh / 32 + 1] |= c >> (32 - bh % 32);
+        wl[bl / 32] |= c << (bl % 32);
+        if (bl % 32 + (int)BL > 32)
+            wl[bl / 32 + 1] |= c >> (32 - bl % 32);
+    }
+    const uint32_t hiq = ph & 0x7fffffffu;
+    uint2 *dst = (uint2 *)(p + g.codes_off + b * g.code_bytes + 8ull * ((uint64_t)BL * qidx + (uint64_t)(BH - BL) * hiq));
+    if (is_hi) {
+#pragma unroll
+        for (int i = 0; i < (int)BH; i++)
+            dst[i] = make_uint2(wh[2 * i], wh[2 * i + 1]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < (int)BL; i++)
+            dst[i] = make_uint2(wl[2 * i], wl[2 * i + 1]);
+    }
+    *(uint32_t *)(p + g.meta_off + 4 * tile) = (uint32_t)min16 | ((uint32_t)step16 << 16);
+    p[8 + tile] = (uint8_t)(is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2));
+}
+
 // ---- encode in one cooperative launch (round 6) ----
 //
 // k_tah_fused replaces memset + k_tah_entropy + k_tah_select(_sm) + k_tah_quant
@@ -902,7 +1090,8 @@ __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, 
 // P CTAs' published histograms, 4 barriers): 0.163 ms; this one 0.116 ms.
 //
 // U: quant tiles per segment per warp iteration; MINB: CTAs per SM the registers must allow
-template <int U, int MINB, uint32_t TPG, uint32_t BH, uint32_t BL>
+// TPT (round 8): phases 1 and 3 one thread per tile (d_tah_ent_t64, d_tah_quant_t64; s_tpt_ok)
+template <int U, int MINB, uint32_t TPG, uint32_t BH, uint32_t BL, bool TPT>
 __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict__ x, uint16_t *__restrict__ flagv,
                                                       uint8_t *__restrict__ p, s_fz z, cu_hp head, s_tg g,
                                                       uint32_t P, bool flag_bytes)
@@ -933,7 +1122,10 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
 
     // 1. entropies
     uint32_t amax = 0;
-    for (uint32_t base = a0 + wid * 8u; base < a1; base += nwarp * 8u) { // uniform per warp
+    if constexpr (TPT) {
+        for (uint32_t a = a0 + tid; a < a1; a += blockDim.x)
+            sk[a - a0] = __float_as_uint(d_tah_ent_t64((const float4 *)(x + ((uint64_t)b * na + a) * 64u), amax));
+    } else for (uint32_t base = a0 + wid * 8u; base < a1; base += nwarp * 8u) { // uniform per warp
         const uint32_t a = base + (lane >> 2);
         const bool valid = a < a1;
         const float h = d_tah_ent_tile(x, g, (uint64_t)b * na + (valid ? a : a0), valid, lane, amax);
@@ -1102,7 +1294,12 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     const uint32_t nq = L * g.k;
     const uint64_t t0 = (uint64_t)b * g.S * g.Q + (uint64_t)a0 * g.k;
     uint32_t range = 0;
-    for (uint32_t base = wid * spw * U; base < nq; base += nwarp * spw * U) { // uniform per warp
+    if constexpr (TPT) {
+        for (uint32_t i = tid; i < nq; i += blockDim.x) {
+            const uint32_t lt = nq - 1u - i;
+            d_tah_quant_t64<BH, BL>(x, p, g, t0 + lt, b, a0 + lt, sk[lt], down, rho_down, range);
+        }
+    } else for (uint32_t base = wid * spw * U; base < nq; base += nwarp * spw * U) { // uniform per warp
         uint64_t tiles[U];
         bool valids[U];
         uint32_t phv[U];
@@ -1577,6 +1774,153 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
         d_flag(head, CU_ST_NONFINITE);
 }
 
+// Round 8: TAH decode with one thread per tile (tile = alloc_tile = 64, 4/3 bits, C % 64
+// == 0, 8-bit flags, S*Q < 2^16: the SELF conditions plus full tiles). A CTA decodes a
+// chunk of 256 consecutive tiles of one sample, thread i tile t0 + i:
+//   - the high tiles of the sample before the chunk, counted from its flag bytes as
+//     k_tah_dchunk<SELF> does, and a block scan of the chunk's own: H(tile);
+//   - codes (3 or 4 8-byte loads at 8 * (3 * tile + H)), meta, min + code * step,
+//     the inverse rotation in registers (d_fwht64, then the pivot swap by selects);
+//   - the 64 floats through shared memory (a row of 17 float4 per tile: conflict-free
+//     16-byte stores per quarter warp), then per warp 16 stores of 512 contiguous bytes.
+// The checks of k_tah_dchunk<SELF>: e and the reserved word, no pivot without rotation,
+// the sample's high tiles equal n_hi (last chunk), codes inside the sample's region,
+// fp16 fields finite with a non-negative step; non-finite output flags NONFINITE.
+#define S_DT_ROW 17u // float4 per shared-memory row (16 + 1 pad)
+#define S_DT_SMEM (256u * S_DT_ROW * 16u)
+
+template <uint32_t BH, uint32_t BL>
+__global__ void __launch_bounds__(256, 2) k_tah_dt64(const uint8_t *__restrict__ p, float *__restrict__ out,
+                                                     cu_hp head, s_tg g, uint32_t cps)
+{
+    d_mark(head);
+    extern __shared__ float4 s_rows[]; // [256][S_DT_ROW]
+    __shared__ uint32_t ws[32];
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid / 32u;
+    const uint64_t b = blockIdx.x / cps;
+    const uint32_t ci = (uint32_t)(blockIdx.x - b * cps);
+    const uint32_t SQ = (uint32_t)(g.S * g.Q), t0 = ci * 256u, n = min(256u, SQ - t0);
+    const uint8_t *fs = p + 8 + b * SQ; // byte t: tile t's flag field
+    uint32_t corrupt = 0, bad = 0;
+    int32_t e = (int32_t)d_get_u32(p);
+    if (tid == 0)
+        corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
+    e = e < -200 ? -200 : (e > 200 ? 200 : e);
+    uint32_t pre = 0; // this thread's share of the high tiles before the chunk
+    {
+        const uint32_t h = min((uint32_t)((16u - ((uintptr_t)fs & 15u)) & 15u), t0);
+        if (tid < h)
+            pre += fs[tid] & 1u;
+        const uint4 *f4 = (const uint4 *)(fs + h);
+        const uint32_t nv = (t0 - h) / 16u;
+#pragma unroll 4
+        for (uint32_t j = tid; j < nv; j += blockDim.x) {
+            const uint4 w = f4[j];
+            pre += __popc(w.x & 0x01010101u) + __popc(w.y & 0x01010101u) + __popc(w.z & 0x01010101u) +
+                   __popc(w.w & 0x01010101u);
+        }
+        for (uint32_t j = h + 16u * nv + tid; j < t0; j += blockDim.x)
+            pre += fs[j] & 1u;
+    }
+    const bool valid = tid < n;
+    const uint32_t f = valid ? fs[t0 + tid] : 0u;
+    corrupt |= (uint32_t)(!(f & 2u) && (f >> 2) != 0); // a pivot without rotation
+    uint32_t tot;
+    const uint32_t sc = d_block_scan((f & 1u) | (pre << 16), ws, &tot);
+    const uint32_t H = (sc & 0xffffu) + (tot >> 16);
+    if (tid == 0 && ci == cps - 1u && (uint64_t)((tot >> 16) + (tot & 0xffffu)) != g.n_hi)
+        corrupt = 1; // the sample's high tiles
+    const uint32_t ts = t0 + tid;
+    const uint64_t tile = b * SQ + ts;
+    const uint64_t off = 8ull * ((uint64_t)BL * ts + (uint64_t)(BH - BL) * H);
+    const bool hi = f & 1u;
+    const bool in = valid && off + 8ull * (hi ? BH : BL) <= g.code_bytes;
+    corrupt |= (uint32_t)(valid && !in);
+    float v[64];
+    if (in) {
+        const uint2 *src = (const uint2 *)(p + g.codes_off + b * g.code_bytes + off);
+        uint32_t w[2 * BH];
+#pragma unroll
+        for (int i = 0; i < (int)BL; i++) {
+            const uint2 q = src[i];
+            w[2 * i] = q.x;
+            w[2 * i + 1] = q.y;
+        }
+        if (hi) {
+#pragma unroll
+            for (int i = (int)BL; i < (int)BH; i++) {
+                const uint2 q = src[i];
+                w[2 * i] = q.x;
+                w[2 * i + 1] = q.y;
+            }
+        }
+        const uint32_t meta = d_get_u32(p + g.meta_off + 4 * tile);
+        const uint16_t min16 = (uint16_t)meta, step16 = (uint16_t)(meta >> 16);
+        corrupt |= (uint32_t)((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u || (step16 & 0x8000u));
+        const float minf = ldexpf(d_half_to_f32(min16), e);
+        const float step = ldexpf(d_half_to_f32(step16), e);
+        if (hi) {
+#pragma unroll
+            for (int r = 0; r < 64; r++) {
+                const int bit = (int)BH * r;
+                uint32_t c = w[bit / 32] >> (bit % 32);
+                if (bit % 32 + (int)BH > 32)
+                    c |= w[bit / 32 + 1] << (32 - bit % 32);
+                v[r] = __fadd_rn(minf, __fmul_rn((float)(c & ((1u << BH) - 1u)), step));
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < 64; r++) {
+                const int bit = (int)BL * r;
+                uint32_t c = w[bit / 32] >> (bit % 32);
+                if (bit % 32 + (int)BL > 32)
+                    c |= w[bit / 32 + 1] << (32 - bit % 32);
+                v[r] = __fadd_rn(minf, __fmul_rn((float)(c & ((1u << BL) - 1u)), step));
+            }
+        }
+        if (f & 2u) { // tah.c: fwht_f32, then swap element 0 with the pivot
+            d_fwht64(v, g.norm);
+            const uint32_t piv = f >> 2;
+            float vp = v[0];
+#pragma unroll
+            for (int r = 1; r < 64; r++)
+                vp = piv == (uint32_t)r ? v[r] : vp;
+            const float v0 = v[0];
+#pragma unroll
+            for (int r = 1; r < 64; r++)
+                v[r] = piv == (uint32_t)r ? v0 : v[r];
+            v[0] = vp;
+        }
+        uint32_t mb = 0;
+#pragma unroll
+        for (int r = 0; r < 64; r++)
+            mb = max(mb, __float_as_uint(v[r]) & 0x7fffffffu);
+        bad |= (uint32_t)(mb >= 0x7f800000u);
+    } else {
+#pragma unroll
+        for (int r = 0; r < 64; r++)
+            v[r] = 0.0f;
+    }
+    // transpose through shared memory: this warp's 32 tiles, then 512-byte stores
+    float4 *rows = s_rows + (size_t)wid * 32u * S_DT_ROW;
+#pragma unroll
+    for (int c = 0; c < 16; c++)
+        rows[lane * S_DT_ROW + (uint32_t)c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+    __syncwarp();
+    const uint32_t wt0 = wid * 32u; // the warp's first tile in the chunk
+    float4 *o4 = (float4 *)(out + (b * SQ + t0 + wt0) * 64u);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const uint32_t row = 2u * (uint32_t)j + lane / 16u, c = lane % 16u;
+        if (wt0 + row < n)
+            o4[row * 16u + c] = rows[row * S_DT_ROW + c];
+    }
+    if (corrupt)
+        d_flag(head, CU_ST_CORRUPT);
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+}
+
 // ---- host ----
 
 static int s_check_tile(const s_tg &g, char *err, size_t errlen)
@@ -1593,6 +1937,16 @@ static int s_check_tile(const s_tg &g, char *err, size_t errlen)
 // The one-launch encode (k_tah_fused) when the shape suits it: 0 or a TAH_E* code,
 // 1 when it does not apply (allocation tiles of fewer than k quant tiles, a sample
 // too large for P CTAs' shared memory, no cooperative launch on the device).
+// The thread-per-tile kernel's conditions: every quant tile full and an allocation tile
+// (C % 64 == 0, G = A = 64), 16-byte aligned rows, 8-aligned code regions and 4-aligned
+// meta words (TAH_CU_TPT=0 turns it off, for a same-run comparison).
+static bool s_tpt_ok(const s_tg &g, const float *x, const uint8_t *payload)
+{
+    const uintptr_t pa = (uintptr_t)payload;
+    return cu_tpt() && g.G == 64 && g.k == 1 && g.C % 64u == 0 && ((uintptr_t)x & 15u) == 0 && (pa + g.codes_off) % 8u == 0 &&
+           g.code_bytes % 8u == 0 && (pa + g.meta_off) % 4u == 0 && g.T <= 0xffffffffull;
+}
+
 static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp head, const s_tw &t,
                           cudaStream_t st, char *err, size_t errlen)
 {
@@ -1601,7 +1955,9 @@ static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp
     const bool fast = g.G == 64 && g.bh == 4 && g.bl == 3; // the default spec: constant segment and widths
     // one tile per segment per warp iteration at 4 CTAs per SM (64 registers): measured 2.6 %
     // faster than 2 tiles at 3 CTAs per SM (0.1155 vs 0.1186 ms, H200, round 6)
-    const void *kern = fast ? (const void *)k_tah_fused<1, 4, 8, 4, 3> : (const void *)k_tah_fused<1, 4, 0, 0, 0>;
+    const void *kern = fast ? (const void *)k_tah_fused<1, 4, 8, 4, 3, false> : (const void *)k_tah_fused<1, 4, 0, 0, 0, false>;
+    if (fast && s_tpt_ok(g, x, payload))
+        kern = (const void *)k_tah_fused<1, 2, 8, 4, 3, true>;
     uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, 4 * S_FUSE_MAXL);
     blocks = blocks < S_FUSE_MAXGRID ? blocks : S_FUSE_MAXGRID;
     uint64_t P = blocks / g.B; // CTAs per sample
@@ -1692,6 +2048,18 @@ int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *
     const uint64_t cps = s_dec_cps(g);
     if (!cu_legacy() && g.S * g.Q < 0x80000000ull && g.B * cps <= 0x7fffffffull) {
         const uint32_t CH = s_dec_chunk(g);
+        // round 8: one thread per tile when the tiles are full and the spec the default's
+        const uintptr_t pa = (uintptr_t)payload;
+        if (cu_tpt() && g.G == 64 && g.k == 1 && g.bh == 4 && g.bl == 3 && g.C % 64u == 0 && g.S * g.Q < 65536u &&
+            ((uintptr_t)out & 15u) == 0 && (pa + g.codes_off) % 8u == 0 && g.code_bytes % 8u == 0 &&
+            (pa + g.meta_off) % 4u == 0) {
+            const uint64_t cps64 = (g.S * g.Q + 255u) / 256u;
+            CUDA_CHECK(cu_smem_allow((const void *)k_tah_dt64<4, 3>, S_DT_SMEM));
+            k_tah_dt64<4, 3><<<(unsigned int)(g.B * cps64), 256, S_DT_SMEM, st>>>(payload, out, head, g,
+                                                                                 (uint32_t)cps64);
+            CU_CHECK_LAUNCH("k_tah_dt64");
+            return 0;
+        }
         // round 7: one launch when every quant tile is an allocation tile of 8-bit flags
         if (g.k == 1 && g.fbits == 8 && g.S * g.Q < 65536u && CH % 16u == 0) {
             if (g.bh == 4 && g.bl == 3)
