@@ -52,6 +52,9 @@
 #define S_QUANT_U 2 // tiles per segment per k_tah_quant iteration (round 4)
 #define S_FUSE_MAXGRID 1024u // CTAs of k_tah_fused's cooperative grid, at most
 #define S_FUSE_MAXL 8192u    // allocation tiles per CTA (32 KB of keys in shared memory)
+#ifndef S_PAIR_MINB
+#define S_PAIR_MINB 4 // CTAs per SM the lane-pair kernels' registers allow
+#endif
 
 struct s_tg {
     uint32_t C, G, lg, k, Q, nA, r, A, bh, bl, fbits;
@@ -871,80 +874,90 @@ __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, 
         d_flag(head, CU_ST_RANGE);
 }
 
-// ---- one thread per tile (round 8: the default spec, G = A = 64, 4/3 bits, C % 64 == 0) ----
+// ---- two lanes per tile (round 8: the default spec, G = A = 64, 4/3 bits, C % 64 == 0) ----
 //
-// Round 7's kernels gave a tile a segment of 8 lanes: every reduction (entropy's
-// 16 accumulators, top-2, min/max), every cross-lane Hadamard stage and the fp16
-// metadata chain ran on all 8 lanes with shuffles, ~1250 warp instructions per 4
-// tiles in the quant. Here lane t of a warp owns tile base + t outright: its 64
-// floats come in as 16 consecutive 16-byte loads (a warp's load instruction k
-// covers half of each of 32 sectors, instruction k + 1 the other half, from L1),
-// and tah.c's scalar loops run as written, in its order, so the same bits.
+// Round 7's kernels gave a tile a segment of 8 lanes: every reduction (entropy's 16
+// accumulators, top-2, min/max), every cross-lane Hadamard stage and the fp16 metadata
+// chain ran on all 8 lanes with shuffles, ~1250 warp instructions per 4 tiles in the
+// quant. Here lanes 2i and 2i+1 own tile i of a warp's 16 (h = lane & 1): tah.c's
+// scalar loops run on 32 elements per lane, in its order, and the pair meets in a few
+// shuffles. (One lane per tile, measured first, needed 128 registers for its 64
+// floats: 16 warps per SM and 0.4 instructions issued per cycle.) Every shuffle is
+// within the pair (mask d_pair), so pairs of a warp may diverge.
+__device__ __forceinline__ uint32_t d_pair(uint32_t lane) { return 3u << (lane & 30u); }
 
-// tah.c's s_entropy of one full 64-element tile: 16 accumulators, 4 steps of 16
-__device__ __forceinline__ float d_tah_ent_t64(const float4 *__restrict__ src, uint32_t &amax)
+// tah.c's s_entropy of a full 64-element tile: lane h holds its accumulators 8h..8h+7
+// (elements 16 st + 8h + c, two 16-byte loads per step), so each accumulator sums in
+// tah.c's order; S1 and SL continue from lane 0's partial sums on lane 1, which returns
+// the entropy (lane 0 returns garbage).
+__device__ __forceinline__ float d_tah_ent_p64(const float *__restrict__ tile, uint32_t lane, uint32_t &amax)
 {
-    float f[64];
+    const uint32_t h = lane & 1u, pm = d_pair(lane);
+    float s1[8], sl[8];
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-        const float4 q = src[i];
-        f[4 * i] = q.x;
-        f[4 * i + 1] = q.y;
-        f[4 * i + 2] = q.z;
-        f[4 * i + 3] = q.w;
-    }
-    float s1[16], sl[16];
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-        s1[j] = 0.0f;
-        sl[j] = 0.0f;
+    for (int c = 0; c < 8; c++) {
+        s1[c] = 0.0f;
+        sl[c] = 0.0f;
     }
 #pragma unroll
     for (int st = 0; st < 4; st++) {
+        const float4 *src = (const float4 *)(tile + 16 * st + 8u * h);
+        const float4 a = src[0], b = src[1];
+        const float f[8] = { a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w };
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const float v = fabsf(f[16 * st + j]);
-            s1[j] = __fadd_rn(s1[j], v);
-            sl[j] = __fadd_rn(sl[j], __fmul_rn(v, d_log2f(v)));
+        for (int c = 0; c < 8; c++) {
+            const float v = fabsf(f[c]);
+            s1[c] = __fadd_rn(s1[c], v);
+            sl[c] = __fadd_rn(sl[c], __fmul_rn(v, d_log2f(v)));
             amax = max(amax, __float_as_uint(v));
         }
     }
-    float S1 = 0.0f, SL = 0.0f;
+    float S1 = 0.0f, SL = 0.0f; // lane 0: accumulators 0..7 from 0
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        S1 = __fadd_rn(S1, s1[j]);
-        SL = __fadd_rn(SL, sl[j]);
+    for (int c = 0; c < 8; c++) {
+        S1 = __fadd_rn(S1, s1[c]);
+        SL = __fadd_rn(SL, sl[c]);
     }
-    float h = 0.0f;
+    S1 = __shfl_xor_sync(pm, S1, 1); // lane 1 continues from lane 0's sums with 8..15
+    SL = __shfl_xor_sync(pm, SL, 1);
+#pragma unroll
+    for (int c = 0; c < 8; c++) {
+        S1 = __fadd_rn(S1, s1[c]);
+        SL = __fadd_rn(SL, sl[c]);
+    }
+    float ent = 0.0f;
     if (S1 != 0.0f) {
         const float D = __fadd_rn(S1, S_ENT_EPS);
-        h = __fsub_rn(__fmul_rn(d_log2f(D), __fdiv_rn(S1, D)), __fdiv_rn(SL, D));
-        h = h > 0.0f ? h : 0.0f;
+        ent = __fsub_rn(__fmul_rn(d_log2f(D), __fdiv_rn(S1, D)), __fdiv_rn(SL, D));
+        ent = ent > 0.0f ? ent : 0.0f;
     }
-    return h;
+    return ent;
 }
 
-// min and max of v[0..64) as tah.c's 8-lane reductions give them: a zero minimum takes
-// the sign of the zero with the smallest key (i % 8, i / 8) (d_zkey); when both are
-// zero the tile is all zeros and tah.c's max is that same element (every lane seeded
-// with the same value, zeros never replace each other), so mx = mn.
-__device__ __forceinline__ void d_minmax64(const float v[64], float &mn, float &mx)
+// min and max of the pair's tile (lane h: elements 32h..32h+31 in v) as tah.c's 8-lane
+// reductions give them: a zero minimum takes the sign of the zero with the smallest
+// key (i % 8, i / 8) (d_zkey); when both are zero the tile is all zeros and tah.c's
+// max is that same element (its lanes all start from one value and zeros never
+// replace each other), so mx = mn.
+__device__ __forceinline__ void d_minmax_p64(const float v[32], uint32_t lane, float &mn, float &mx)
 {
+    const uint32_t h = lane & 1u, pm = d_pair(lane);
     float a = v[0], b = v[0];
 #pragma unroll
-    for (int r = 1; r < 64; r++) {
+    for (int r = 1; r < 32; r++) {
         a = fminf(a, v[r]);
         b = fmaxf(b, v[r]);
     }
-    if (a == 0.0f) { // rare on activations: resolve the zero's sign in key order
-        uint32_t neg = 2u;
+    a = fminf(a, __shfl_xor_sync(pm, a, 1));
+    b = fmaxf(b, __shfl_xor_sync(pm, b, 1));
+    if (a == 0.0f) { // rare on activations: the zero's sign in key order (pair-uniform branch)
+        uint32_t z = 0xffffffffu;
 #pragma unroll
-        for (int kk = 63; kk >= 0; kk--) { // reverse, so the smallest key is the last to set it
-            const int i = 8 * (kk & 7) + (kk >> 3);
-            if (v[i] == 0.0f)
-                neg = __float_as_uint(v[i]) >> 31;
-        }
-        a = neg ? -0.0f : 0.0f;
+        for (int r = 0; r < 32; r++)
+            if (v[r] == 0.0f)
+                z = min(z, d_zkey(32u * h + (uint32_t)r, 64u, false, v[r]));
+        z = min(z, __shfl_xor_sync(pm, z, 1));
+        a = (z & 1u) ? -0.0f : 0.0f;
         if (b == 0.0f)
             b = a;
     }
@@ -952,72 +965,104 @@ __device__ __forceinline__ void d_minmax64(const float v[64], float &mn, float &
     mx = b;
 }
 
-// tah.c's fwht_f32 on 64 registers (the same butterflies: u + w, u - w per stage)
-__device__ __forceinline__ void d_fwht64(float v[64], float norm)
+// tah.c's fwht_f32 on the pair's 64 elements: stages h = 1..16 inside each lane, h = 32
+// across the pair (lane 0: u + w, lane 1: u - w as w' + (-1) u, one rounding), the
+// normalisation last. Both lanes of the pair must call it.
+__device__ __forceinline__ void d_fwht_p64(float v[32], uint32_t lane, float norm)
 {
 #pragma unroll
-    for (int s = 0; s < 6; s++) { // h = 2^s; butterfly k pairs j and j + h
+    for (int s = 0; s < 5; s++) { // h = 2^s; butterfly k pairs j and j + h
 #pragma unroll
-        for (int k = 0; k < 32; k++) {
-            const int h = 1 << s, j = ((k >> s) << (s + 1)) | (k & (h - 1));
-            const float u = v[j], w = v[j + h];
+        for (int k = 0; k < 16; k++) {
+            const int hh = 1 << s, j = ((k >> s) << (s + 1)) | (k & (hh - 1));
+            const float u = v[j], w = v[j + hh];
             v[j] = __fadd_rn(u, w);
-            v[j + h] = __fsub_rn(u, w);
+            v[j + hh] = __fsub_rn(u, w);
         }
     }
+    const uint32_t pm = d_pair(lane);
+    const float sgn = (lane & 1u) ? -1.0f : 1.0f;
 #pragma unroll
-    for (int r = 0; r < 64; r++)
+    for (int r = 0; r < 32; r++)
+        v[r] = d_bfly(v[r], sgn, __shfl_xor_sync(pm, v[r], 1));
+#pragma unroll
+    for (int r = 0; r < 32; r++)
         v[r] = __fmul_rn(v[r], norm);
 }
 
-// Quantise full tile `tile` (global index; qidx its index in sample b; ph = high quant
-// tiles of the sample before it | is_hi << 31) as tah.c's s_encode does: one thread.
-// The code region of a sample must be 8-byte aligned (s_tpt_ok).
-template <uint32_t BH, uint32_t BL>
-__device__ __forceinline__ void d_tah_quant_t64(const float *__restrict__ x, uint8_t *__restrict__ p, const s_tg &g,
-                                                uint64_t tile, uint64_t b, uint32_t qidx, uint32_t ph, float down,
-                                                float rho_down, uint32_t &range)
+// swap element 0 (lane 0's v[0]) with element piv of the pair's tile (register selects,
+// no run-time index). Both lanes of the pair must call it.
+__device__ __forceinline__ void d_swap_p64(float v[32], uint32_t lane, uint32_t piv)
 {
-    const float4 *src = (const float4 *)(x + tile * 64u);
-    float v[64];
+    const uint32_t pm = d_pair(lane), l0 = lane & 30u, h = lane & 1u, pr = piv & 31u;
+    float sel = v[0];
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
+    for (int r = 1; r < 32; r++)
+        sel = pr == (uint32_t)r ? v[r] : sel;
+    const float v0 = __shfl_sync(pm, v[0], (int)l0);
+    const float vp = __shfl_sync(pm, sel, (int)(l0 | (piv >> 5)));
+    if (h == 0)
+        v[0] = vp;
+    if (h == piv >> 5) {
+#pragma unroll
+        for (int r = 0; r < 32; r++)
+            v[r] = pr == (uint32_t)r ? v0 : v[r];
+    }
+}
+
+// Quantise full tile `tile` (global index; qidx its index in sample b; ph = high quant
+// tiles of the sample before it | is_hi << 31) as tah.c's s_encode does, by the lane
+// pair. Needs a sample's code region 8-byte aligned and the meta words 4-byte aligned
+// (s_pair_ok).
+template <uint32_t BH, uint32_t BL>
+__device__ __forceinline__ void d_tah_quant_p64(const float *__restrict__ x, uint8_t *__restrict__ p, const s_tg &g,
+                                                uint64_t tile, uint64_t b, uint32_t qidx, uint32_t ph, float down,
+                                                float rho_down, uint32_t lane, uint32_t &range)
+{
+    const uint32_t h = lane & 1u, pm = d_pair(lane);
+    const float4 *src = (const float4 *)(x + tile * 64u + 32u * h);
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
         const float4 q = __ldcs(src + i); // the last read of x: evict first, keep pass 1's lines
         v[4 * i] = q.x;
         v[4 * i + 1] = q.y;
         v[4 * i + 2] = q.z;
         v[4 * i + 3] = q.w;
     }
-    // scale; top-2 magnitudes (a multiset: the lane order of tah.c does not matter) and
-    // the first index of the largest
+    // scale; top-2 magnitudes (a multiset: tah.c's lane order does not matter) and the
+    // first index of the largest, merged across the pair as d_tah_quant_u merges lanes
     float m1 = 0.0f, m2 = 0.0f;
     uint32_t i1 = 0;
 #pragma unroll
-    for (int r = 0; r < 64; r++) {
+    for (int r = 0; r < 32; r++) {
         v[r] = __fmul_rn(v[r], down);
         const float m = fabsf(v[r]);
         m2 = fmaxf(m2, fminf(m, m1));
         if (m > m1) {
             m1 = m;
-            i1 = (uint32_t)r;
+            i1 = 32u * h + (uint32_t)r;
+        }
+    }
+    {
+        const float b1 = __shfl_xor_sync(pm, m1, 1), b2 = __shfl_xor_sync(pm, m2, 1);
+        const uint32_t bi = __shfl_xor_sync(pm, i1, 1);
+        if (b1 > m1 || (b1 == m1 && bi < i1)) {
+            m2 = fmaxf(b2, m1);
+            m1 = b1;
+            i1 = bi;
+        } else {
+            m2 = fmaxf(m2, b1);
         }
     }
     const uint32_t piv = m1 > 0.0f ? i1 : 0u;
     float mn, mx;
-    d_minmax64(v, mn, mx);
-    const bool rot = __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau;
-    if (rot) { // swap element 0 with the pivot (register selects, no run-time index), transform
-        float vp = v[0];
-#pragma unroll
-        for (int r = 1; r < 64; r++)
-            vp = piv == (uint32_t)r ? v[r] : vp;
-        const float v0 = v[0];
-#pragma unroll
-        for (int r = 1; r < 64; r++)
-            v[r] = piv == (uint32_t)r ? v0 : v[r];
-        v[0] = vp;
-        d_fwht64(v, g.norm);
-        d_minmax64(v, mn, mx);
+    d_minmax_p64(v, lane, mn, mx);
+    const bool rot = __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau; // pair-uniform
+    if (rot) {
+        d_swap_p64(v, lane, piv);
+        d_fwht_p64(v, lane, g.norm);
+        d_minmax_p64(v, lane, mn, mx);
     }
     const uint32_t is_hi = ph >> 31;
     const float levels = is_hi ? (float)((1u << BH) - 1u) : (float)((1u << BL) - 1u);
@@ -1027,11 +1072,11 @@ __device__ __forceinline__ void d_tah_quant_t64(const float *__restrict__ x, uin
     const float step = d_half_to_f32(step16);
     const float inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
     range |= (uint32_t)((step16 & 0x7c00u) == 0x7c00u || (min16 & 0x7c00u) == 0x7c00u);
-    // codes, packed both ways as they come (bitpack's LSB-first stream): BH bits in wh,
-    // BL bits in wl; the tile's width picks one
-    uint32_t wh[2 * BH] = {}, wl[2 * BL] = {};
+    // this lane's 32 codes, packed both ways as they come (bitpack's LSB-first stream):
+    // BH bits in wh, BL bits in wl; the tile's width picks one
+    uint32_t wh[BH] = {}, wl[BL] = {};
 #pragma unroll
-    for (int r = 0; r < 64; r++) {
+    for (int r = 0; r < 32; r++) {
         float t = __fadd_rn(__fmul_rn(__fsub_rn(v[r], minf), inv), 0.5f);
         t = t < levels ? t : levels;
         t = t > 0.0f ? t : 0.0f;
@@ -1045,18 +1090,22 @@ __device__ __forceinline__ void d_tah_quant_t64(const float *__restrict__ x, uin
             wl[bl / 32 + 1] |= c >> (32 - bl % 32);
     }
     const uint32_t hiq = ph & 0x7fffffffu;
-    uint2 *dst = (uint2 *)(p + g.codes_off + b * g.code_bytes + 8ull * ((uint64_t)BL * qidx + (uint64_t)(BH - BL) * hiq));
-    if (is_hi) {
+    uint8_t *dst = p + g.codes_off + b * g.code_bytes + 8ull * ((uint64_t)BL * qidx + (uint64_t)(BH - BL) * hiq);
+    if (is_hi) { // lane h: bytes 4 BH h .. (8-aligned when BH is even)
+        uint32_t *d = (uint32_t *)(dst + 4u * BH * h);
 #pragma unroll
         for (int i = 0; i < (int)BH; i++)
-            dst[i] = make_uint2(wh[2 * i], wh[2 * i + 1]);
+            d[i] = wh[i];
     } else {
+        uint32_t *d = (uint32_t *)(dst + 4u * BL * h);
 #pragma unroll
         for (int i = 0; i < (int)BL; i++)
-            dst[i] = make_uint2(wl[2 * i], wl[2 * i + 1]);
+            d[i] = wl[i];
     }
-    *(uint32_t *)(p + g.meta_off + 4 * tile) = (uint32_t)min16 | ((uint32_t)step16 << 16);
-    p[8 + tile] = (uint8_t)(is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2));
+    if (h == 0) {
+        *(uint32_t *)(p + g.meta_off + 4 * tile) = (uint32_t)min16 | ((uint32_t)step16 << 16);
+        p[8 + tile] = (uint8_t)(is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2));
+    }
 }
 
 // ---- encode in one cooperative launch (round 6) ----
@@ -1090,7 +1139,7 @@ __device__ __forceinline__ void d_tah_quant_t64(const float *__restrict__ x, uin
 // P CTAs' published histograms, 4 barriers): 0.163 ms; this one 0.116 ms.
 //
 // U: quant tiles per segment per warp iteration; MINB: CTAs per SM the registers must allow
-// TPT (round 8): phases 1 and 3 one thread per tile (d_tah_ent_t64, d_tah_quant_t64; s_tpt_ok)
+// TPT (round 8): phases 1 and 3 with two lanes per tile (d_tah_ent_p64, d_tah_quant_p64; s_pair_ok)
 template <int U, int MINB, uint32_t TPG, uint32_t BH, uint32_t BL, bool TPT>
 __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict__ x, uint16_t *__restrict__ flagv,
                                                       uint8_t *__restrict__ p, s_fz z, cu_hp head, s_tg g,
@@ -1123,8 +1172,11 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     // 1. entropies
     uint32_t amax = 0;
     if constexpr (TPT) {
-        for (uint32_t a = a0 + tid; a < a1; a += blockDim.x)
-            sk[a - a0] = __float_as_uint(d_tah_ent_t64((const float4 *)(x + ((uint64_t)b * na + a) * 64u), amax));
+        for (uint32_t a = a0 + tid / 2u; a < a1; a += blockDim.x / 2u) { // pair-uniform bounds
+            const float ent = d_tah_ent_p64(x + ((uint64_t)b * na + a) * 64u, lane, amax);
+            if (lane & 1u)
+                sk[a - a0] = __float_as_uint(ent);
+        }
     } else for (uint32_t base = a0 + wid * 8u; base < a1; base += nwarp * 8u) { // uniform per warp
         const uint32_t a = base + (lane >> 2);
         const bool valid = a < a1;
@@ -1132,6 +1184,9 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
         if (valid && (lane & 3u) == 0)
             sk[a - a0] = __float_as_uint(h);
     }
+#if defined(S_PHASE_STOP) && S_PHASE_STOP == 1
+    if (TPT) { if (amax == 0x12345678u) p[0] = 1; return; }
+#endif
     amax = __reduce_max_sync(CU_FULL, amax);
     if (lane == 0) {
         if (amax >= 0x7f800000u) { // non-finite x: the payload is unspecified, the absmax left alone
@@ -1282,6 +1337,9 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     }
     __syncthreads();
 
+#if defined(S_PHASE_STOP) && S_PHASE_STOP == 2
+    if (TPT) return;
+#endif
     // 3. quant, this CTA's tiles in reverse
     const int32_t ex = d_tah_exp(sh_amax, g.lg);
     if (cta == 0 && tid == 0) {
@@ -1295,9 +1353,9 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     const uint64_t t0 = (uint64_t)b * g.S * g.Q + (uint64_t)a0 * g.k;
     uint32_t range = 0;
     if constexpr (TPT) {
-        for (uint32_t i = tid; i < nq; i += blockDim.x) {
+        for (uint32_t i = tid / 2u; i < nq; i += blockDim.x / 2u) { // pair-uniform bounds
             const uint32_t lt = nq - 1u - i;
-            d_tah_quant_t64<BH, BL>(x, p, g, t0 + lt, b, a0 + lt, sk[lt], down, rho_down, range);
+            d_tah_quant_p64<BH, BL>(x, p, g, t0 + lt, b, a0 + lt, sk[lt], down, rho_down, lane, range);
         }
     } else for (uint32_t base = wid * spw * U; base < nq; base += nwarp * spw * U) { // uniform per warp
         uint64_t tiles[U];
@@ -1774,32 +1832,39 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
         d_flag(head, CU_ST_NONFINITE);
 }
 
-// Round 8: TAH decode with one thread per tile (tile = alloc_tile = 64, 4/3 bits, C % 64
+// Round 8: TAH decode with a lane pair per tile (tile = alloc_tile = 64, 4/3 bits, C % 64
 // == 0, 8-bit flags, S*Q < 2^16: the SELF conditions plus full tiles). A CTA decodes a
-// chunk of 256 consecutive tiles of one sample, thread i tile t0 + i:
+// chunk of 128 consecutive tiles of one sample, lanes 2i and 2i+1 tile t0 + i, lane h
+// elements 32h..32h+31:
 //   - the high tiles of the sample before the chunk, counted from its flag bytes as
 //     k_tah_dchunk<SELF> does, and a block scan of the chunk's own: H(tile);
-//   - codes (3 or 4 8-byte loads at 8 * (3 * tile + H)), meta, min + code * step,
-//     the inverse rotation in registers (d_fwht64, then the pivot swap by selects);
-//   - the 64 floats through shared memory (a row of 17 float4 per tile: conflict-free
-//     16-byte stores per quarter warp), then per warp 16 stores of 512 contiguous bytes.
+//   - codes (lane h: 16 bytes at 16h of a high tile, 12 at 12h of a low one, 32-bit
+//     loads from the 8-aligned tile start 8 (3 tile + H); low codes spread to nibbles
+//     so one dequant loop serves both widths), meta, min + code * step, the inverse
+//     rotation (d_fwht_p64; the pivot swap on the tile's shared-memory row);
+//   - the 64 floats through shared memory, then per warp 8 stores of 512 contiguous
+//     bytes. A row holds a tile: lane 0's 8 float4 at 0..7, lane 1's at 12..19 (row
+//     stride 25 float4): a quarter warp's 16-byte stores and loads hit 8 bank groups.
 // The checks of k_tah_dchunk<SELF>: e and the reserved word, no pivot without rotation,
 // the sample's high tiles equal n_hi (last chunk), codes inside the sample's region,
 // fp16 fields finite with a non-negative step; non-finite output flags NONFINITE.
-#define S_DT_ROW 17u // float4 per shared-memory row (16 + 1 pad)
-#define S_DT_SMEM (256u * S_DT_ROW * 16u)
+#define S_DT_ROW 25u // float4 per shared-memory row
+#define S_DT_TILES 128u // tiles per CTA
+#define S_DT_SMEM (S_DT_TILES * S_DT_ROW * 16u)
+
+__device__ __forceinline__ uint32_t d_dt_col(uint32_t c) { return c < 8u ? c : c + 4u; } // chunk c's row slot
 
 template <uint32_t BH, uint32_t BL>
-__global__ void __launch_bounds__(256, 2) k_tah_dt64(const uint8_t *__restrict__ p, float *__restrict__ out,
+__global__ void __launch_bounds__(256, S_PAIR_MINB) k_tah_dp64(const uint8_t *__restrict__ p, float *__restrict__ out,
                                                      cu_hp head, s_tg g, uint32_t cps)
 {
     d_mark(head);
-    extern __shared__ float4 s_rows[]; // [256][S_DT_ROW]
+    extern __shared__ float4 s_rows[]; // [S_DT_TILES][S_DT_ROW]
     __shared__ uint32_t ws[32];
-    const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid / 32u;
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid / 32u, h = lane & 1u, i = tid / 2u;
     const uint64_t b = blockIdx.x / cps;
     const uint32_t ci = (uint32_t)(blockIdx.x - b * cps);
-    const uint32_t SQ = (uint32_t)(g.S * g.Q), t0 = ci * 256u, n = min(256u, SQ - t0);
+    const uint32_t SQ = (uint32_t)(g.S * g.Q), t0 = ci * S_DT_TILES, n = min(S_DT_TILES, SQ - t0);
     const uint8_t *fs = p + 8 + b * SQ; // byte t: tile t's flag field
     uint32_t corrupt = 0, bad = 0;
     int32_t e = (int32_t)d_get_u32(p);
@@ -1808,112 +1873,105 @@ __global__ void __launch_bounds__(256, 2) k_tah_dt64(const uint8_t *__restrict__
     e = e < -200 ? -200 : (e > 200 ? 200 : e);
     uint32_t pre = 0; // this thread's share of the high tiles before the chunk
     {
-        const uint32_t h = min((uint32_t)((16u - ((uintptr_t)fs & 15u)) & 15u), t0);
-        if (tid < h)
+        const uint32_t hd = min((uint32_t)((16u - ((uintptr_t)fs & 15u)) & 15u), t0);
+        if (tid < hd)
             pre += fs[tid] & 1u;
-        const uint4 *f4 = (const uint4 *)(fs + h);
-        const uint32_t nv = (t0 - h) / 16u;
+        const uint4 *f4 = (const uint4 *)(fs + hd);
+        const uint32_t nv = (t0 - hd) / 16u;
 #pragma unroll 4
         for (uint32_t j = tid; j < nv; j += blockDim.x) {
             const uint4 w = f4[j];
             pre += __popc(w.x & 0x01010101u) + __popc(w.y & 0x01010101u) + __popc(w.z & 0x01010101u) +
                    __popc(w.w & 0x01010101u);
         }
-        for (uint32_t j = h + 16u * nv + tid; j < t0; j += blockDim.x)
+        for (uint32_t j = hd + 16u * nv + tid; j < t0; j += blockDim.x)
             pre += fs[j] & 1u;
     }
-    const bool valid = tid < n;
-    const uint32_t f = valid ? fs[t0 + tid] : 0u;
+    const bool valid = i < n;
+    const uint32_t f = valid ? fs[t0 + i] : 0u;
     corrupt |= (uint32_t)(!(f & 2u) && (f >> 2) != 0); // a pivot without rotation
     uint32_t tot;
-    const uint32_t sc = d_block_scan((f & 1u) | (pre << 16), ws, &tot);
-    const uint32_t H = (sc & 0xffffu) + (tot >> 16);
+    const uint32_t mine = h ? 0u : (f & 1u); // lane 0 of the pair counts the tile
+    const uint32_t sc = d_block_scan(mine | (pre << 16), ws, &tot);
+    const uint32_t H = (sc & 0xffffu) + (tot >> 16) - (h ? (f & 1u) : 0u); // lane 1's scan includes lane 0's
     if (tid == 0 && ci == cps - 1u && (uint64_t)((tot >> 16) + (tot & 0xffffu)) != g.n_hi)
         corrupt = 1; // the sample's high tiles
-    const uint32_t ts = t0 + tid;
+    const uint32_t ts = t0 + i;
     const uint64_t tile = b * SQ + ts;
     const uint64_t off = 8ull * ((uint64_t)BL * ts + (uint64_t)(BH - BL) * H);
     const bool hi = f & 1u;
     const bool in = valid && off + 8ull * (hi ? BH : BL) <= g.code_bytes;
     corrupt |= (uint32_t)(valid && !in);
-    float v[64];
-    if (in) {
-        const uint2 *src = (const uint2 *)(p + g.codes_off + b * g.code_bytes + off);
-        uint32_t w[2 * BH];
-#pragma unroll
-        for (int i = 0; i < (int)BL; i++) {
-            const uint2 q = src[i];
-            w[2 * i] = q.x;
-            w[2 * i + 1] = q.y;
-        }
+    float v[32];
+    bool rot = false;
+    if (in) { // pair-uniform
+        const uint8_t *src = p + g.codes_off + b * g.code_bytes + off;
+        const uint32_t meta = d_get_u32(p + g.meta_off + 4 * tile);
+        // this lane's 32 codes as 4 words of nibbles: BH = 4 bits are that already; BL = 3
+        // bits (12 bytes) spread 24 bits (8 codes) per word in three mask-and-shift steps
+        uint32_t w[4];
         if (hi) {
+            const uint32_t *s4 = (const uint32_t *)(src + 16u * h);
 #pragma unroll
-            for (int i = (int)BL; i < (int)BH; i++) {
-                const uint2 q = src[i];
-                w[2 * i] = q.x;
-                w[2 * i + 1] = q.y;
+            for (int k = 0; k < 4; k++)
+                w[k] = s4[k];
+        } else {
+            const uint32_t *s4 = (const uint32_t *)(src + 12u * h);
+            const uint32_t a = s4[0], c = s4[1], d = s4[2];
+            const uint32_t u[4] = { a & 0xffffffu, (a >> 24) | ((c & 0xffffu) << 8), (c >> 16) | ((d & 0xffu) << 16),
+                                    d >> 8 };
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                uint32_t x = (u[k] & 0xfffu) | ((u[k] & 0xfff000u) << 4);     // 4 fields | 4 fields << 16
+                x = (x & 0x003f003fu) | ((x & 0x0fc00fc0u) << 2);             // pairs into bytes
+                w[k] = (x & 0x07070707u) | ((x & 0x38383838u) << 1);          // fields into nibbles
             }
         }
-        const uint32_t meta = d_get_u32(p + g.meta_off + 4 * tile);
         const uint16_t min16 = (uint16_t)meta, step16 = (uint16_t)(meta >> 16);
         corrupt |= (uint32_t)((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u || (step16 & 0x8000u));
         const float minf = ldexpf(d_half_to_f32(min16), e);
         const float step = ldexpf(d_half_to_f32(step16), e);
-        if (hi) {
 #pragma unroll
-            for (int r = 0; r < 64; r++) {
-                const int bit = (int)BH * r;
-                uint32_t c = w[bit / 32] >> (bit % 32);
-                if (bit % 32 + (int)BH > 32)
-                    c |= w[bit / 32 + 1] << (32 - bit % 32);
-                v[r] = __fadd_rn(minf, __fmul_rn((float)(c & ((1u << BH) - 1u)), step));
-            }
-        } else {
-#pragma unroll
-            for (int r = 0; r < 64; r++) {
-                const int bit = (int)BL * r;
-                uint32_t c = w[bit / 32] >> (bit % 32);
-                if (bit % 32 + (int)BL > 32)
-                    c |= w[bit / 32 + 1] << (32 - bit % 32);
-                v[r] = __fadd_rn(minf, __fmul_rn((float)(c & ((1u << BL) - 1u)), step));
-            }
+        for (int r = 0; r < 32; r++) { // the code as a float: its bits below 2^23's, less 2^23 (exact)
+            const float c = __fsub_rn(__uint_as_float(0x4b000000u | ((w[r / 8] >> (4 * (r % 8))) & 15u)), 8388608.0f);
+            v[r] = __fadd_rn(minf, __fmul_rn(c, step));
         }
-        if (f & 2u) { // tah.c: fwht_f32, then swap element 0 with the pivot
-            d_fwht64(v, g.norm);
-            const uint32_t piv = f >> 2;
-            float vp = v[0];
+        rot = f & 2u;
+        if (rot) // tah.c: fwht_f32, then swap element 0 with the pivot (below, in shared memory)
+            d_fwht_p64(v, lane, g.norm);
+        float nz = 0.0f; // v * 0 is NaN exactly when v is Inf or NaN
 #pragma unroll
-            for (int r = 1; r < 64; r++)
-                vp = piv == (uint32_t)r ? v[r] : vp;
-            const float v0 = v[0];
-#pragma unroll
-            for (int r = 1; r < 64; r++)
-                v[r] = piv == (uint32_t)r ? v0 : v[r];
-            v[0] = vp;
-        }
-        uint32_t mb = 0;
-#pragma unroll
-        for (int r = 0; r < 64; r++)
-            mb = max(mb, __float_as_uint(v[r]) & 0x7fffffffu);
-        bad |= (uint32_t)(mb >= 0x7f800000u);
+        for (int r = 0; r < 32; r++)
+            nz = __fmaf_rn(v[r], 0.0f, nz);
+        bad |= (uint32_t)(nz != nz);
     } else {
 #pragma unroll
-        for (int r = 0; r < 64; r++)
+        for (int r = 0; r < 32; r++)
             v[r] = 0.0f;
     }
-    // transpose through shared memory: this warp's 32 tiles, then 512-byte stores
-    float4 *rows = s_rows + (size_t)wid * 32u * S_DT_ROW;
+    // through shared memory: this warp's 16 tiles, then 512-byte stores
+    float4 *rows = s_rows + (size_t)wid * 16u * S_DT_ROW;
+    const uint32_t lt = lane / 2u; // the pair's tile in the warp
 #pragma unroll
-    for (int c = 0; c < 16; c++)
-        rows[lane * S_DT_ROW + (uint32_t)c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+    for (int c = 0; c < 8; c++)
+        rows[lt * S_DT_ROW + d_dt_col(8u * h + (uint32_t)c)] =
+            make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
     __syncwarp();
-    const uint32_t wt0 = wid * 32u; // the warp's first tile in the chunk
+    if (rot && h == 0) { // the pivot swap of a rotated tile, on its row
+        float *row = (float *)(rows + lt * S_DT_ROW);
+        const uint32_t piv = f >> 2, pi = 4u * d_dt_col(piv / 4u) + piv % 4u;
+        const float t = row[0];
+        row[0] = row[pi];
+        row[pi] = t;
+    }
+    __syncwarp();
+    const uint32_t wt0 = wid * 16u; // the warp's first tile in the chunk
     float4 *o4 = (float4 *)(out + (b * SQ + t0 + wt0) * 64u);
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
+    for (int j = 0; j < 8; j++) {
         const uint32_t row = 2u * (uint32_t)j + lane / 16u, c = lane % 16u;
         if (wt0 + row < n)
-            o4[row * 16u + c] = rows[row * S_DT_ROW + c];
+            o4[row * 16u + c] = rows[row * S_DT_ROW + d_dt_col(c)];
     }
     if (corrupt)
         d_flag(head, CU_ST_CORRUPT);
@@ -1937,10 +1995,10 @@ static int s_check_tile(const s_tg &g, char *err, size_t errlen)
 // The one-launch encode (k_tah_fused) when the shape suits it: 0 or a TAH_E* code,
 // 1 when it does not apply (allocation tiles of fewer than k quant tiles, a sample
 // too large for P CTAs' shared memory, no cooperative launch on the device).
-// The thread-per-tile kernel's conditions: every quant tile full and an allocation tile
+// The lane-pair kernels' conditions: every quant tile full and an allocation tile
 // (C % 64 == 0, G = A = 64), 16-byte aligned rows, 8-aligned code regions and 4-aligned
-// meta words (TAH_CU_TPT=0 turns it off, for a same-run comparison).
-static bool s_tpt_ok(const s_tg &g, const float *x, const uint8_t *payload)
+// meta words (TAH_CU_TPT=0 turns them off, for a same-run comparison).
+static bool s_pair_ok(const s_tg &g, const float *x, const uint8_t *payload)
 {
     const uintptr_t pa = (uintptr_t)payload;
     return cu_tpt() && g.G == 64 && g.k == 1 && g.C % 64u == 0 && ((uintptr_t)x & 15u) == 0 && (pa + g.codes_off) % 8u == 0 &&
@@ -1956,8 +2014,8 @@ static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp
     // one tile per segment per warp iteration at 4 CTAs per SM (64 registers): measured 2.6 %
     // faster than 2 tiles at 3 CTAs per SM (0.1155 vs 0.1186 ms, H200, round 6)
     const void *kern = fast ? (const void *)k_tah_fused<1, 4, 8, 4, 3, false> : (const void *)k_tah_fused<1, 4, 0, 0, 0, false>;
-    if (fast && s_tpt_ok(g, x, payload))
-        kern = (const void *)k_tah_fused<1, 2, 8, 4, 3, true>;
+    if (fast && s_pair_ok(g, x, payload))
+        kern = (const void *)k_tah_fused<1, S_PAIR_MINB, 8, 4, 3, true>;
     uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, 4 * S_FUSE_MAXL);
     blocks = blocks < S_FUSE_MAXGRID ? blocks : S_FUSE_MAXGRID;
     uint64_t P = blocks / g.B; // CTAs per sample
@@ -2048,16 +2106,15 @@ int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *
     const uint64_t cps = s_dec_cps(g);
     if (!cu_legacy() && g.S * g.Q < 0x80000000ull && g.B * cps <= 0x7fffffffull) {
         const uint32_t CH = s_dec_chunk(g);
-        // round 8: one thread per tile when the tiles are full and the spec the default's
+        // round 8: a lane pair per tile when the tiles are full and the spec the default's
         const uintptr_t pa = (uintptr_t)payload;
         if (cu_tpt() && g.G == 64 && g.k == 1 && g.bh == 4 && g.bl == 3 && g.C % 64u == 0 && g.S * g.Q < 65536u &&
             ((uintptr_t)out & 15u) == 0 && (pa + g.codes_off) % 8u == 0 && g.code_bytes % 8u == 0 &&
             (pa + g.meta_off) % 4u == 0) {
-            const uint64_t cps64 = (g.S * g.Q + 255u) / 256u;
-            CUDA_CHECK(cu_smem_allow((const void *)k_tah_dt64<4, 3>, S_DT_SMEM));
-            k_tah_dt64<4, 3><<<(unsigned int)(g.B * cps64), 256, S_DT_SMEM, st>>>(payload, out, head, g,
-                                                                                 (uint32_t)cps64);
-            CU_CHECK_LAUNCH("k_tah_dt64");
+            const uint64_t cpp = (g.S * g.Q + S_DT_TILES - 1u) / S_DT_TILES; // chunks per sample
+            CUDA_CHECK(cu_smem_allow((const void *)k_tah_dp64<4, 3>, S_DT_SMEM));
+            k_tah_dp64<4, 3><<<(unsigned int)(g.B * cpp), 256, S_DT_SMEM, st>>>(payload, out, head, g, (uint32_t)cpp);
+            CU_CHECK_LAUNCH("k_tah_dp64");
             return 0;
         }
         // round 7: one launch when every quant tile is an allocation tile of 8-bit flags
