@@ -1856,122 +1856,131 @@ __device__ __forceinline__ uint32_t d_dt_col(uint32_t c) { return c < 8u ? c : c
 
 template <uint32_t BH, uint32_t BL>
 __global__ void __launch_bounds__(256, S_PAIR_MINB) k_tah_dp64(const uint8_t *__restrict__ p, float *__restrict__ out,
-                                                     cu_hp head, s_tg g, uint32_t cps)
+                                                     cu_hp head, s_tg g, uint32_t P)
 {
     d_mark(head);
     extern __shared__ float4 s_rows[]; // [S_DT_TILES][S_DT_ROW]
     __shared__ uint32_t ws[32];
     const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid / 32u, h = lane & 1u, i = tid / 2u;
-    const uint64_t b = blockIdx.x / cps;
-    const uint32_t ci = (uint32_t)(blockIdx.x - b * cps);
-    const uint32_t SQ = (uint32_t)(g.S * g.Q), t0 = ci * S_DT_TILES, n = min(S_DT_TILES, SQ - t0);
+    const uint64_t b = blockIdx.x / P;
+    const uint32_t j = (uint32_t)(blockIdx.x - b * P);
+    const uint32_t SQ = (uint32_t)(g.S * g.Q);
+    const uint32_t a0 = (uint32_t)((uint64_t)j * SQ / P), a1 = (uint32_t)((uint64_t)(j + 1) * SQ / P);
     const uint8_t *fs = p + 8 + b * SQ; // byte t: tile t's flag field
     uint32_t corrupt = 0, bad = 0;
     int32_t e = (int32_t)d_get_u32(p);
-    if (tid == 0)
+    if (blockIdx.x == 0 && tid == 0)
         corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
     e = e < -200 ? -200 : (e > 200 ? 200 : e);
-    uint32_t pre = 0; // this thread's share of the high tiles before the chunk
+    uint32_t pre = 0; // this thread's share of the sample's high tiles before the run
     {
-        const uint32_t hd = min((uint32_t)((16u - ((uintptr_t)fs & 15u)) & 15u), t0);
+        const uint32_t hd = min((uint32_t)((16u - ((uintptr_t)fs & 15u)) & 15u), a0);
         if (tid < hd)
             pre += fs[tid] & 1u;
         const uint4 *f4 = (const uint4 *)(fs + hd);
-        const uint32_t nv = (t0 - hd) / 16u;
+        const uint32_t nv = (a0 - hd) / 16u;
 #pragma unroll 4
-        for (uint32_t j = tid; j < nv; j += blockDim.x) {
-            const uint4 w = f4[j];
+        for (uint32_t k = tid; k < nv; k += blockDim.x) {
+            const uint4 w = f4[k];
             pre += __popc(w.x & 0x01010101u) + __popc(w.y & 0x01010101u) + __popc(w.z & 0x01010101u) +
                    __popc(w.w & 0x01010101u);
         }
-        for (uint32_t j = hd + 16u * nv + tid; j < t0; j += blockDim.x)
-            pre += fs[j] & 1u;
+        for (uint32_t k = hd + 16u * nv + tid; k < a0; k += blockDim.x)
+            pre += fs[k] & 1u;
     }
-    const bool valid = i < n;
-    const uint32_t f = valid ? fs[t0 + i] : 0u;
-    corrupt |= (uint32_t)(!(f & 2u) && (f >> 2) != 0); // a pivot without rotation
-    uint32_t tot;
-    const uint32_t mine = h ? 0u : (f & 1u); // lane 0 of the pair counts the tile
-    const uint32_t sc = d_block_scan(mine | (pre << 16), ws, &tot);
-    const uint32_t H = (sc & 0xffffu) + (tot >> 16) - (h ? (f & 1u) : 0u); // lane 1's scan includes lane 0's
-    if (tid == 0 && ci == cps - 1u && (uint64_t)((tot >> 16) + (tot & 0xffffu)) != g.n_hi)
-        corrupt = 1; // the sample's high tiles
-    const uint32_t ts = t0 + i;
-    const uint64_t tile = b * SQ + ts;
-    const uint64_t off = 8ull * ((uint64_t)BL * ts + (uint64_t)(BH - BL) * H);
-    const bool hi = f & 1u;
-    const bool in = valid && off + 8ull * (hi ? BH : BL) <= g.code_bytes;
-    corrupt |= (uint32_t)(valid && !in);
-    float v[32];
-    bool rot = false;
-    if (in) { // pair-uniform
-        const uint8_t *src = p + g.codes_off + b * g.code_bytes + off;
-        const uint32_t meta = d_get_u32(p + g.meta_off + 4 * tile);
-        // this lane's 32 codes as 4 words of nibbles: BH = 4 bits are that already; BL = 3
-        // bits (12 bytes) spread 24 bits (8 codes) per word in three mask-and-shift steps
-        uint32_t w[4];
-        if (hi) {
-            const uint32_t *s4 = (const uint32_t *)(src + 16u * h);
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                w[k] = s4[k];
-        } else {
-            const uint32_t *s4 = (const uint32_t *)(src + 12u * h);
-            const uint32_t a = s4[0], c = s4[1], d = s4[2];
-            const uint32_t u[4] = { a & 0xffffffu, (a >> 24) | ((c & 0xffffu) << 8), (c >> 16) | ((d & 0xffu) << 16),
-                                    d >> 8 };
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                uint32_t x = (u[k] & 0xfffu) | ((u[k] & 0xfff000u) << 4);     // 4 fields | 4 fields << 16
-                x = (x & 0x003f003fu) | ((x & 0x0fc00fc0u) << 2);             // pairs into bytes
-                w[k] = (x & 0x07070707u) | ((x & 0x38383838u) << 1);          // fields into nibbles
+    uint32_t run = 0; // high tiles of the sample before this round (after the first scan)
+    for (uint32_t t0 = a0; t0 < a1; t0 += S_DT_TILES) { // rounds of 128 tiles, uniform per CTA
+        const uint32_t n = min(S_DT_TILES, a1 - t0);
+        const bool valid = i < n;
+        const uint32_t f = valid ? fs[t0 + i] : 0u;
+        corrupt |= (uint32_t)(!(f & 2u) && (f >> 2) != 0); // a pivot without rotation
+        uint32_t tot;
+        const uint32_t mine = h ? 0u : (f & 1u); // lane 0 of the pair counts the tile
+        const uint32_t sc = d_block_scan(mine | (pre << 16), ws, &tot); // pre: first round only (< 2^16)
+        pre = 0;
+        run += tot >> 16;
+        const uint32_t H = run + (sc & 0xffffu) - (h ? (f & 1u) : 0u); // lane 1's scan includes lane 0's
+        run += tot & 0xffffu;
+        if (tid == 0 && j == P - 1u && t0 + S_DT_TILES >= a1 && (uint64_t)run != g.n_hi)
+            corrupt = 1; // the sample's high tiles
+        const uint32_t ts = t0 + i;
+        const uint64_t tile = b * SQ + ts;
+        const uint64_t off = 8ull * ((uint64_t)BL * ts + (uint64_t)(BH - BL) * H);
+        const bool hi = f & 1u;
+        const bool in = valid && off + 8ull * (hi ? BH : BL) <= g.code_bytes;
+        corrupt |= (uint32_t)(valid && !in);
+        float v[32];
+        bool rot = false;
+        if (in) { // pair-uniform
+            const uint8_t *src = p + g.codes_off + b * g.code_bytes + off;
+            const uint32_t meta = d_get_u32(p + g.meta_off + 4 * tile);
+            // this lane's 32 codes as 4 words of nibbles: BH = 4 bits are that already; BL = 3
+            // bits (12 bytes) spread 24 bits (8 codes) per word in three mask-and-shift steps
+            uint32_t w[4];
+            if (hi) {
+                const uint32_t *s4 = (const uint32_t *)(src + 16u * h);
+    #pragma unroll
+                for (int k = 0; k < 4; k++)
+                    w[k] = s4[k];
+            } else {
+                const uint32_t *s4 = (const uint32_t *)(src + 12u * h);
+                const uint32_t a = s4[0], c = s4[1], d = s4[2];
+                const uint32_t u[4] = { a & 0xffffffu, (a >> 24) | ((c & 0xffffu) << 8), (c >> 16) | ((d & 0xffu) << 16),
+                                        d >> 8 };
+    #pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    uint32_t x = (u[k] & 0xfffu) | ((u[k] & 0xfff000u) << 4);     // 4 fields | 4 fields << 16
+                    x = (x & 0x003f003fu) | ((x & 0x0fc00fc0u) << 2);             // pairs into bytes
+                    w[k] = (x & 0x07070707u) | ((x & 0x38383838u) << 1);          // fields into nibbles
+                }
             }
+            const uint16_t min16 = (uint16_t)meta, step16 = (uint16_t)(meta >> 16);
+            corrupt |= (uint32_t)((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u || (step16 & 0x8000u));
+            const float minf = ldexpf(d_half_to_f32(min16), e);
+            const float step = ldexpf(d_half_to_f32(step16), e);
+    #pragma unroll
+            for (int r = 0; r < 32; r++) { // the code as a float: its bits below 2^23's, less 2^23 (exact)
+                const float c = __fsub_rn(__uint_as_float(0x4b000000u | ((w[r / 8] >> (4 * (r % 8))) & 15u)), 8388608.0f);
+                v[r] = __fadd_rn(minf, __fmul_rn(c, step));
+            }
+            rot = f & 2u;
+            if (rot) // tah.c: fwht_f32, then swap element 0 with the pivot (below, in shared memory)
+                d_fwht_p64(v, lane, g.norm);
+            float nz = 0.0f; // v * 0 is NaN exactly when v is Inf or NaN
+    #pragma unroll
+            for (int r = 0; r < 32; r++)
+                nz = __fmaf_rn(v[r], 0.0f, nz);
+            bad |= (uint32_t)(nz != nz);
+        } else {
+    #pragma unroll
+            for (int r = 0; r < 32; r++)
+                v[r] = 0.0f;
         }
-        const uint16_t min16 = (uint16_t)meta, step16 = (uint16_t)(meta >> 16);
-        corrupt |= (uint32_t)((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u || (step16 & 0x8000u));
-        const float minf = ldexpf(d_half_to_f32(min16), e);
-        const float step = ldexpf(d_half_to_f32(step16), e);
-#pragma unroll
-        for (int r = 0; r < 32; r++) { // the code as a float: its bits below 2^23's, less 2^23 (exact)
-            const float c = __fsub_rn(__uint_as_float(0x4b000000u | ((w[r / 8] >> (4 * (r % 8))) & 15u)), 8388608.0f);
-            v[r] = __fadd_rn(minf, __fmul_rn(c, step));
+        // through shared memory: this warp's 16 tiles, then 512-byte stores
+        float4 *rows = s_rows + (size_t)wid * 16u * S_DT_ROW;
+        const uint32_t lt = lane / 2u; // the pair's tile in the warp
+    #pragma unroll
+        for (int c = 0; c < 8; c++)
+            rows[lt * S_DT_ROW + d_dt_col(8u * h + (uint32_t)c)] =
+                make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+        __syncwarp();
+        if (rot && h == 0) { // the pivot swap of a rotated tile, on its row
+            float *row = (float *)(rows + lt * S_DT_ROW);
+            const uint32_t piv = f >> 2, pi = 4u * d_dt_col(piv / 4u) + piv % 4u;
+            const float t = row[0];
+            row[0] = row[pi];
+            row[pi] = t;
         }
-        rot = f & 2u;
-        if (rot) // tah.c: fwht_f32, then swap element 0 with the pivot (below, in shared memory)
-            d_fwht_p64(v, lane, g.norm);
-        float nz = 0.0f; // v * 0 is NaN exactly when v is Inf or NaN
-#pragma unroll
-        for (int r = 0; r < 32; r++)
-            nz = __fmaf_rn(v[r], 0.0f, nz);
-        bad |= (uint32_t)(nz != nz);
-    } else {
-#pragma unroll
-        for (int r = 0; r < 32; r++)
-            v[r] = 0.0f;
-    }
-    // through shared memory: this warp's 16 tiles, then 512-byte stores
-    float4 *rows = s_rows + (size_t)wid * 16u * S_DT_ROW;
-    const uint32_t lt = lane / 2u; // the pair's tile in the warp
-#pragma unroll
-    for (int c = 0; c < 8; c++)
-        rows[lt * S_DT_ROW + d_dt_col(8u * h + (uint32_t)c)] =
-            make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
-    __syncwarp();
-    if (rot && h == 0) { // the pivot swap of a rotated tile, on its row
-        float *row = (float *)(rows + lt * S_DT_ROW);
-        const uint32_t piv = f >> 2, pi = 4u * d_dt_col(piv / 4u) + piv % 4u;
-        const float t = row[0];
-        row[0] = row[pi];
-        row[pi] = t;
-    }
-    __syncwarp();
-    const uint32_t wt0 = wid * 16u; // the warp's first tile in the chunk
-    float4 *o4 = (float4 *)(out + (b * SQ + t0 + wt0) * 64u);
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const uint32_t row = 2u * (uint32_t)j + lane / 16u, c = lane % 16u;
-        if (wt0 + row < n)
-            o4[row * 16u + c] = rows[row * S_DT_ROW + d_dt_col(c)];
+        __syncwarp();
+        const uint32_t wt0 = wid * 16u; // the warp's first tile in the chunk
+        float4 *o4 = (float4 *)(out + (b * SQ + t0 + wt0) * 64u);
+    #pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const uint32_t row = 2u * (uint32_t)k + lane / 16u, c = lane % 16u;
+            if (wt0 + row < n)
+                o4[row * 16u + c] = rows[row * S_DT_ROW + d_dt_col(c)];
+        }
+        __syncwarp(); // rows read before the next round writes them
     }
     if (corrupt)
         d_flag(head, CU_ST_CORRUPT);
@@ -2111,9 +2120,13 @@ int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *
         if (cu_tpt() && g.G == 64 && g.k == 1 && g.bh == 4 && g.bl == 3 && g.C % 64u == 0 && g.S * g.Q < 65536u &&
             ((uintptr_t)out & 15u) == 0 && (pa + g.codes_off) % 8u == 0 && g.code_bytes % 8u == 0 &&
             (pa + g.meta_off) % 4u == 0) {
-            const uint64_t cpp = (g.S * g.Q + S_DT_TILES - 1u) / S_DT_TILES; // chunks per sample
-            CUDA_CHECK(cu_smem_allow((const void *)k_tah_dp64<4, 3>, S_DT_SMEM));
-            k_tah_dp64<4, 3><<<(unsigned int)(g.B * cpp), 256, S_DT_SMEM, st>>>(payload, out, head, g, (uint32_t)cpp);
+            const void *kern = (const void *)k_tah_dp64<4, 3>;
+            CUDA_CHECK(cu_smem_allow(kern, S_DT_SMEM));
+            // P CTAs per sample, a resident grid's worth: runs of about S*Q/P tiles, no tail wave
+            uint64_t P = (uint64_t)cu_coop_blocks(kern, 256, S_DT_SMEM) / g.B;
+            const uint64_t pmax = (g.S * g.Q + S_DT_TILES - 1u) / S_DT_TILES;
+            P = P < 1u ? 1u : (P > pmax ? pmax : P);
+            k_tah_dp64<4, 3><<<(unsigned int)(g.B * P), 256, S_DT_SMEM, st>>>(payload, out, head, g, (uint32_t)P);
             CU_CHECK_LAUNCH("k_tah_dp64");
             return 0;
         }
