@@ -879,20 +879,23 @@ __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, 
 // Round 7's kernels gave a tile a segment of 8 lanes: every reduction (entropy's 16
 // accumulators, top-2, min/max), every cross-lane Hadamard stage and the fp16 metadata
 // chain ran on all 8 lanes with shuffles, ~1250 warp instructions per 4 tiles in the
-// quant. Here lanes 2i and 2i+1 own tile i of a warp's 16 (h = lane & 1): tah.c's
+// quant. Here lanes i and i + 16 own tile i of a warp's 16 (h = lane >> 4): tah.c's
 // scalar loops run on 32 elements per lane, in its order, and the pair meets in a few
 // shuffles. (One lane per tile, measured first, needed 128 registers for its 64
 // floats: 16 warps per SM and 0.4 instructions issued per cycle.) Every shuffle is
-// within the pair (mask d_pair), so pairs of a warp may diverge.
-__device__ __forceinline__ uint32_t d_pair(uint32_t lane) { return 3u << (lane & 30u); }
+// within the pair (mask d_pair), so pairs of a warp may diverge. Pairing i with i + 16
+// (not 2i with 2i + 1) keeps a quarter warp's 16-byte shared-memory accesses on 8
+// different tiles' rows: conflict-free with rows of 68 words (S_ST_ROWW).
+__device__ __forceinline__ uint32_t d_pair(uint32_t lane) { return (1u << lane) | (1u << (lane ^ 16u)); }
+__device__ __forceinline__ uint32_t d_half(uint32_t lane) { return lane >> 4; }
 
-// tah.c's s_entropy of a full 64-element tile: lane h holds its accumulators 8h..8h+7
-// (elements 16 st + 8h + c, two 16-byte loads per step), so each accumulator sums in
-// tah.c's order; S1 and SL continue from lane 0's partial sums on lane 1, which returns
-// the entropy (lane 0 returns garbage).
-__device__ __forceinline__ float d_tah_ent_p64(const float *__restrict__ tile, uint32_t lane, uint32_t &amax)
+// tah.c's s_entropy of a full 64-element tile (a staged row): lane h holds its
+// accumulators 8h..8h+7 (elements 16 st + 8h + c, two 16-byte loads per step), so each
+// accumulator sums in tah.c's order; S1 and SL continue from lane 0's partial sums on
+// lane 1, which returns the entropy (lane 0 returns garbage).
+__device__ __forceinline__ float d_tah_ent_p64(const float *tile, uint32_t lane, uint32_t &amax)
 {
-    const uint32_t h = lane & 1u, pm = d_pair(lane);
+    const uint32_t h = d_half(lane), pm = d_pair(lane);
     float s1[8], sl[8];
 #pragma unroll
     for (int c = 0; c < 8; c++) {
@@ -918,8 +921,8 @@ __device__ __forceinline__ float d_tah_ent_p64(const float *__restrict__ tile, u
         S1 = __fadd_rn(S1, s1[c]);
         SL = __fadd_rn(SL, sl[c]);
     }
-    S1 = __shfl_xor_sync(pm, S1, 1); // lane 1 continues from lane 0's sums with 8..15
-    SL = __shfl_xor_sync(pm, SL, 1);
+    S1 = __shfl_xor_sync(pm, S1, 16); // lane 1 continues from lane 0's sums with 8..15
+    SL = __shfl_xor_sync(pm, SL, 16);
 #pragma unroll
     for (int c = 0; c < 8; c++) {
         S1 = __fadd_rn(S1, s1[c]);
@@ -941,22 +944,22 @@ __device__ __forceinline__ float d_tah_ent_p64(const float *__restrict__ tile, u
 // replace each other), so mx = mn.
 __device__ __forceinline__ void d_minmax_p64(const float v[32], uint32_t lane, float &mn, float &mx)
 {
-    const uint32_t h = lane & 1u, pm = d_pair(lane);
+    const uint32_t h = d_half(lane), pm = d_pair(lane);
     float a = v[0], b = v[0];
 #pragma unroll
     for (int r = 1; r < 32; r++) {
         a = fminf(a, v[r]);
         b = fmaxf(b, v[r]);
     }
-    a = fminf(a, __shfl_xor_sync(pm, a, 1));
-    b = fmaxf(b, __shfl_xor_sync(pm, b, 1));
+    a = fminf(a, __shfl_xor_sync(pm, a, 16));
+    b = fmaxf(b, __shfl_xor_sync(pm, b, 16));
     if (a == 0.0f) { // rare on activations: the zero's sign in key order (pair-uniform branch)
         uint32_t z = 0xffffffffu;
 #pragma unroll
         for (int r = 0; r < 32; r++)
             if (v[r] == 0.0f)
                 z = min(z, d_zkey(32u * h + (uint32_t)r, 64u, false, v[r]));
-        z = min(z, __shfl_xor_sync(pm, z, 1));
+        z = min(z, __shfl_xor_sync(pm, z, 16));
         a = (z & 1u) ? -0.0f : 0.0f;
         if (b == 0.0f)
             b = a;
@@ -981,10 +984,10 @@ __device__ __forceinline__ void d_fwht_p64(float v[32], uint32_t lane, float nor
         }
     }
     const uint32_t pm = d_pair(lane);
-    const float sgn = (lane & 1u) ? -1.0f : 1.0f;
+    const float sgn = d_half(lane) ? -1.0f : 1.0f;
 #pragma unroll
     for (int r = 0; r < 32; r++)
-        v[r] = d_bfly(v[r], sgn, __shfl_xor_sync(pm, v[r], 1));
+        v[r] = d_bfly(v[r], sgn, __shfl_xor_sync(pm, v[r], 16));
 #pragma unroll
     for (int r = 0; r < 32; r++)
         v[r] = __fmul_rn(v[r], norm);
@@ -994,13 +997,13 @@ __device__ __forceinline__ void d_fwht_p64(float v[32], uint32_t lane, float nor
 // no run-time index). Both lanes of the pair must call it.
 __device__ __forceinline__ void d_swap_p64(float v[32], uint32_t lane, uint32_t piv)
 {
-    const uint32_t pm = d_pair(lane), l0 = lane & 30u, h = lane & 1u, pr = piv & 31u;
+    const uint32_t pm = d_pair(lane), l0 = lane & 15u, h = d_half(lane), pr = piv & 31u;
     float sel = v[0];
 #pragma unroll
     for (int r = 1; r < 32; r++)
         sel = pr == (uint32_t)r ? v[r] : sel;
     const float v0 = __shfl_sync(pm, v[0], (int)l0);
-    const float vp = __shfl_sync(pm, sel, (int)(l0 | (piv >> 5)));
+    const float vp = __shfl_sync(pm, sel, (int)(l0 | ((piv >> 5) << 4)));
     if (h == 0)
         v[0] = vp;
     if (h == piv >> 5) {
@@ -1010,21 +1013,53 @@ __device__ __forceinline__ void d_swap_p64(float v[32], uint32_t lane, uint32_t 
     }
 }
 
+// Staging (k_tah_fused<TPT>): each warp streams units of S_ST_UNIT consecutive tiles of
+// its CTA's run into one of its two shared-memory buffers with cp.async (16 bytes per
+// lane and copy, straight to shared memory, L2 only) while its pairs compute on the
+// other: the loads of the next unit overlap this unit's log2s or quantisation (round 8,
+// first version: each pair loaded its own tile into registers, and the warps of the
+// grid alternated between waiting for DRAM and computing).
+#define S_ST_ROWW 68u                              // words per staged tile (64 + 4 pad)
+#define S_ST_UNIT 16u                              // tiles per unit (one per lane pair)
+#define S_ST_WARPW (2u * S_ST_UNIT * S_ST_ROWW)    // words per warp: two buffers
+#define S_ST_CTA (8u * S_ST_WARPW * 4u)            // bytes per CTA of 8 warps
+
+__device__ __forceinline__ void d_cp16(float *smem, const float *gmem)
+{
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void d_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void d_cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+// Copy tiles gt .. gt+n-1 (n <= S_ST_UNIT, 64 floats each, 16-byte aligned) into buf's
+// rows, then commit the group (also when n = 0, so the wait counts stay in step).
+__device__ __forceinline__ void d_stage_unit(float *buf, const float *x, uint64_t gt, uint32_t n, uint32_t lane)
+{
+#pragma unroll
+    for (uint32_t m = 0; m < 8u; m++) {
+        const uint32_t c = lane + 32u * m; // chunk c: tile c / 16, bytes 16 (c % 16) ..
+        if (c < 16u * n)
+            d_cp16(buf + (c / 16u) * S_ST_ROWW + (c % 16u) * 4u, x + (gt + c / 16u) * 64u + (c % 16u) * 4u);
+    }
+    d_cp_commit();
+}
+
 // Quantise full tile `tile` (global index; qidx its index in sample b; ph = high quant
-// tiles of the sample before it | is_hi << 31) as tah.c's s_encode does, by the lane
-// pair. Needs a sample's code region 8-byte aligned and the meta words 4-byte aligned
-// (s_pair_ok).
+// tiles of the sample before it | is_hi << 31; row: its staged 64 floats) as tah.c's
+// s_encode does, by the lane pair. Needs a sample's code region 8-byte aligned and the
+// meta words 4-byte aligned (s_pair_ok).
 template <uint32_t BH, uint32_t BL>
-__device__ __forceinline__ void d_tah_quant_p64(const float *__restrict__ x, uint8_t *__restrict__ p, const s_tg &g,
+__device__ __forceinline__ void d_tah_quant_p64(const float *row, uint8_t *__restrict__ p, const s_tg &g,
                                                 uint64_t tile, uint64_t b, uint32_t qidx, uint32_t ph, float down,
                                                 float rho_down, uint32_t lane, uint32_t &range)
 {
-    const uint32_t h = lane & 1u, pm = d_pair(lane);
-    const float4 *src = (const float4 *)(x + tile * 64u + 32u * h);
+    const uint32_t h = d_half(lane), pm = d_pair(lane);
+    const float4 *src = (const float4 *)(row + 32u * h);
     float v[32];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const float4 q = __ldcs(src + i); // the last read of x: evict first, keep pass 1's lines
+        const float4 q = src[i];
         v[4 * i] = q.x;
         v[4 * i + 1] = q.y;
         v[4 * i + 2] = q.z;
@@ -1045,8 +1080,8 @@ __device__ __forceinline__ void d_tah_quant_p64(const float *__restrict__ x, uin
         }
     }
     {
-        const float b1 = __shfl_xor_sync(pm, m1, 1), b2 = __shfl_xor_sync(pm, m2, 1);
-        const uint32_t bi = __shfl_xor_sync(pm, i1, 1);
+        const float b1 = __shfl_xor_sync(pm, m1, 16), b2 = __shfl_xor_sync(pm, m2, 16);
+        const uint32_t bi = __shfl_xor_sync(pm, i1, 16);
         if (b1 > m1 || (b1 == m1 && bi < i1)) {
             m2 = fmaxf(b2, m1);
             m1 = b1;
@@ -1143,11 +1178,12 @@ __device__ __forceinline__ void d_tah_quant_p64(const float *__restrict__ x, uin
 template <int U, int MINB, uint32_t TPG, uint32_t BH, uint32_t BL, bool TPT>
 __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict__ x, uint16_t *__restrict__ flagv,
                                                       uint8_t *__restrict__ p, s_fz z, cu_hp head, s_tg g,
-                                                      uint32_t P, bool flag_bytes)
+                                                      uint32_t P, bool flag_bytes, uint32_t lmax)
 {
     cooperative_groups::grid_group grid = cooperative_groups::this_grid();
     d_mark(head);
-    extern __shared__ uint32_t sk[]; // this CTA's keys (entropy bits), later its packed prefixes (in place)
+    extern __shared__ __align__(16) uint32_t sk[]; // this CTA's keys (entropy bits), later its packed prefixes (in place);
+                                     // TPT: then the staging buffers (16-byte aligned)
     __shared__ uint32_t lh[256], hsum[256], ws[32];
     __shared__ uint32_t sh_prefix, sh_need, sh_gt, sh_eq, sh_gtb, sh_eqb, sh_amax;
     const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, nwarp = blockDim.x >> 5;
@@ -1171,11 +1207,26 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
 
     // 1. entropies
     uint32_t amax = 0;
+    const uint32_t nU = (L + S_ST_UNIT - 1u) / S_ST_UNIT; // TPT: units of 16 tiles of the run
+    float *wb = (float *)(sk + ((lmax + 3u) & ~3u)) + (size_t)wid * S_ST_WARPW; // TPT: this warp's buffers
     if constexpr (TPT) {
-        for (uint32_t a = a0 + tid / 2u; a < a1; a += blockDim.x / 2u) { // pair-uniform bounds
-            const float ent = d_tah_ent_p64(x + ((uint64_t)b * na + a) * 64u, lane, amax);
-            if (lane & 1u)
-                sk[a - a0] = __float_as_uint(ent);
+        const uint64_t gt0 = (uint64_t)b * na + a0; // the run's first tile
+        uint32_t k = 0;
+        if (wid < nU)
+            d_stage_unit(wb, x, gt0 + S_ST_UNIT * wid, min(S_ST_UNIT, L - S_ST_UNIT * wid), lane);
+        for (uint32_t u = wid; u < nU; u += nwarp, k ^= 1u) { // uniform per warp
+            const uint32_t un = u + nwarp;
+            d_stage_unit(wb + (k ^ 1u) * S_ST_UNIT * S_ST_ROWW, x, gt0 + S_ST_UNIT * un,
+                         un < nU ? min(S_ST_UNIT, L - S_ST_UNIT * un) : 0u, lane);
+            d_cp_wait1(); // unit u's copies (this lane's) done
+            __syncwarp(); // ... and every lane's
+            const uint32_t tl = lane & 15u;
+            if (S_ST_UNIT * u + tl < L) { // pair-uniform
+                const float ent = d_tah_ent_p64(wb + (k * S_ST_UNIT + tl) * S_ST_ROWW, lane, amax);
+                if (d_half(lane))
+                    sk[S_ST_UNIT * u + tl] = __float_as_uint(ent);
+            }
+            __syncwarp(); // buffer k read before the copies of unit u + 2 nwarp
         }
     } else for (uint32_t base = a0 + wid * 8u; base < a1; base += nwarp * 8u) { // uniform per warp
         const uint32_t a = base + (lane >> 2);
@@ -1352,10 +1403,24 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     const uint32_t nq = L * g.k;
     const uint64_t t0 = (uint64_t)b * g.S * g.Q + (uint64_t)a0 * g.k;
     uint32_t range = 0;
-    if constexpr (TPT) {
-        for (uint32_t i = tid / 2u; i < nq; i += blockDim.x / 2u) { // pair-uniform bounds
-            const uint32_t lt = nq - 1u - i;
-            d_tah_quant_p64<BH, BL>(x, p, g, t0 + lt, b, a0 + lt, sk[lt], down, rho_down, lane, range);
+    if constexpr (TPT) { // units in reverse (the end of the run, read last in pass 1, is in L2)
+        uint32_t k = 0;
+        __syncwarp();
+        if (wid < nU) {
+            const uint32_t uu = nU - 1u - wid;
+            d_stage_unit(wb, x, t0 + S_ST_UNIT * uu, min(S_ST_UNIT, nq - S_ST_UNIT * uu), lane);
+        }
+        for (uint32_t u = wid; u < nU; u += nwarp, k ^= 1u) { // uniform per warp
+            const uint32_t un = u + nwarp, uu = nU - 1u - u;
+            d_stage_unit(wb + (k ^ 1u) * S_ST_UNIT * S_ST_ROWW, x, t0 + S_ST_UNIT * (nU - 1u - un),
+                         un < nU ? min(S_ST_UNIT, nq - S_ST_UNIT * (nU - 1u - un)) : 0u, lane);
+            d_cp_wait1();
+            __syncwarp();
+            const uint32_t lt = S_ST_UNIT * uu + (lane & 15u);
+            if (lt < nq) // pair-uniform
+                d_tah_quant_p64<BH, BL>(wb + (k * S_ST_UNIT + (lane & 15u)) * S_ST_ROWW, p, g, t0 + lt, b, a0 + lt,
+                                        sk[lt], down, rho_down, lane, range);
+            __syncwarp();
         }
     } else for (uint32_t base = wid * spw * U; base < nq; base += nwarp * spw * U) { // uniform per warp
         uint64_t tiles[U];
@@ -1834,8 +1899,9 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
 
 // Round 8: TAH decode with a lane pair per tile (tile = alloc_tile = 64, 4/3 bits, C % 64
 // == 0, 8-bit flags, S*Q < 2^16: the SELF conditions plus full tiles). A CTA decodes a
-// chunk of 128 consecutive tiles of one sample, lanes 2i and 2i+1 tile t0 + i, lane h
-// elements 32h..32h+31:
+// run of about S*Q/P consecutive tiles of one sample (P CTAs per sample, a resident
+// grid) in rounds of 128: warp w's lanes l and l + 16 tile 16w + l, lane h elements
+// 32h..32h+31:
 //   - the high tiles of the sample before the chunk, counted from its flag bytes as
 //     k_tah_dchunk<SELF> does, and a block scan of the chunk's own: H(tile);
 //   - codes (lane h: 16 bytes at 16h of a high tile, 12 at 12h of a low one, 32-bit
@@ -1843,16 +1909,14 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
 //     so one dequant loop serves both widths), meta, min + code * step, the inverse
 //     rotation (d_fwht_p64; the pivot swap on the tile's shared-memory row);
 //   - the 64 floats through shared memory, then per warp 8 stores of 512 contiguous
-//     bytes. A row holds a tile: lane 0's 8 float4 at 0..7, lane 1's at 12..19 (row
-//     stride 25 float4): a quarter warp's 16-byte stores and loads hit 8 bank groups.
+//     bytes. A row of 17 float4 holds a tile: a quarter warp's 16-byte stores (8 tiles)
+//     and loads (8 chunks of one row) hit 8 bank groups.
 // The checks of k_tah_dchunk<SELF>: e and the reserved word, no pivot without rotation,
 // the sample's high tiles equal n_hi (last chunk), codes inside the sample's region,
 // fp16 fields finite with a non-negative step; non-finite output flags NONFINITE.
-#define S_DT_ROW 25u // float4 per shared-memory row
-#define S_DT_TILES 128u // tiles per CTA
+#define S_DT_ROW 17u // float4 per shared-memory row
+#define S_DT_TILES 128u // tiles per CTA round
 #define S_DT_SMEM (S_DT_TILES * S_DT_ROW * 16u)
-
-__device__ __forceinline__ uint32_t d_dt_col(uint32_t c) { return c < 8u ? c : c + 4u; } // chunk c's row slot
 
 template <uint32_t BH, uint32_t BL>
 __global__ void __launch_bounds__(256, S_PAIR_MINB) k_tah_dp64(const uint8_t *__restrict__ p, float *__restrict__ out,
@@ -1861,7 +1925,8 @@ __global__ void __launch_bounds__(256, S_PAIR_MINB) k_tah_dp64(const uint8_t *__
     d_mark(head);
     extern __shared__ float4 s_rows[]; // [S_DT_TILES][S_DT_ROW]
     __shared__ uint32_t ws[32];
-    const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid / 32u, h = lane & 1u, i = tid / 2u;
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid / 32u, h = d_half(lane);
+    const uint32_t i = 16u * wid + (lane & 15u); // the pair's tile in the round
     const uint64_t b = blockIdx.x / P;
     const uint32_t j = (uint32_t)(blockIdx.x - b * P);
     const uint32_t SQ = (uint32_t)(g.S * g.Q);
@@ -1899,7 +1964,7 @@ __global__ void __launch_bounds__(256, S_PAIR_MINB) k_tah_dp64(const uint8_t *__
         const uint32_t sc = d_block_scan(mine | (pre << 16), ws, &tot); // pre: first round only (< 2^16)
         pre = 0;
         run += tot >> 16;
-        const uint32_t H = run + (sc & 0xffffu) - (h ? (f & 1u) : 0u); // lane 1's scan includes lane 0's
+        const uint32_t H = run + __shfl_sync(CU_FULL, sc & 0xffffu, (int)(lane & 15u)); // lane 0's, for both
         run += tot & 0xffffu;
         if (tid == 0 && j == P - 1u && t0 + S_DT_TILES >= a1 && (uint64_t)run != g.n_hi)
             corrupt = 1; // the sample's high tiles
@@ -1919,7 +1984,7 @@ __global__ void __launch_bounds__(256, S_PAIR_MINB) k_tah_dp64(const uint8_t *__
             uint32_t w[4];
             if (hi) {
                 const uint32_t *s4 = (const uint32_t *)(src + 16u * h);
-    #pragma unroll
+#pragma unroll
                 for (int k = 0; k < 4; k++)
                     w[k] = s4[k];
             } else {
@@ -1927,7 +1992,7 @@ __global__ void __launch_bounds__(256, S_PAIR_MINB) k_tah_dp64(const uint8_t *__
                 const uint32_t a = s4[0], c = s4[1], d = s4[2];
                 const uint32_t u[4] = { a & 0xffffffu, (a >> 24) | ((c & 0xffffu) << 8), (c >> 16) | ((d & 0xffu) << 16),
                                         d >> 8 };
-    #pragma unroll
+#pragma unroll
                 for (int k = 0; k < 4; k++) {
                     uint32_t x = (u[k] & 0xfffu) | ((u[k] & 0xfff000u) << 4);     // 4 fields | 4 fields << 16
                     x = (x & 0x003f003fu) | ((x & 0x0fc00fc0u) << 2);             // pairs into bytes
@@ -1938,7 +2003,7 @@ __global__ void __launch_bounds__(256, S_PAIR_MINB) k_tah_dp64(const uint8_t *__
             corrupt |= (uint32_t)((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u || (step16 & 0x8000u));
             const float minf = ldexpf(d_half_to_f32(min16), e);
             const float step = ldexpf(d_half_to_f32(step16), e);
-    #pragma unroll
+#pragma unroll
             for (int r = 0; r < 32; r++) { // the code as a float: its bits below 2^23's, less 2^23 (exact)
                 const float c = __fsub_rn(__uint_as_float(0x4b000000u | ((w[r / 8] >> (4 * (r % 8))) & 15u)), 8388608.0f);
                 v[r] = __fadd_rn(minf, __fmul_rn(c, step));
@@ -1947,26 +2012,25 @@ __global__ void __launch_bounds__(256, S_PAIR_MINB) k_tah_dp64(const uint8_t *__
             if (rot) // tah.c: fwht_f32, then swap element 0 with the pivot (below, in shared memory)
                 d_fwht_p64(v, lane, g.norm);
             float nz = 0.0f; // v * 0 is NaN exactly when v is Inf or NaN
-    #pragma unroll
+#pragma unroll
             for (int r = 0; r < 32; r++)
                 nz = __fmaf_rn(v[r], 0.0f, nz);
             bad |= (uint32_t)(nz != nz);
         } else {
-    #pragma unroll
+#pragma unroll
             for (int r = 0; r < 32; r++)
                 v[r] = 0.0f;
         }
         // through shared memory: this warp's 16 tiles, then 512-byte stores
         float4 *rows = s_rows + (size_t)wid * 16u * S_DT_ROW;
-        const uint32_t lt = lane / 2u; // the pair's tile in the warp
-    #pragma unroll
+        const uint32_t lt = lane & 15u; // the pair's tile in the warp
+#pragma unroll
         for (int c = 0; c < 8; c++)
-            rows[lt * S_DT_ROW + d_dt_col(8u * h + (uint32_t)c)] =
-                make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+            rows[lt * S_DT_ROW + 8u * h + (uint32_t)c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
         __syncwarp();
         if (rot && h == 0) { // the pivot swap of a rotated tile, on its row
             float *row = (float *)(rows + lt * S_DT_ROW);
-            const uint32_t piv = f >> 2, pi = 4u * d_dt_col(piv / 4u) + piv % 4u;
+            const uint32_t piv = f >> 2, pi = piv;
             const float t = row[0];
             row[0] = row[pi];
             row[pi] = t;
@@ -1974,11 +2038,11 @@ __global__ void __launch_bounds__(256, S_PAIR_MINB) k_tah_dp64(const uint8_t *__
         __syncwarp();
         const uint32_t wt0 = wid * 16u; // the warp's first tile in the chunk
         float4 *o4 = (float4 *)(out + (b * SQ + t0 + wt0) * 64u);
-    #pragma unroll
+#pragma unroll
         for (int k = 0; k < 8; k++) {
             const uint32_t row = 2u * (uint32_t)k + lane / 16u, c = lane % 16u;
             if (wt0 + row < n)
-                o4[row * 16u + c] = rows[row * S_DT_ROW + d_dt_col(c)];
+                o4[row * 16u + c] = rows[row * S_DT_ROW + c];
         }
         __syncwarp(); // rows read before the next round writes them
     }
@@ -2023,17 +2087,27 @@ static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp
     // one tile per segment per warp iteration at 4 CTAs per SM (64 registers): measured 2.6 %
     // faster than 2 tiles at 3 CTAs per SM (0.1155 vs 0.1186 ms, H200, round 6)
     const void *kern = fast ? (const void *)k_tah_fused<1, 4, 8, 4, 3, false> : (const void *)k_tah_fused<1, 4, 0, 0, 0, false>;
-    if (fast && s_pair_ok(g, x, payload))
-        kern = (const void *)k_tah_fused<1, S_PAIR_MINB, 8, 4, 3, true>;
-    uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, 4 * S_FUSE_MAXL);
-    blocks = blocks < S_FUSE_MAXGRID ? blocks : S_FUSE_MAXGRID;
-    uint64_t P = blocks / g.B; // CTAs per sample
-    P = P < g.n_alloc ? P : g.n_alloc;
-    if (P == 0)
-        return 1;
-    const uint64_t lmax = (g.n_alloc + P - 1) / P;
-    if (lmax > S_FUSE_MAXL)
-        return 1;
+    const bool tpt = fast && s_pair_ok(g, x, payload);
+    if (tpt) // 3 CTAs per SM: 80 registers, 3 x 70 KB of staging buffers
+        kern = (const void *)k_tah_fused<1, 3, 8, 4, 3, true>;
+    const size_t stage = tpt ? S_ST_CTA : 0;
+    if (tpt)
+        CUDA_CHECK(cu_smem_allow(kern, stage + 4 * S_FUSE_MAXL));
+    // P CTAs per sample from the occupancy at the largest key array, then at this P's
+    uint64_t P = 0, lmax = 0;
+    size_t smem = stage + 4 * S_FUSE_MAXL;
+    for (int pass = 0; pass < 2; pass++) {
+        uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, smem);
+        blocks = blocks < S_FUSE_MAXGRID ? blocks : S_FUSE_MAXGRID;
+        P = blocks / g.B;
+        P = P < g.n_alloc ? P : g.n_alloc;
+        if (P == 0)
+            return 1;
+        lmax = (g.n_alloc + P - 1) / P;
+        if (lmax > S_FUSE_MAXL)
+            return 1;
+        smem = stage + 4 * ((lmax + 3) & ~3ull);
+    }
     uint8_t *zb = (uint8_t *)(t.cnt + g.B * s_dec_cps(g));
     s_fz a_z;
     a_z.flag = (unsigned long long *)zb;
@@ -2047,9 +2121,9 @@ static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp
     s_tg a_g = g;
     uint32_t a_P = (uint32_t)P;
     bool a_fb = g.fbits == 8;
-    void *args[] = { &a_x, &a_flagv, &a_p, &a_z, &a_head, &a_g, &a_P, &a_fb };
-    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)(P * g.B)), dim3(256), args, (size_t)(4 * lmax),
-                                           st));
+    uint32_t a_lmax = (uint32_t)lmax;
+    void *args[] = { &a_x, &a_flagv, &a_p, &a_z, &a_head, &a_g, &a_P, &a_fb, &a_lmax };
+    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)(P * g.B)), dim3(256), args, smem, st));
     if (!a_fb) {
         k_tah_flags<<<cu_grid(g.flags_bytes, 256), 256, 0, st>>>(t.flagv, payload, g);
         CU_CHECK_LAUNCH("k_tah_flags");
