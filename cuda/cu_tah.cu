@@ -52,9 +52,6 @@
 #define S_QUANT_U 2 // tiles per segment per k_tah_quant iteration (round 4)
 #define S_FUSE_MAXGRID 1024u // CTAs of k_tah_fused's cooperative grid, at most
 #define S_FUSE_MAXL 8192u    // allocation tiles per CTA (32 KB of keys in shared memory)
-#ifndef S_PAIR_MINB
-#define S_PAIR_MINB 4 // CTAs per SM the lane-pair kernels' registers allow
-#endif
 
 struct s_tg {
     uint32_t C, G, lg, k, Q, nA, r, A, bh, bl, fbits;
@@ -184,6 +181,14 @@ __device__ __forceinline__ float d_log2f(float x)
     s = __fmul_rn(t2, __fadd_rn(0.961796694f, s));
     s = __fmul_rn(t, __fadd_rn(2.88539008f, s));
     return __fadd_rn((float)e, s);
+}
+
+// ldexpf(x, e): for -126 <= e <= 127 one product with the normal float 2^e, which
+// rounds once exactly where ldexpf does (a subnormal or overflowing result); other e
+// (frames beyond 2^127 or below 2^-126) through ldexpf itself.
+__device__ __forceinline__ float d_ldexpf(float x, int32_t e)
+{
+    return (e >= -126 && e <= 127) ? __fmul_rn(x, __uint_as_float((uint32_t)(127 + e) << 23)) : ldexpf(x, e);
 }
 
 // tah.c's e: absmax * 2^-e <= 2^(14) before rotation growth; 0 for a zero frame
@@ -968,51 +973,6 @@ __device__ __forceinline__ void d_minmax_p64(const float v[32], uint32_t lane, f
     mx = b;
 }
 
-// tah.c's fwht_f32 on the pair's 64 elements: stages h = 1..16 inside each lane, h = 32
-// across the pair (lane 0: u + w, lane 1: u - w as w' + (-1) u, one rounding), the
-// normalisation last. Both lanes of the pair must call it.
-__device__ __forceinline__ void d_fwht_p64(float v[32], uint32_t lane, float norm)
-{
-#pragma unroll
-    for (int s = 0; s < 5; s++) { // h = 2^s; butterfly k pairs j and j + h
-#pragma unroll
-        for (int k = 0; k < 16; k++) {
-            const int hh = 1 << s, j = ((k >> s) << (s + 1)) | (k & (hh - 1));
-            const float u = v[j], w = v[j + hh];
-            v[j] = __fadd_rn(u, w);
-            v[j + hh] = __fsub_rn(u, w);
-        }
-    }
-    const uint32_t pm = d_pair(lane);
-    const float sgn = d_half(lane) ? -1.0f : 1.0f;
-#pragma unroll
-    for (int r = 0; r < 32; r++)
-        v[r] = d_bfly(v[r], sgn, __shfl_xor_sync(pm, v[r], 16));
-#pragma unroll
-    for (int r = 0; r < 32; r++)
-        v[r] = __fmul_rn(v[r], norm);
-}
-
-// swap element 0 (lane 0's v[0]) with element piv of the pair's tile (register selects,
-// no run-time index). Both lanes of the pair must call it.
-__device__ __forceinline__ void d_swap_p64(float v[32], uint32_t lane, uint32_t piv)
-{
-    const uint32_t pm = d_pair(lane), l0 = lane & 15u, h = d_half(lane), pr = piv & 31u;
-    float sel = v[0];
-#pragma unroll
-    for (int r = 1; r < 32; r++)
-        sel = pr == (uint32_t)r ? v[r] : sel;
-    const float v0 = __shfl_sync(pm, v[0], (int)l0);
-    const float vp = __shfl_sync(pm, sel, (int)(l0 | ((piv >> 5) << 4)));
-    if (h == 0)
-        v[0] = vp;
-    if (h == piv >> 5) {
-#pragma unroll
-        for (int r = 0; r < 32; r++)
-            v[r] = pr == (uint32_t)r ? v0 : v[r];
-    }
-}
-
 // Staging (k_tah_fused<TPT>): each warp streams units of S_ST_UNIT consecutive tiles of
 // its CTA's run into one of its two shared-memory buffers with cp.async (16 bytes per
 // lane and copy, straight to shared memory, L2 only) while its pairs compute on the
@@ -1045,18 +1005,10 @@ __device__ __forceinline__ void d_stage_unit(float *buf, const float *x, uint64_
     d_cp_commit();
 }
 
-// Quantise full tile `tile` (global index; qidx its index in sample b; ph = high quant
-// tiles of the sample before it | is_hi << 31; row: its staged 64 floats) as tah.c's
-// s_encode does, by the lane pair. Needs a sample's code region 8-byte aligned and the
-// meta words 4-byte aligned (s_pair_ok).
-template <uint32_t BH, uint32_t BL>
-__device__ __forceinline__ void d_tah_quant_p64(const float *row, uint8_t *__restrict__ p, const s_tg &g,
-                                                uint64_t tile, uint64_t b, uint32_t qidx, uint32_t ph, float down,
-                                                float rho_down, uint32_t lane, uint32_t &range)
+// lane h's 32 floats of a staged row
+__device__ __forceinline__ void d_row_load(const float *row, uint32_t h, float v[32])
 {
-    const uint32_t h = d_half(lane), pm = d_pair(lane);
     const float4 *src = (const float4 *)(row + 32u * h);
-    float v[32];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         const float4 q = src[i];
@@ -1065,6 +1017,27 @@ __device__ __forceinline__ void d_tah_quant_p64(const float *row, uint8_t *__res
         v[4 * i + 2] = q.z;
         v[4 * i + 3] = q.w;
     }
+}
+
+// Quantise the staged unit `unit` (S_ST_UNIT rows): the lane pair of tile tl = lane & 15
+// takes full tile `tile` (global index; qidx its index in sample b; ph = high quant tiles
+// of the sample before it | is_hi << 31) as tah.c's s_encode does; valid: the unit has
+// that tile. Warp-uniform call (the rotated tiles' pass below). Needs a sample's code
+// region 8-byte aligned and the meta words 4-byte aligned (s_pair_ok).
+template <uint32_t BH, uint32_t BL>
+__device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool valid, uint8_t *__restrict__ p,
+                                                const s_tg &g, uint64_t tile, uint64_t b, uint32_t qidx, uint32_t ph,
+                                                float down, float rho_down, uint32_t lane, uint32_t &range)
+{
+    const uint32_t h = d_half(lane), pm = d_pair(lane), tl = lane & 15u;
+    float *row = unit + tl * S_ST_ROWW;
+    float v[32];
+    if (valid)
+        d_row_load(row, h, v);
+    else
+#pragma unroll
+        for (int r = 0; r < 32; r++)
+            v[r] = 0.0f;
     // scale; top-2 magnitudes (a multiset: tah.c's lane order does not matter) and the
     // first index of the largest, merged across the pair as d_tah_quant_u merges lanes
     float m1 = 0.0f, m2 = 0.0f;
@@ -1093,11 +1066,48 @@ __device__ __forceinline__ void d_tah_quant_p64(const float *row, uint8_t *__res
     const uint32_t piv = m1 > 0.0f ? i1 : 0u;
     float mn, mx;
     d_minmax_p64(v, lane, mn, mx);
-    const bool rot = __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau; // pair-uniform
+    const bool rot = valid && __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau; // pair-uniform
+    // the rotated tiles (about 3 of 16) on their rows, a segment of 8 lanes each, 4 per
+    // pass (lane sl: elements 8sl..8sl+7): scale, swap element 0 with the pivot, the
+    // transform and its min/max as tah.c (d_swap0, d_fwht_seg, d_tile_minmax, the
+    // segment kernels' bit-exact helpers); the transformed floats go back to the row
+    uint32_t rm = __ballot_sync(CU_FULL, rot && h == 0); // bit t: tile t rotated
+    while (rm != 0u) { // warp-uniform
+        const uint32_t seg = lane >> 3, sl = lane & 7u, cnt = (uint32_t)__popc((int)rm);
+        const bool act = seg < cnt;
+        const uint32_t t = act ? __fns(rm, 0u, (int)seg + 1) : 0u;
+        float4 *r4 = (float4 *)(unit + t * S_ST_ROWW) + 2u * sl;
+        const float4 q0 = r4[0], q1 = r4[1];
+        float z[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            z[r] = __fmul_rn(z[r], down);
+        const uint32_t tp = __shfl_sync(CU_FULL, piv, (int)t);
+        d_swap0(z, lane, sl, 8u, tp);
+        d_fwht_seg(z, lane, 8u);
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            z[r] = __fmul_rn(z[r], g.norm);
+        float rmn, rmx;
+        d_tile_minmax(z, sl, 8u, 64u, 64u, false, rmn, rmx);
+        __syncwarp(); // every segment's row read before any is written
+        if (act) {
+            r4[0] = make_float4(z[0], z[1], z[2], z[3]);
+            r4[1] = make_float4(z[4], z[5], z[6], z[7]);
+            if (sl == 0)
+                mm[t] = make_float2(rmn, rmx);
+        }
+        __syncwarp();
+        for (uint32_t k = 0; k < 4u && rm != 0u; k++)
+            rm &= rm - 1u;
+    }
+    if (!valid)
+        return;
     if (rot) {
-        d_swap_p64(v, lane, piv);
-        d_fwht_p64(v, lane, g.norm);
-        d_minmax_p64(v, lane, mn, mx);
+        d_row_load(row, h, v);
+        const float2 q = mm[tl];
+        mn = q.x;
+        mx = q.y;
     }
     const uint32_t is_hi = ph >> 31;
     const float levels = is_hi ? (float)((1u << BH) - 1u) : (float)((1u << BL) - 1u);
@@ -1186,6 +1196,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
                                      // TPT: then the staging buffers (16-byte aligned)
     __shared__ uint32_t lh[256], hsum[256], ws[32];
     __shared__ uint32_t sh_prefix, sh_need, sh_gt, sh_eq, sh_gtb, sh_eqb, sh_amax;
+    __shared__ float2 s_mm[TPT ? 8 : 1][S_ST_UNIT]; // TPT: a warp's rotated tiles' min, max
     const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, nwarp = blockDim.x >> 5;
     const uint32_t cta = blockIdx.x, b = cta / P, j = cta - b * P;
     const uint32_t na = (uint32_t)g.n_alloc;
@@ -1235,9 +1246,6 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
         if (valid && (lane & 3u) == 0)
             sk[a - a0] = __float_as_uint(h);
     }
-#if defined(S_PHASE_STOP) && S_PHASE_STOP == 1
-    if (TPT) { if (amax == 0x12345678u) p[0] = 1; return; }
-#endif
     amax = __reduce_max_sync(CU_FULL, amax);
     if (lane == 0) {
         if (amax >= 0x7f800000u) { // non-finite x: the payload is unspecified, the absmax left alone
@@ -1388,9 +1396,6 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     }
     __syncthreads();
 
-#if defined(S_PHASE_STOP) && S_PHASE_STOP == 2
-    if (TPT) return;
-#endif
     // 3. quant, this CTA's tiles in reverse
     const int32_t ex = d_tah_exp(sh_amax, g.lg);
     if (cta == 0 && tid == 0) {
@@ -1417,9 +1422,9 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
             d_cp_wait1();
             __syncwarp();
             const uint32_t lt = S_ST_UNIT * uu + (lane & 15u);
-            if (lt < nq) // pair-uniform
-                d_tah_quant_p64<BH, BL>(wb + (k * S_ST_UNIT + (lane & 15u)) * S_ST_ROWW, p, g, t0 + lt, b, a0 + lt,
-                                        sk[lt], down, rho_down, lane, range);
+            const bool valid = lt < nq; // pair-uniform
+            d_tah_quant_p64<BH, BL>(wb + k * S_ST_UNIT * S_ST_ROWW, s_mm[wid], valid, p, g, t0 + lt, b, a0 + lt,
+                                    valid ? sk[lt] : 0u, down, rho_down, lane, range);
             __syncwarp();
         }
     } else for (uint32_t base = wid * spw * U; base < nq; base += nwarp * spw * U) { // uniform per warp
@@ -1907,7 +1912,7 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
 //   - codes (lane h: 16 bytes at 16h of a high tile, 12 at 12h of a low one, 32-bit
 //     loads from the 8-aligned tile start 8 (3 tile + H); low codes spread to nibbles
 //     so one dequant loop serves both widths), meta, min + code * step, the inverse
-//     rotation (d_fwht_p64; the pivot swap on the tile's shared-memory row);
+//     rotation of the warp's rotated tiles on their shared-memory rows (below);
 //   - the 64 floats through shared memory, then per warp 8 stores of 512 contiguous
 //     bytes. A row of 17 float4 holds a tile: a quarter warp's 16-byte stores (8 tiles)
 //     and loads (8 chunks of one row) hit 8 bank groups.
@@ -1919,7 +1924,7 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
 #define S_DT_SMEM (S_DT_TILES * S_DT_ROW * 16u)
 
 template <uint32_t BH, uint32_t BL>
-__global__ void __launch_bounds__(256, S_PAIR_MINB) k_tah_dp64(const uint8_t *__restrict__ p, float *__restrict__ out,
+__global__ void __launch_bounds__(256, 4) k_tah_dp64(const uint8_t *__restrict__ p, float *__restrict__ out,
                                                      cu_hp head, s_tg g, uint32_t P)
 {
     d_mark(head);
@@ -2001,21 +2006,21 @@ __global__ void __launch_bounds__(256, S_PAIR_MINB) k_tah_dp64(const uint8_t *__
             }
             const uint16_t min16 = (uint16_t)meta, step16 = (uint16_t)(meta >> 16);
             corrupt |= (uint32_t)((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u || (step16 & 0x8000u));
-            const float minf = ldexpf(d_half_to_f32(min16), e);
-            const float step = ldexpf(d_half_to_f32(step16), e);
+            const float minf = d_ldexpf(d_half_to_f32(min16), e);
+            const float step = d_ldexpf(d_half_to_f32(step16), e);
 #pragma unroll
             for (int r = 0; r < 32; r++) { // the code as a float: its bits below 2^23's, less 2^23 (exact)
                 const float c = __fsub_rn(__uint_as_float(0x4b000000u | ((w[r / 8] >> (4 * (r % 8))) & 15u)), 8388608.0f);
                 v[r] = __fadd_rn(minf, __fmul_rn(c, step));
             }
-            rot = f & 2u;
-            if (rot) // tah.c: fwht_f32, then swap element 0 with the pivot (below, in shared memory)
-                d_fwht_p64(v, lane, g.norm);
-            float nz = 0.0f; // v * 0 is NaN exactly when v is Inf or NaN
+            rot = f & 2u; // rotated tiles: transformed and checked on their rows (below)
+            if (!rot) {
+                float nz = 0.0f; // v * 0 is NaN exactly when v is Inf or NaN
 #pragma unroll
-            for (int r = 0; r < 32; r++)
-                nz = __fmaf_rn(v[r], 0.0f, nz);
-            bad |= (uint32_t)(nz != nz);
+                for (int r = 0; r < 32; r++)
+                    nz = __fmaf_rn(v[r], 0.0f, nz);
+                bad |= (uint32_t)(nz != nz);
+            }
         } else {
 #pragma unroll
             for (int r = 0; r < 32; r++)
@@ -2028,14 +2033,43 @@ __global__ void __launch_bounds__(256, S_PAIR_MINB) k_tah_dp64(const uint8_t *__
         for (int c = 0; c < 8; c++)
             rows[lt * S_DT_ROW + 8u * h + (uint32_t)c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
         __syncwarp();
-        if (rot && h == 0) { // the pivot swap of a rotated tile, on its row
-            float *row = (float *)(rows + lt * S_DT_ROW);
-            const uint32_t piv = f >> 2, pi = piv;
-            const float t = row[0];
-            row[0] = row[pi];
-            row[pi] = t;
+        // tah.c's inverse rotation (fwht_f32, then element 0 swapped with the pivot) of the
+        // warp's rotated tiles on their rows: a segment of 8 lanes per tile (d_fwht_seg, lane
+        // tl elements 8tl..8tl+7), 4 tiles per pass; about 3 of 16 tiles rotate, so one pass
+        // instead of every lane pair running the 64-point transform in divergence
+        uint32_t rm = __ballot_sync(CU_FULL, rot && h == 0); // bit t: tile t rotated (t < 16)
+        const uint32_t fw = f; // lane t's flag field: tile t's pivot
+        while (rm != 0u) { // warp-uniform
+            const uint32_t seg = lane >> 3, tl = lane & 7u, cnt = (uint32_t)__popc((int)rm);
+            const bool act = seg < cnt;
+            const uint32_t t = act ? __fns(rm, 0u, (int)seg + 1) : 0u;
+            float4 *r4 = rows + t * S_DT_ROW + 2u * tl;
+            const float4 q0 = r4[0], q1 = r4[1];
+            float z[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
+            d_fwht_seg(z, lane, 8u);
+            float nz = 0.0f;
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                z[r] = __fmul_rn(z[r], g.norm);
+                nz = __fmaf_rn(z[r], 0.0f, nz);
+            }
+            const uint32_t piv = __shfl_sync(CU_FULL, fw >> 2, (int)t);
+            if (act) {
+                bad |= (uint32_t)(nz != nz);
+                r4[0] = make_float4(z[0], z[1], z[2], z[3]);
+                r4[1] = make_float4(z[4], z[5], z[6], z[7]);
+            }
+            __syncwarp();
+            if (act && tl == 0) {
+                float *row = (float *)(rows + t * S_DT_ROW);
+                const float tv = row[0];
+                row[0] = row[piv];
+                row[piv] = tv;
+            }
+            __syncwarp();
+            for (uint32_t k = 0; k < 4u && rm != 0u; k++)
+                rm &= rm - 1u;
         }
-        __syncwarp();
         const uint32_t wt0 = wid * 16u; // the warp's first tile in the chunk
         float4 *o4 = (float4 *)(out + (b * SQ + t0 + wt0) * 64u);
 #pragma unroll
