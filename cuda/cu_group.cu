@@ -880,6 +880,217 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict
     d_int_codes<MODE, BITS, U>(x, st, p, g, d_pow2f(-e), warp, nwarps);
 }
 
+// int encode, round 8: the default int specs (4 bits, group 128, asymmetric or
+// symmetric) on whole groups (n % 128 == 0). Round 6's k_int_fused gave a group 16
+// lanes of 8 elements and merged (min, max, zero key) in four shuffle stages: 26 M
+// warp instructions for 8x1024x1600 (H100 ncu), 63 per element, and its warps waited on
+// their loads (one 16-byte load per lane in flight per group row). Here:
+//   - a unit of 8 consecutive groups (4 KB) per warp iteration is copied into shared
+//     memory with cp.async, two buffers per warp, so the next unit's loads overlap this
+//     one's arithmetic (both passes);
+//   - lanes q*8 + j (q < 4) hold elements 32q..32q+31 of the unit's group j (rows of 132
+//     words: a quarter warp's 16-byte loads hit 8 bank groups); the statistics are a
+//     lane's serial min / max (the zero key only when a group's minimum is zero) and two
+//     shuffle stages (xor 8, 16); the codes are rint(t) read off the bits of
+//     t + 1.5 * 2^23 (intq.c's (t + S_ROUND) - S_ROUND), packed as nibbles.
+// Same structure otherwise: a cooperative launch, the statistics pass writing each
+// group's (min, max) and its CTA's absmax slot, one grid barrier, the codes pass over
+// the units in reverse (the end of x is in L2) with group j's metadata on lane j,
+// shuffled to its lanes. Frames identical to k_int_fused's.
+#define S_IQ_ROWW 132u                      // words per staged group (128 + 4 pad)
+#define S_IQ_WARPW (2u * 8u * S_IQ_ROWW)    // words per warp: two buffers of 8 groups
+#define S_IQ_SMEM (8u * S_IQ_WARPW * 4u)    // bytes per CTA of 8 warps
+
+__device__ __forceinline__ void d_iq_cp16(float *smem, const float *gmem)
+{
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
+}
+
+// Copy groups g0 .. g0+n-1 (n <= 8) into buf's rows and commit the group of copies
+// (also when n = 0, keeping the wait counts in step).
+__device__ __forceinline__ void d_iq_stage(float *buf, const float *x, uint32_t g0, uint32_t n, uint32_t lane)
+{
+#pragma unroll
+    for (uint32_t m = 0; m < 8u; m++) {
+        const uint32_t c = lane + 32u * m; // chunk c: group c / 32, bytes 16 (c % 32) ..
+        if (c < 32u * n)
+            d_iq_cp16(buf + (c / 32u) * S_IQ_ROWW + (c % 32u) * 4u, x + (uint64_t)(g0 + c / 32u) * 128u + (c % 32u) * 4u);
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void d_iq_row(const float *row, uint32_t q, float v[32])
+{
+    const float4 *src = (const float4 *)(row + 32u * q);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const float4 f4 = src[i];
+        v[4 * i] = f4.x;
+        v[4 * i + 1] = f4.y;
+        v[4 * i + 2] = f4.z;
+        v[4 * i + 3] = f4.w;
+    }
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(256, 3) k_int_q4(const float *__restrict__ x, float2 *st, uint8_t *__restrict__ p,
+                                                   uint32_t *slot_amax, cu_hp head, s_gp g)
+{
+    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    d_mark(head);
+    extern __shared__ __align__(16) float s_iq[];
+    __shared__ uint32_t ws[8];
+    __shared__ uint32_t sh_amax;
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, q = lane >> 3, gl = lane & 7u;
+    const uint32_t warp = blockIdx.x * 8u + wid, nwarps = gridDim.x * 8u;
+    const uint32_t ng = (uint32_t)g.ng, nu = (ng + 7u) / 8u; // units of 8 groups
+    float *wb = s_iq + (size_t)wid * S_IQ_WARPW;
+    uint32_t amax = 0, bad = 0, k = 0;
+    if (warp < nu)
+        d_iq_stage(wb, x, 8u * warp, min(8u, ng - 8u * warp), lane);
+    for (uint32_t u = warp; u < nu; u += nwarps, k ^= 1u) { // uniform per warp
+        const uint32_t un = u + nwarps;
+        d_iq_stage(wb + (k ^ 1u) * 8u * S_IQ_ROWW, x, 8u * un, un < nu ? min(8u, ng - 8u * un) : 0u, lane);
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        __syncwarp();
+        const uint32_t gi = 8u * u + gl;
+        const bool valid = gi < ng;
+        float v[32];
+        d_iq_row(wb + (k * 8u + gl) * S_IQ_ROWW, q, v);
+        __syncwarp(); // buffer k read before it is refilled
+        float a = v[0], b = v[0];
+        uint32_t mb = 0;
+#pragma unroll
+        for (int r = 0; r < 32; r++) {
+            a = fminf(a, v[r]);
+            b = fmaxf(b, v[r]);
+            mb = max(mb, __float_as_uint(v[r]) & 0x7fffffffu);
+        }
+        a = fminf(a, __shfl_xor_sync(CU_FULL, a, 8));
+        a = fminf(a, __shfl_xor_sync(CU_FULL, a, 16));
+        b = fmaxf(b, __shfl_xor_sync(CU_FULL, b, 8));
+        b = fmaxf(b, __shfl_xor_sync(CU_FULL, b, 16));
+        if (__any_sync(CU_FULL, a == 0.0f)) { // which zero is the minimum: intq.c's (d_int_zkey)
+            uint32_t z = 0xffffffffu;
+#pragma unroll
+            for (int r = 0; r < 32; r++)
+                if (v[r] == 0.0f)
+                    z = min(z, d_int_zkey(32u * q + (uint32_t)r, 128u, __float_as_uint(v[r]) >> 31));
+            z = min(z, __shfl_xor_sync(CU_FULL, z, 8));
+            z = min(z, __shfl_xor_sync(CU_FULL, z, 16));
+            if (a == 0.0f) {
+                a = (z & 1u) ? -0.0f : 0.0f;
+                if (b == 0.0f) // all zeros: intq.c's max is the same element as its min
+                    b = a;
+            }
+        }
+        if (valid) {
+            bad |= (uint32_t)(mb >= 0x7f800000u);
+            amax = max(amax, mb); // = max(|min|, |max|) for finite x
+            if (q == 0)
+                st[gi] = make_float2(a, b);
+        }
+    }
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+    amax = __reduce_max_sync(CU_FULL, amax);
+    if (lane == 0)
+        ws[wid] = amax;
+    __syncthreads();
+    if (tid == 0) {
+        uint32_t m = 0;
+        for (uint32_t w = 0; w < 8u; w++)
+            m = max(m, ws[w]);
+        slot_amax[blockIdx.x] = m;
+    }
+    grid.sync(); // every group's statistics and every CTA's absmax written
+    {
+        uint32_t m = 0;
+        for (uint32_t c = tid; c < gridDim.x; c += blockDim.x)
+            m = max(m, __ldcg(&slot_amax[c]));
+        m = __reduce_max_sync(CU_FULL, m);
+        __syncthreads(); // ws free
+        if (lane == 0)
+            ws[wid] = m;
+        __syncthreads();
+        if (tid == 0) {
+            uint32_t mm = 0;
+            for (uint32_t w = 0; w < 8u; w++)
+                mm = max(mm, ws[w]);
+            sh_amax = mm;
+        }
+        __syncthreads();
+    }
+    const int32_t e = d_int_exp(sh_amax);
+    if (blockIdx.x == 0 && tid == 0)
+        d_put_u32(p, (uint32_t)e);
+    const float pdown = d_pow2f(-e);
+    const float lim = MODE == M_INT_SYM ? (float)g.qmax : 15.0f, low = MODE == M_INT_SYM ? -lim : 0.0f;
+    const uint32_t off = MODE == M_INT_SYM ? 0x4b400000u - (uint32_t)g.qmax : 0x4b400000u;
+    k = 0;
+    __syncwarp();
+    if (warp < nu) { // units in reverse: unit nu - 1 - u
+        const uint32_t uu = nu - 1u - warp;
+        d_iq_stage(wb, x, 8u * uu, min(8u, ng - 8u * uu), lane);
+    }
+    for (uint32_t u = warp; u < nu; u += nwarps, k ^= 1u) { // uniform per warp
+        const uint32_t un = u + nwarps, uu = nu - 1u - u;
+        d_iq_stage(wb + (k ^ 1u) * 8u * S_IQ_ROWW, x, un < nu ? 8u * (nu - 1u - un) : 0u,
+                   un < nu ? min(8u, ng - 8u * (nu - 1u - un)) : 0u, lane);
+        // lane j < 8: group j's metadata (its statistics from L2)
+        const uint32_t mgi = 8u * uu + lane;
+        const bool mvalid = lane < 8u && mgi < ng;
+        const float2 sv = mvalid ? __ldcg(&st[mgi]) : make_float2(0.0f, 0.0f);
+        float mn = 0.0f, inv;
+        {
+            const float lo = __fmul_rn(sv.x, pdown), hi = __fmul_rn(sv.y, pdown);
+            if (MODE == M_INT_SYM) {
+                const float am = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
+                const uint16_t sh = d_step_up((double)am, (uint32_t)g.qmax);
+                const float step = d_half_to_f32(sh);
+                inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+                if (mvalid)
+                    d_put_u16(p + g.meta_off + 2ull * mgi, sh);
+            } else {
+                const uint16_t mh = d_half_from_f32_down(lo);
+                mn = d_half_to_f32(mh);
+                const uint16_t sh = d_step_up((double)hi - (double)mn, g.L);
+                const float step = d_half_to_f32(sh);
+                inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+                if (mvalid)
+                    d_put_u32(p + g.meta_off + 4ull * mgi, (uint32_t)mh | ((uint32_t)sh << 16));
+            }
+        }
+        const float q_inv = __shfl_sync(CU_FULL, inv, (int)gl);
+        const float q_mn = __shfl_sync(CU_FULL, mn, (int)gl);
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        __syncwarp();
+        const uint32_t gi = 8u * uu + gl;
+        float v[32];
+        d_iq_row(wb + (k * 8u + gl) * S_IQ_ROWW, q, v);
+        __syncwarp(); // buffer k read before it is refilled
+        uint32_t w[4] = { 0u, 0u, 0u, 0u };
+#pragma unroll
+        for (int r = 0; r < 32; r++) {
+            float t = MODE == M_INT_SYM ? __fmul_rn(__fmul_rn(v[r], pdown), q_inv)
+                                        : __fmul_rn(__fsub_rn(__fmul_rn(v[r], pdown), q_mn), q_inv);
+            t = t < low ? low : t;
+            t = t > lim ? lim : t;
+            // t + 1.5 * 2^23 rounds to nearest even (intq.c's S_ROUND); its bits are
+            // 0x4b400000 + rint(t), so the code rint(t) (+ qmax) is their difference
+            const uint32_t c = (__float_as_uint(__fadd_rn(t, 12582912.0f)) - off) & 15u;
+            w[r / 8] |= c << (4 * (r % 8));
+        }
+        if (gi < ng) {
+            uint32_t *dst = (uint32_t *)(p + g.codes_off + 64ull * gi + 16u * q);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                dst[j] = w[j];
+        }
+    }
+}
+
 // fixpt encode (4 <= tpg <= 32; round 4, restructured in round 7): the step once per
 // group on one lane. A warp iteration takes U rows of spw = 32/tpg groups (slot
 // k = u*spw + segment is group base + k); after the U rows' segment maxima, lane k
@@ -1176,6 +1387,28 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
         if (s_int_split(g)) {
             float2 *stats = (float2 *)work;
             const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg));
+            if (cu_fuse() && cu_tpt() && g.bits == 4 && g.group == 128 && g.n % 128u == 0 && g.ng < 0x80000000ull &&
+                ((uintptr_t)x & 15u) == 0 && ((uintptr_t)payload & 3u) == 0 &&
+                ((uintptr_t)payload + g.codes_off) % 4u == 0) { // round 8: a lane quad per group
+                const void *kern = (const void *)k_int_q4<MODE>;
+                CUDA_CHECK(cu_smem_allow(kern, S_IQ_SMEM));
+                uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, S_IQ_SMEM);
+                blocks = blocks < S_INT_MAXGRID ? blocks : S_INT_MAXGRID;
+                const uint64_t need = (g.ng + 63u) / 64u; // 64 groups per CTA iteration
+                blocks = blocks < need ? blocks : need;
+                if (blocks > 0) {
+                    const float *a_x = x;
+                    float2 *a_st = stats;
+                    uint8_t *a_p = payload;
+                    uint32_t *a_slot = (uint32_t *)(stats + g.ng);
+                    cu_hp a_head = head;
+                    s_gp a_g = g;
+                    void *args[] = { &a_x, &a_st, &a_p, &a_slot, &a_head, &a_g };
+                    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)blocks), dim3(256), args, S_IQ_SMEM,
+                                                           st));
+                    return 0;
+                }
+            }
             if (cu_fuse()) { // round 6: one cooperative launch, no memset
                 // (2 rows per warp at 4 CTAs per SM measured slower: 0.0565 vs 0.0505 ms, H200)
                 const void *kern = g.bits == s_fast_bits(MODE)
