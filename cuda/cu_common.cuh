@@ -95,6 +95,47 @@ __device__ __forceinline__ void d_mark(cu_hp h)
 
 __device__ __forceinline__ bool d_nonfinite(float f) { return (__float_as_uint(f) & 0x7f800000u) == 0x7f800000u; }
 
+// ---- cp.async staging (round 8: TAH and int encoders) ----
+// 16 bytes global -> shared, through L2 only; groups committed and waited on per thread
+// (a warp's copies are all visible after d_cp_wait1 and __syncwarp).
+__device__ __forceinline__ void d_cp16(float *smem, const float *gmem)
+{
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void d_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// every group but the newest complete
+__device__ __forceinline__ void d_cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+// 32 consecutive floats at src (16-byte aligned; shared memory in the staged kernels)
+__device__ __forceinline__ void d_load32(const float *src, float v[32])
+{
+    const float4 *s4 = (const float4 *)src;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const float4 f4 = s4[i];
+        v[4 * i] = f4.x;
+        v[4 * i + 1] = f4.y;
+        v[4 * i + 2] = f4.z;
+        v[4 * i + 3] = f4.w;
+    }
+}
+
+// Copy n rows of CPR 16-byte chunks, contiguous at src, into buf's rows of ROWW words
+// (CPR * n <= 256: 8 copies per lane at most), then commit the group of copies (also when
+// n = 0, which keeps the wait counts in step).
+template <uint32_t CPR, uint32_t ROWW>
+__device__ __forceinline__ void d_stage_rows(float *buf, const float *src, uint32_t n, uint32_t lane)
+{
+#pragma unroll
+    for (uint32_t m = 0; m < 8u; m++) {
+        const uint32_t c = lane + 32u * m; // chunk c: row c / CPR, bytes 16 (c % CPR) ..
+        if (c < CPR * n)
+            d_cp16(buf + (c / CPR) * ROWW + (c % CPR) * 4u, src + (size_t)c * 4u);
+    }
+    d_cp_commit();
+}
+
 // ---- fp16 (port of codecs/half.c: same bits for every input) ----
 __device__ __forceinline__ uint16_t d_half_from_f32(float f)
 {

@@ -667,6 +667,68 @@ __global__ void __launch_bounds__(256) k_absmax(const float *__restrict__ x, uin
 // it as one u32 (asym) / u16 (sym); each row's lanes fetch (mn, 1/step) by
 // two shuffles. Per element the float operations are enc_seg's, in the same
 // order, on the same metadata values, so the frame is unchanged.
+// A group's metadata from its statistics sv = (min, max) and the frame scale pdown, as
+// intq.c computes it: mn (0 when symmetric) and 1/step; stored when `store`.
+template <int MODE>
+__device__ __forceinline__ void d_int_meta(float2 sv, float pdown, const s_gp &g, uint8_t *p, uint64_t gi, bool store,
+                                           float &mn, float &inv)
+{
+    const float lo = __fmul_rn(sv.x, pdown), hi = __fmul_rn(sv.y, pdown);
+    mn = 0.0f;
+    if (MODE == M_INT_SYM) {
+        const float am = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
+        const uint16_t sh = d_step_up((double)am, (uint32_t)g.qmax);
+        const float step = d_half_to_f32(sh);
+        inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+        if (store)
+            d_put_u16(p + g.meta_off + 2 * gi, sh);
+    } else {
+        const uint16_t mh = d_half_from_f32_down(lo);
+        mn = d_half_to_f32(mh);
+        const uint16_t sh = d_step_up((double)hi - (double)mn, g.L);
+        const float step = d_half_to_f32(sh);
+        inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+        if (store)
+            d_put_u32(p + g.meta_off + 4 * gi, (uint32_t)mh | ((uint32_t)sh << 16));
+    }
+}
+
+// The cooperative int encoders' frame absmax: before the grid barrier each CTA stores the
+// max of its warps' values (ws: a word per warp) in its slot, which no one reads before
+// the barrier (no memset); after it, d_slots_max gives every thread the max of all slots.
+// the max over the CTA of each warp's warp_max (ws: a word per warp), on thread 0
+__device__ __forceinline__ uint32_t d_cta_max(uint32_t warp_max, uint32_t *ws)
+{
+    if ((threadIdx.x & 31u) == 0)
+        ws[threadIdx.x >> 5] = warp_max;
+    __syncthreads();
+    uint32_t m = 0;
+    if (threadIdx.x == 0)
+        for (uint32_t w = 0; w < blockDim.x / 32u; w++)
+            m = max(m, ws[w]);
+    return m;
+}
+
+__device__ __forceinline__ void d_slot_put(uint32_t warp_max, uint32_t *ws, uint32_t *slot_amax)
+{
+    const uint32_t m = d_cta_max(warp_max, ws);
+    if (threadIdx.x == 0)
+        slot_amax[blockIdx.x] = m;
+}
+
+__device__ __forceinline__ uint32_t d_slots_max(const uint32_t *slot_amax, uint32_t *ws, uint32_t *out)
+{
+    uint32_t m = 0;
+    for (uint32_t c = threadIdx.x; c < gridDim.x; c += blockDim.x)
+        m = max(m, __ldcg(&slot_amax[c]));
+    __syncthreads(); // ws free
+    m = d_cta_max(__reduce_max_sync(CU_FULL, m), ws);
+    if (threadIdx.x == 0)
+        *out = m;
+    __syncthreads();
+    return *out;
+}
+
 // k_int_stats' work for warp `warp` of `nwarps`: returns the max |min|, |max| bits of its
 // groups (warp-reduced), non-finite x in bad.
 template <int MODE, int U>
@@ -762,26 +824,8 @@ __device__ __forceinline__ void d_int_codes(const float *__restrict__ x, const f
             d_load8(x, off + 8u * tl, end, g.vec, v[u]);
         }
         // slot `lane`'s metadata, exactly as the CPU computes it
-        float mn = 0.0f, inv;
-        {
-            const float lo = __fmul_rn(sv.x, pdown), hi = __fmul_rn(sv.y, pdown);
-            if (MODE == M_INT_SYM) {
-                const float am = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
-                const uint16_t sh = d_step_up((double)am, (uint32_t)g.qmax);
-                const float step = d_half_to_f32(sh);
-                inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
-                if (mvalid)
-                    d_put_u16(p + g.meta_off + 2 * mgi, sh);
-            } else {
-                const uint16_t mh = d_half_from_f32_down(lo);
-                mn = d_half_to_f32(mh);
-                const uint16_t sh = d_step_up((double)hi - (double)mn, g.L);
-                const float step = d_half_to_f32(sh);
-                inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
-                if (mvalid)
-                    d_put_u32(p + g.meta_off + 4 * mgi, (uint32_t)mh | ((uint32_t)sh << 16));
-            }
-        }
+        float mn, inv;
+        d_int_meta<MODE>(sv, pdown, g, p, mgi, mvalid, mn, inv);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int slot = (int)((uint32_t)u * spw + lane / tpg);
@@ -843,39 +887,16 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict
     d_mark(head);
     __shared__ uint32_t ws[32];
     __shared__ uint32_t sh_amax;
-    const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, nwarp = blockDim.x >> 5;
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
     uint32_t bad = 0;
     const uint32_t amax = d_int_stats<MODE, U>(x, st, g, warp, nwarps, bad);
     if (bad)
         d_flag(head, CU_ST_NONFINITE);
-    if (lane == 0)
-        ws[wid] = amax;
-    __syncthreads();
-    if (tid == 0) {
-        uint32_t m = 0;
-        for (uint32_t w = 0; w < nwarp; w++)
-            m = max(m, ws[w]);
-        slot_amax[blockIdx.x] = m;
-    }
+    d_slot_put(amax, ws, slot_amax);
     grid.sync(); // every group's statistics and every CTA's absmax written
-    uint32_t m = 0;
-    for (uint32_t c = tid; c < gridDim.x; c += blockDim.x)
-        m = max(m, slot_amax[c]);
-    m = __reduce_max_sync(CU_FULL, m);
-    if (lane == 0)
-        ws[wid] = m;
-    __syncthreads();
-    if (tid == 0) {
-        uint32_t mm = 0;
-        for (uint32_t w = 0; w < nwarp; w++)
-            mm = max(mm, ws[w]);
-        sh_amax = mm;
-    }
-    __syncthreads();
-    const int32_t e = d_int_exp(sh_amax);
-    if (blockIdx.x == 0 && tid == 0)
+    const int32_t e = d_int_exp(d_slots_max(slot_amax, ws, &sh_amax));
+    if (blockIdx.x == 0 && threadIdx.x == 0)
         d_put_u32(p, (uint32_t)e);
     d_int_codes<MODE, BITS, U>(x, st, p, g, d_pow2f(-e), warp, nwarps);
 }
@@ -901,36 +922,10 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict
 #define S_IQ_WARPW (2u * 8u * S_IQ_ROWW)    // words per warp: two buffers of 8 groups
 #define S_IQ_SMEM (8u * S_IQ_WARPW * 4u)    // bytes per CTA of 8 warps
 
-__device__ __forceinline__ void d_iq_cp16(float *smem, const float *gmem)
-{
-    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
-}
-
-// Copy groups g0 .. g0+n-1 (n <= 8) into buf's rows and commit the group of copies
-// (also when n = 0, keeping the wait counts in step).
+// Copy groups g0 .. g0+n-1 (n <= 8) into buf's rows.
 __device__ __forceinline__ void d_iq_stage(float *buf, const float *x, uint32_t g0, uint32_t n, uint32_t lane)
 {
-#pragma unroll
-    for (uint32_t m = 0; m < 8u; m++) {
-        const uint32_t c = lane + 32u * m; // chunk c: group c / 32, bytes 16 (c % 32) ..
-        if (c < 32u * n)
-            d_iq_cp16(buf + (c / 32u) * S_IQ_ROWW + (c % 32u) * 4u, x + (uint64_t)(g0 + c / 32u) * 128u + (c % 32u) * 4u);
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void d_iq_row(const float *row, uint32_t q, float v[32])
-{
-    const float4 *src = (const float4 *)(row + 32u * q);
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const float4 f4 = src[i];
-        v[4 * i] = f4.x;
-        v[4 * i + 1] = f4.y;
-        v[4 * i + 2] = f4.z;
-        v[4 * i + 3] = f4.w;
-    }
+    d_stage_rows<32u, S_IQ_ROWW>(buf, x + (uint64_t)g0 * 128u, n, lane);
 }
 
 template <int MODE>
@@ -952,12 +947,12 @@ __global__ void __launch_bounds__(256, 3) k_int_q4(const float *__restrict__ x, 
     for (uint32_t u = warp; u < nu; u += nwarps, k ^= 1u) { // uniform per warp
         const uint32_t un = u + nwarps;
         d_iq_stage(wb + (k ^ 1u) * 8u * S_IQ_ROWW, x, 8u * un, un < nu ? min(8u, ng - 8u * un) : 0u, lane);
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        d_cp_wait1();
         __syncwarp();
         const uint32_t gi = 8u * u + gl;
         const bool valid = gi < ng;
         float v[32];
-        d_iq_row(wb + (k * 8u + gl) * S_IQ_ROWW, q, v);
+        d_load32(wb + (k * 8u + gl) * S_IQ_ROWW + 32u * q, v);
         __syncwarp(); // buffer k read before it is refilled
         float a = v[0], b = v[0];
         uint32_t mb = 0;
@@ -994,35 +989,9 @@ __global__ void __launch_bounds__(256, 3) k_int_q4(const float *__restrict__ x, 
     }
     if (bad)
         d_flag(head, CU_ST_NONFINITE);
-    amax = __reduce_max_sync(CU_FULL, amax);
-    if (lane == 0)
-        ws[wid] = amax;
-    __syncthreads();
-    if (tid == 0) {
-        uint32_t m = 0;
-        for (uint32_t w = 0; w < 8u; w++)
-            m = max(m, ws[w]);
-        slot_amax[blockIdx.x] = m;
-    }
+    d_slot_put(__reduce_max_sync(CU_FULL, amax), ws, slot_amax);
     grid.sync(); // every group's statistics and every CTA's absmax written
-    {
-        uint32_t m = 0;
-        for (uint32_t c = tid; c < gridDim.x; c += blockDim.x)
-            m = max(m, __ldcg(&slot_amax[c]));
-        m = __reduce_max_sync(CU_FULL, m);
-        __syncthreads(); // ws free
-        if (lane == 0)
-            ws[wid] = m;
-        __syncthreads();
-        if (tid == 0) {
-            uint32_t mm = 0;
-            for (uint32_t w = 0; w < 8u; w++)
-                mm = max(mm, ws[w]);
-            sh_amax = mm;
-        }
-        __syncthreads();
-    }
-    const int32_t e = d_int_exp(sh_amax);
+    const int32_t e = d_int_exp(d_slots_max(slot_amax, ws, &sh_amax));
     if (blockIdx.x == 0 && tid == 0)
         d_put_u32(p, (uint32_t)e);
     const float pdown = d_pow2f(-e);
@@ -1042,33 +1011,15 @@ __global__ void __launch_bounds__(256, 3) k_int_q4(const float *__restrict__ x, 
         const uint32_t mgi = 8u * uu + lane;
         const bool mvalid = lane < 8u && mgi < ng;
         const float2 sv = mvalid ? __ldcg(&st[mgi]) : make_float2(0.0f, 0.0f);
-        float mn = 0.0f, inv;
-        {
-            const float lo = __fmul_rn(sv.x, pdown), hi = __fmul_rn(sv.y, pdown);
-            if (MODE == M_INT_SYM) {
-                const float am = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
-                const uint16_t sh = d_step_up((double)am, (uint32_t)g.qmax);
-                const float step = d_half_to_f32(sh);
-                inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
-                if (mvalid)
-                    d_put_u16(p + g.meta_off + 2ull * mgi, sh);
-            } else {
-                const uint16_t mh = d_half_from_f32_down(lo);
-                mn = d_half_to_f32(mh);
-                const uint16_t sh = d_step_up((double)hi - (double)mn, g.L);
-                const float step = d_half_to_f32(sh);
-                inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
-                if (mvalid)
-                    d_put_u32(p + g.meta_off + 4ull * mgi, (uint32_t)mh | ((uint32_t)sh << 16));
-            }
-        }
+        float mn, inv;
+        d_int_meta<MODE>(sv, pdown, g, p, mgi, mvalid, mn, inv);
         const float q_inv = __shfl_sync(CU_FULL, inv, (int)gl);
         const float q_mn = __shfl_sync(CU_FULL, mn, (int)gl);
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        d_cp_wait1();
         __syncwarp();
         const uint32_t gi = 8u * uu + gl;
         float v[32];
-        d_iq_row(wb + (k * 8u + gl) * S_IQ_ROWW, q, v);
+        d_load32(wb + (k * 8u + gl) * S_IQ_ROWW + 32u * q, v);
         __syncwarp(); // buffer k read before it is refilled
         uint32_t w[4] = { 0u, 0u, 0u, 0u };
 #pragma unroll
@@ -1387,14 +1338,23 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
         if (s_int_split(g)) {
             float2 *stats = (float2 *)work;
             const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg));
-            if (cu_fuse() && cu_tpt() && g.bits == 4 && g.group == 128 && g.n % 128u == 0 && g.ng < 0x80000000ull &&
-                ((uintptr_t)x & 15u) == 0 && ((uintptr_t)payload & 3u) == 0 &&
-                ((uintptr_t)payload + g.codes_off) % 4u == 0) { // round 8: a lane quad per group
-                const void *kern = (const void *)k_int_q4<MODE>;
-                CUDA_CHECK(cu_smem_allow(kern, S_IQ_SMEM));
-                uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, S_IQ_SMEM);
+            if (cu_fuse()) { // one cooperative launch, no memset
+                // round 8: a lane quad per group, staged (the default specs on whole groups);
+                // else round 6 (2 rows per warp at 4 CTAs per SM measured slower: 0.0565 vs
+                // 0.0505 ms, H200)
+                const bool q4 = cu_tpt() && g.bits == 4 && g.group == 128 && g.n % 128u == 0 &&
+                                g.ng < 0x80000000ull && ((uintptr_t)x & 15u) == 0 && ((uintptr_t)payload & 3u) == 0 &&
+                                ((uintptr_t)payload + g.codes_off) % 4u == 0;
+                const void *kern = q4 ? (const void *)k_int_q4<MODE>
+                                   : g.bits == s_fast_bits(MODE)
+                                       ? (const void *)k_int_fused<MODE, s_fast_bits(MODE), S_ROWS, 3>
+                                       : (const void *)k_int_fused<MODE, 0, S_ROWS, 3>;
+                const size_t smem = q4 ? S_IQ_SMEM : 0;
+                if (q4)
+                    CUDA_CHECK(cu_smem_allow(kern, smem));
+                uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, smem);
                 blocks = blocks < S_INT_MAXGRID ? blocks : S_INT_MAXGRID;
-                const uint64_t need = (g.ng + 63u) / 64u; // 64 groups per CTA iteration
+                const uint64_t need = q4 ? (g.ng + 63u) / 64u : grid; // k_int_q4: 64 groups per CTA iteration
                 blocks = blocks < need ? blocks : need;
                 if (blocks > 0) {
                     const float *a_x = x;
@@ -1404,28 +1364,7 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
                     cu_hp a_head = head;
                     s_gp a_g = g;
                     void *args[] = { &a_x, &a_st, &a_p, &a_slot, &a_head, &a_g };
-                    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)blocks), dim3(256), args, S_IQ_SMEM,
-                                                           st));
-                    return 0;
-                }
-            }
-            if (cu_fuse()) { // round 6: one cooperative launch, no memset
-                // (2 rows per warp at 4 CTAs per SM measured slower: 0.0565 vs 0.0505 ms, H200)
-                const void *kern = g.bits == s_fast_bits(MODE)
-                                       ? (const void *)k_int_fused<MODE, s_fast_bits(MODE), S_ROWS, 3>
-                                       : (const void *)k_int_fused<MODE, 0, S_ROWS, 3>;
-                uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, 0);
-                blocks = blocks < S_INT_MAXGRID ? blocks : S_INT_MAXGRID;
-                blocks = blocks < grid ? blocks : grid;
-                if (blocks > 0) {
-                    const float *a_x = x;
-                    float2 *a_st = stats;
-                    uint8_t *a_p = payload;
-                    uint32_t *a_slot = (uint32_t *)(stats + g.ng);
-                    cu_hp a_head = head;
-                    s_gp a_g = g;
-                    void *args[] = { &a_x, &a_st, &a_p, &a_slot, &a_head, &a_g };
-                    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)blocks), dim3(256), args, 0, st));
+                    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)blocks), dim3(256), args, smem, st));
                     return 0;
                 }
             }

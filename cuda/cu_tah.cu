@@ -302,13 +302,26 @@ __device__ __forceinline__ void d_ent_load4(const float *src, bool vec, float f[
     }
 }
 
+// tah.c's entropy from S1 = sum |a| and SL = sum |a| log2 |a|: log2(D) S1/D - SL/D,
+// D = S1 + eps, clamped at 0 (0 for an all-zero tile)
+__device__ __forceinline__ float d_ent_final(float S1, float SL)
+{
+    if (S1 == 0.0f)
+        return 0.0f;
+    const float D = __fadd_rn(S1, S_ENT_EPS);
+    const float h = __fsub_rn(__fmul_rn(d_log2f(D), __fdiv_rn(S1, D)), __fdiv_rn(SL, D));
+    return h > 0.0f ? h : 0.0f;
+}
+
 // one 16-element step of tah.c's 16 accumulators (lane u holds 4u..4u+3).
 // mb: max of |f|'s bits (round 5; was fmaxf plus a non-finite test per element): for
 // finite floats the same maximum, and >= 0x7f800000 exactly when some f is Inf or NaN.
-__device__ __forceinline__ void d_ent_step(const float f[4], float s1[4], float sl[4], uint32_t &mb)
+// (N accumulators: the lane pairs of round 8 hold 8.)
+template <int N>
+__device__ __forceinline__ void d_ent_step(const float f[N], float s1[N], float sl[N], uint32_t &mb)
 {
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < N; i++) {
         const float v = fabsf(f[i]);
         s1[i] = __fadd_rn(s1[i], v);
         sl[i] = __fadd_rn(sl[i], __fmul_rn(v, d_log2f(v)));
@@ -340,12 +353,12 @@ __device__ __forceinline__ float d_tah_ent_tile(const float *__restrict__ x, con
             d_ent_load4(row + 16u * (st + (uint32_t)k) + 4u * u, g.vec, f[k]);
 #pragma unroll
         for (int k = 0; k < S_ENT_STEPS; k++)
-            d_ent_step(f[k], s1, sl, amax);
+            d_ent_step<4>(f[k], s1, sl, amax);
     }
     for (; st < nfull; st++) {
         float f[4];
         d_ent_load4(row + 16u * st + 4u * u, g.vec, f);
-        d_ent_step(f, s1, sl, amax);
+        d_ent_step<4>(f, s1, sl, amax);
     }
     // tah.c: S1 = 0 + s1[0] + s1[1] + ... + s1[15], lane 4u'+i held by lane u', register i
     float S1 = 0.0f, SL = 0.0f;
@@ -364,13 +377,7 @@ __device__ __forceinline__ float d_tah_ent_tile(const float *__restrict__ x, con
         SL = __fadd_rn(SL, __fmul_rn(v, d_log2f(v)));
         amax = max(amax, __float_as_uint(v));
     }
-    float h = 0.0f;
-    if (S1 != 0.0f) {
-        const float D = __fadd_rn(S1, S_ENT_EPS);
-        h = __fsub_rn(__fmul_rn(d_log2f(D), __fdiv_rn(S1, D)), __fdiv_rn(SL, D));
-        h = h > 0.0f ? h : 0.0f;
-    }
-    return h;
+    return d_ent_final(S1, SL);
 }
 
 __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x, float *__restrict__ ent,
@@ -683,6 +690,22 @@ __device__ __forceinline__ void d_tile_geom(const s_tg &g, uint64_t tile, uint64
     w = g.C - c0 < g.G ? g.C - c0 : g.G;
 }
 
+// Merge a lane's top-2 magnitudes (m1 >= m2, i1 the first index of m1) with those of
+// lane ^ o (mask: the lanes taking part): the larger m1 wins, the lower index on ties;
+// the second is the winner's m2 or the loser's m1. Both lanes end with the same values.
+__device__ __forceinline__ void d_top2_merge(float &m1, float &m2, uint32_t &i1, uint32_t mask, uint32_t o)
+{
+    const float b1 = __shfl_xor_sync(mask, m1, (int)o), b2 = __shfl_xor_sync(mask, m2, (int)o);
+    const uint32_t bi = __shfl_xor_sync(mask, i1, (int)o);
+    if (b1 > m1 || (b1 == m1 && bi < i1)) {
+        m2 = fmaxf(b2, m1);
+        m1 = b1;
+        i1 = bi;
+    } else {
+        m2 = fmaxf(m2, b1);
+    }
+}
+
 // swap element 0 and element piv of the segment's tile (registers of two lanes)
 __device__ __forceinline__ void d_swap0(float z[8], uint32_t lane, uint32_t tl, uint32_t tpg, uint32_t piv)
 {
@@ -759,18 +782,8 @@ __device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8
                 m2 = m;
             }
         }
-        for (uint32_t o = 1; o < tpg; o *= 2) {
-            const float b1 = __shfl_xor_sync(CU_FULL, m1, (int)o);
-            const float b2 = __shfl_xor_sync(CU_FULL, m2, (int)o);
-            const uint32_t bi = __shfl_xor_sync(CU_FULL, i1, (int)o);
-            if (b1 > m1 || (b1 == m1 && bi < i1)) {
-                m2 = fmaxf(b2, m1);
-                m1 = b1;
-                i1 = bi;
-            } else {
-                m2 = fmaxf(m2, b1);
-            }
-        }
+        for (uint32_t o = 1; o < tpg; o *= 2)
+            d_top2_merge(m1, m2, i1, CU_FULL, o);
         const uint32_t piv = m1 > 0.0f ? i1 : 0u;
         float mn, mx;
         const bool full = w == G;
@@ -912,13 +925,7 @@ __device__ __forceinline__ float d_tah_ent_p64(const float *tile, uint32_t lane,
         const float4 *src = (const float4 *)(tile + 16 * st + 8u * h);
         const float4 a = src[0], b = src[1];
         const float f[8] = { a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w };
-#pragma unroll
-        for (int c = 0; c < 8; c++) {
-            const float v = fabsf(f[c]);
-            s1[c] = __fadd_rn(s1[c], v);
-            sl[c] = __fadd_rn(sl[c], __fmul_rn(v, d_log2f(v)));
-            amax = max(amax, __float_as_uint(v));
-        }
+        d_ent_step<8>(f, s1, sl, amax);
     }
     float S1 = 0.0f, SL = 0.0f; // lane 0: accumulators 0..7 from 0
 #pragma unroll
@@ -933,13 +940,7 @@ __device__ __forceinline__ float d_tah_ent_p64(const float *tile, uint32_t lane,
         S1 = __fadd_rn(S1, s1[c]);
         SL = __fadd_rn(SL, sl[c]);
     }
-    float ent = 0.0f;
-    if (S1 != 0.0f) {
-        const float D = __fadd_rn(S1, S_ENT_EPS);
-        ent = __fsub_rn(__fmul_rn(d_log2f(D), __fdiv_rn(S1, D)), __fdiv_rn(SL, D));
-        ent = ent > 0.0f ? ent : 0.0f;
-    }
-    return ent;
+    return d_ent_final(S1, SL);
 }
 
 // min and max of the pair's tile (lane h: elements 32h..32h+31 in v) as tah.c's 8-lane
@@ -984,39 +985,10 @@ __device__ __forceinline__ void d_minmax_p64(const float v[32], uint32_t lane, f
 #define S_ST_WARPW (2u * S_ST_UNIT * S_ST_ROWW)    // words per warp: two buffers
 #define S_ST_CTA (8u * S_ST_WARPW * 4u)            // bytes per CTA of 8 warps
 
-__device__ __forceinline__ void d_cp16(float *smem, const float *gmem)
-{
-    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void d_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void d_cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-
-// Copy tiles gt .. gt+n-1 (n <= S_ST_UNIT, 64 floats each, 16-byte aligned) into buf's
-// rows, then commit the group (also when n = 0, so the wait counts stay in step).
+// Copy tiles gt .. gt+n-1 (n <= S_ST_UNIT, 64 floats each, 16-byte aligned) into buf's rows.
 __device__ __forceinline__ void d_stage_unit(float *buf, const float *x, uint64_t gt, uint32_t n, uint32_t lane)
 {
-#pragma unroll
-    for (uint32_t m = 0; m < 8u; m++) {
-        const uint32_t c = lane + 32u * m; // chunk c: tile c / 16, bytes 16 (c % 16) ..
-        if (c < 16u * n)
-            d_cp16(buf + (c / 16u) * S_ST_ROWW + (c % 16u) * 4u, x + (gt + c / 16u) * 64u + (c % 16u) * 4u);
-    }
-    d_cp_commit();
-}
-
-// lane h's 32 floats of a staged row
-__device__ __forceinline__ void d_row_load(const float *row, uint32_t h, float v[32])
-{
-    const float4 *src = (const float4 *)(row + 32u * h);
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const float4 q = src[i];
-        v[4 * i] = q.x;
-        v[4 * i + 1] = q.y;
-        v[4 * i + 2] = q.z;
-        v[4 * i + 3] = q.w;
-    }
+    d_stage_rows<16u, S_ST_ROWW>(buf, x + gt * 64u, n, lane);
 }
 
 // Quantise the staged unit `unit` (S_ST_UNIT rows): the lane pair of tile tl = lane & 15
@@ -1033,7 +1005,7 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
     float *row = unit + tl * S_ST_ROWW;
     float v[32];
     if (valid)
-        d_row_load(row, h, v);
+        d_load32(row + 32u * h, v);
     else
 #pragma unroll
         for (int r = 0; r < 32; r++)
@@ -1052,17 +1024,7 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
             i1 = 32u * h + (uint32_t)r;
         }
     }
-    {
-        const float b1 = __shfl_xor_sync(pm, m1, 16), b2 = __shfl_xor_sync(pm, m2, 16);
-        const uint32_t bi = __shfl_xor_sync(pm, i1, 16);
-        if (b1 > m1 || (b1 == m1 && bi < i1)) {
-            m2 = fmaxf(b2, m1);
-            m1 = b1;
-            i1 = bi;
-        } else {
-            m2 = fmaxf(m2, b1);
-        }
-    }
+    d_top2_merge(m1, m2, i1, pm, 16u);
     const uint32_t piv = m1 > 0.0f ? i1 : 0u;
     float mn, mx;
     d_minmax_p64(v, lane, mn, mx);
@@ -1104,7 +1066,7 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
     if (!valid)
         return;
     if (rot) {
-        d_row_load(row, h, v);
+        d_load32(row + 32u * h, v);
         const float2 q = mm[tl];
         mn = q.x;
         mx = q.y;
@@ -1751,6 +1713,28 @@ __global__ void __launch_bounds__(256) k_tah_dcount(const uint8_t *__restrict__ 
         d_flag(head, CU_ST_CORRUPT);
 }
 
+// This thread's share of the high tiles among flag bytes fs[0 .. t) (bit 0 of byte t is
+// tile t's width): 16-byte loads after an aligning head, strided over the CTA (round 7).
+__device__ __forceinline__ uint32_t d_count_hi(const uint8_t *fs, uint32_t t)
+{
+    const uint32_t tid = threadIdx.x;
+    uint32_t c = 0;
+    const uint32_t hd = min((uint32_t)((16u - ((uintptr_t)fs & 15u)) & 15u), t); // bytes to a 16-byte boundary
+    if (tid < hd)
+        c += fs[tid] & 1u;
+    const uint4 *f4 = (const uint4 *)(fs + hd);
+    const uint32_t nv = (t - hd) / 16u;
+#pragma unroll 4
+    for (uint32_t j = tid; j < nv; j += blockDim.x) {
+        const uint4 w = f4[j];
+        c += __popc(w.x & 0x01010101u) + __popc(w.y & 0x01010101u) + __popc(w.z & 0x01010101u) +
+             __popc(w.w & 0x01010101u);
+    }
+    for (uint32_t j = hd + 16u * nv + tid; j < t; j += blockDim.x)
+        c += fs[j] & 1u;
+    return c;
+}
+
 // BH, BL: the code widths when known at compile time (0: g.bh, g.bl); TPG: tile/8 likewise
 // (round 6: the segment loops of the rotation unroll)
 // SELF (round 7; tile 64 with alloc_tile 64, fbits 8, S*Q < 2^16): one launch, no
@@ -1783,20 +1767,7 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
     if (SELF) {
         if (tid == 0)
             corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
-        const uint8_t *fs = flags + b * SQ; // byte t: tile t's flag field
-        const uint32_t h = min((uint32_t)((16u - ((uintptr_t)fs & 15u)) & 15u), t0); // bytes to a 16-byte boundary
-        if (tid < h)
-            pre += fs[tid] & 1u;
-        const uint4 *f4 = (const uint4 *)(fs + h);
-        const uint32_t nv = (t0 - h) / 16u;
-#pragma unroll 4
-        for (uint32_t j = tid; j < nv; j += blockDim.x) {
-            const uint4 w = f4[j];
-            pre += __popc(w.x & 0x01010101u) + __popc(w.y & 0x01010101u) + __popc(w.z & 0x01010101u) +
-                   __popc(w.w & 0x01010101u);
-        }
-        for (uint32_t j = h + 16u * nv + tid; j < t0; j += blockDim.x)
-            pre += fs[j] & 1u;
+        pre = d_count_hi(flags + b * SQ, t0);
     }
     e = e < -200 ? -200 : (e > 200 ? 200 : e); // a bad e is reported by k_tah_dcount (SELF: above)
     if (!SELF && wid == 0) { // the sample's high quant tiles before this chunk
@@ -1942,22 +1913,7 @@ __global__ void __launch_bounds__(256, 4) k_tah_dp64(const uint8_t *__restrict__
     if (blockIdx.x == 0 && tid == 0)
         corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
     e = e < -200 ? -200 : (e > 200 ? 200 : e);
-    uint32_t pre = 0; // this thread's share of the sample's high tiles before the run
-    {
-        const uint32_t hd = min((uint32_t)((16u - ((uintptr_t)fs & 15u)) & 15u), a0);
-        if (tid < hd)
-            pre += fs[tid] & 1u;
-        const uint4 *f4 = (const uint4 *)(fs + hd);
-        const uint32_t nv = (a0 - hd) / 16u;
-#pragma unroll 4
-        for (uint32_t k = tid; k < nv; k += blockDim.x) {
-            const uint4 w = f4[k];
-            pre += __popc(w.x & 0x01010101u) + __popc(w.y & 0x01010101u) + __popc(w.z & 0x01010101u) +
-                   __popc(w.w & 0x01010101u);
-        }
-        for (uint32_t k = hd + 16u * nv + tid; k < a0; k += blockDim.x)
-            pre += fs[k] & 1u;
-    }
+    uint32_t pre = d_count_hi(fs, a0); // this thread's share of the sample's high tiles before the run
     uint32_t run = 0; // high tiles of the sample before this round (after the first scan)
     for (uint32_t t0 = a0; t0 < a1; t0 += S_DT_TILES) { // rounds of 128 tiles, uniform per CTA
         const uint32_t n = min(S_DT_TILES, a1 - t0);
