@@ -915,9 +915,11 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict
 //     shuffle stages (xor 8, 16); the codes are rint(t) read off the bits of
 //     t + 1.5 * 2^23 (intq.c's (t + S_ROUND) - S_ROUND), packed as nibbles.
 // Same structure otherwise: a cooperative launch, the statistics pass writing each
-// group's (min, max) and its CTA's absmax slot, one grid barrier, the codes pass over
-// the units in reverse (the end of x is in L2) with group j's metadata on lane j,
-// shuffled to its lanes. Frames identical to k_int_fused's.
+// group's (min, max) and its CTA's absmax slot, one grid barrier, the codes pass with
+// group j's metadata on lane j, shuffled to its lanes. The codes pass takes each warp's
+// own units in reverse: its last two are still in its buffers (a resident grid of 3 x 8
+// warps per SM holds 26 MB of x on chip), the earlier ones were read most recently (L2).
+// Frames identical to k_int_fused's.
 #define S_IQ_ROWW 132u                      // words per staged group (128 + 4 pad)
 #define S_IQ_WARPW (2u * 8u * S_IQ_ROWW)    // words per warp: two buffers of 8 groups
 #define S_IQ_SMEM (8u * S_IQ_WARPW * 4u)    // bytes per CTA of 8 warps
@@ -997,30 +999,35 @@ __global__ void __launch_bounds__(256, 3) k_int_q4(const float *__restrict__ x, 
     const float pdown = d_pow2f(-e);
     const float lim = MODE == M_INT_SYM ? (float)g.qmax : 15.0f, low = MODE == M_INT_SYM ? -lim : 0.0f;
     const uint32_t off = MODE == M_INT_SYM ? 0x4b400000u - (uint32_t)g.qmax : 0x4b400000u;
-    k = 0;
-    __syncwarp();
-    if (warp < nu) { // units in reverse: unit nu - 1 - u
-        const uint32_t uu = nu - 1u - warp;
-        d_iq_stage(wb, x, 8u * uu, min(8u, ng - 8u * uu), lane);
-    }
-    for (uint32_t u = warp; u < nu; u += nwarps, k ^= 1u) { // uniform per warp
-        const uint32_t un = u + nwarps, uu = nu - 1u - u;
-        d_iq_stage(wb + (k ^ 1u) * 8u * S_IQ_ROWW, x, un < nu ? 8u * (nu - 1u - un) : 0u,
-                   un < nu ? min(8u, ng - 8u * (nu - 1u - un)) : 0u, lane);
+    // pass 2 takes this warp's pass-1 units in reverse (i = cnt - 1 .. 0; its unit i,
+    // warp + i nwarps, lives in buffer i & 1 in both passes): the last two are still in
+    // shared memory from pass 1 and each earlier one is staged two steps ahead, the most
+    // recently read first (L2)
+    const uint32_t cnt = warp < nu ? (nu - 1u - warp) / nwarps + 1u : 0u;
+    for (uint32_t j = 0; j < cnt; j++) { // uniform per warp
+        const uint32_t i = cnt - 1u - j, u = warp + i * nwarps, kb = i & 1u;
         // lane j < 8: group j's metadata (its statistics from L2)
-        const uint32_t mgi = 8u * uu + lane;
+        const uint32_t mgi = 8u * u + lane;
         const bool mvalid = lane < 8u && mgi < ng;
         const float2 sv = mvalid ? __ldcg(&st[mgi]) : make_float2(0.0f, 0.0f);
         float mn, inv;
         d_int_meta<MODE>(sv, pdown, g, p, mgi, mvalid, mn, inv);
         const float q_inv = __shfl_sync(CU_FULL, inv, (int)gl);
         const float q_mn = __shfl_sync(CU_FULL, mn, (int)gl);
-        d_cp_wait1();
-        __syncwarp();
-        const uint32_t gi = 8u * uu + gl;
+        if (j >= 2u) { // unit i was staged at step j - 2
+            d_cp_wait1();
+            __syncwarp();
+        }
+        const uint32_t gi = 8u * u + gl;
         float v[32];
-        d_load32(wb + (k * 8u + gl) * S_IQ_ROWW + 32u * q, v);
-        __syncwarp(); // buffer k read before it is refilled
+        d_load32(wb + (kb * 8u + gl) * S_IQ_ROWW + 32u * q, v);
+        __syncwarp(); // buffer kb read before it is refilled
+        if (i >= 2u) {
+            const uint32_t u2 = u - 2u * nwarps;
+            d_iq_stage(wb + kb * 8u * S_IQ_ROWW, x, 8u * u2, min(8u, ng - 8u * u2), lane);
+        } else {
+            d_cp_commit(); // an empty group: the wait counts stay in step
+        }
         uint32_t w[4] = { 0u, 0u, 0u, 0u };
 #pragma unroll
         for (int r = 0; r < 32; r++) {
