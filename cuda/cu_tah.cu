@@ -1370,24 +1370,29 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     const uint32_t nq = L * g.k;
     const uint64_t t0 = (uint64_t)b * g.S * g.Q + (uint64_t)a0 * g.k;
     uint32_t range = 0;
-    if constexpr (TPT) { // units in reverse (the end of the run, read last in pass 1, is in L2)
-        uint32_t k = 0;
-        __syncwarp();
-        if (wid < nU) {
-            const uint32_t uu = nU - 1u - wid;
-            d_stage_unit(wb, x, t0 + S_ST_UNIT * uu, min(S_ST_UNIT, nq - S_ST_UNIT * uu), lane);
-        }
-        for (uint32_t u = wid; u < nU; u += nwarp, k ^= 1u) { // uniform per warp
-            const uint32_t un = u + nwarp, uu = nU - 1u - u;
-            d_stage_unit(wb + (k ^ 1u) * S_ST_UNIT * S_ST_ROWW, x, t0 + S_ST_UNIT * (nU - 1u - un),
-                         un < nU ? min(S_ST_UNIT, nq - S_ST_UNIT * (nU - 1u - un)) : 0u, lane);
-            d_cp_wait1();
-            __syncwarp();
-            const uint32_t lt = S_ST_UNIT * uu + (lane & 15u);
+    if constexpr (TPT) {
+        // this warp's phase-1 units in reverse (i = cnt - 1 .. 0; its unit i, wid + i nwarp,
+        // lives in buffer i & 1 in both phases): the last two are still in its buffers, each
+        // earlier one is staged two steps ahead, the most recently read first (L2)
+        const uint32_t cnt = wid < nU ? (nU - 1u - wid) / nwarp + 1u : 0u;
+        for (uint32_t j = 0; j < cnt; j++) { // uniform per warp
+            const uint32_t i = cnt - 1u - j, u = wid + i * nwarp, kb = i & 1u;
+            float *ub = wb + kb * S_ST_UNIT * S_ST_ROWW;
+            if (j >= 2u) { // unit i was staged at step j - 2
+                d_cp_wait1();
+                __syncwarp();
+            }
+            const uint32_t lt = S_ST_UNIT * u + (lane & 15u);
             const bool valid = lt < nq; // pair-uniform
-            d_tah_quant_p64<BH, BL>(wb + k * S_ST_UNIT * S_ST_ROWW, s_mm[wid], valid, p, g, t0 + lt, b, a0 + lt,
-                                    valid ? sk[lt] : 0u, down, rho_down, lane, range);
-            __syncwarp();
+            d_tah_quant_p64<BH, BL>(ub, s_mm[wid], valid, p, g, t0 + lt, b, a0 + lt, valid ? sk[lt] : 0u, down,
+                                    rho_down, lane, range);
+            __syncwarp(); // buffer kb read before it is refilled
+            if (i >= 2u) {
+                const uint32_t u2 = u - 2u * nwarp;
+                d_stage_unit(ub, x, t0 + S_ST_UNIT * u2, min(S_ST_UNIT, nq - S_ST_UNIT * u2), lane);
+            } else {
+                d_cp_commit(); // an empty group: the wait counts stay in step
+            }
         }
     } else for (uint32_t base = wid * spw * U; base < nq; base += nwarp * spw * U) { // uniform per warp
         uint64_t tiles[U];
