@@ -491,7 +491,8 @@ bool cu_legacy(void);
 // The one-launch encoders (round 6: k_int_fused, k_tah_fused) unless TAH_CU_FUSE=0 or
 // TAH_CU_LEGACY=1 (then round 5's memset + two or three kernels).
 bool cu_fuse(void);
-// The thread-per-tile TAH encoder (round 8) unless TAH_CU_TPT=0 (then round 7's segments).
+// Round 8's kernels (lane pairs per TAH tile in encode and decode, lane quads per int group)
+// unless TAH_CU_TPT=0 (then round 7's segment kernels: a same-binary comparison).
 bool cu_tpt(void);
 // Dynamic shared memory a block of the current device may opt in to, less
 // `reserve` bytes for the kernel's static shared memory (0 on error).

@@ -27,6 +27,8 @@
 // absmax, pass 2 (k_int_codes) computes each group's metadata on one lane
 // and only quantises (see the comment above k_int_stats). fixpt with
 // 4 <= tpg <= 32: k_fix_enc, the step once per group on one lane.
+// Round 8: the default int specs (4 bits, group 128) on whole groups go through
+// k_int_q4 instead, a lane quad per group with staged units (comment above it).
 //
 // Decode: a flat grid, one thread per 8-code chunk (b bytes in, 8 floats
 // out), checking the metadata and codes exactly as the CPU decoder does.

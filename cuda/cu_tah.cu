@@ -38,6 +38,12 @@
 // a block scan, segment per tile as in 3, 4 tiles per segment in flight);
 // TAH_CU_LEGACY=1: k_tah_dscan (per sample) then k_tah_dtile.
 //
+// Round 8, the default spec (tile = alloc_tile = 64, 4/3 bits) on C % 64 == 0 with
+// aligned buffers: k_tah_fused<TPT> gives each tile a lane pair (32 floats per lane) and
+// streams units of 16 tiles through shared memory with cp.async, and k_tah_dp64 decodes
+// with lane pairs over P CTAs per sample (see the comments above them). TAH_CU_TPT=0
+// selects the segment kernels above for a same-binary comparison.
+//
 // Which zero is a tile's minimum (+0 or -0 changes the fp16 min's sign bit)
 // follows tah.c's reduction order; see d_zkey.
 #include <float.h>
