@@ -1925,14 +1925,21 @@ __global__ void __launch_bounds__(256, 4) k_tah_dp64(const uint8_t *__restrict__
         corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
     e = e < -200 ? -200 : (e > 200 ? 200 : e);
     uint32_t pre = d_count_hi(fs, a0); // this thread's share of the sample's high tiles before the run
-    uint32_t run = 0; // high tiles of the sample before this round (after the first scan)
-    for (uint32_t t0 = a0; t0 < a1; t0 += S_DT_TILES) { // rounds of 128 tiles, uniform per CTA
+    uint32_t run = 0; // high tiles of the sample before the next round to fetch (after the first scan)
+    // a round's flag, meta word and raw code words, fetched one round ahead: the next
+    // round's scan and loads are issued before this round's arithmetic
+    struct s_fetch {
+        uint32_t f, meta, w[4];
+        bool in;
+    };
+    auto fetch = [&](uint32_t t0) {
+        s_fetch r;
         const uint32_t n = min(S_DT_TILES, a1 - t0);
         const bool valid = i < n;
-        const uint32_t f = valid ? fs[t0 + i] : 0u;
-        corrupt |= (uint32_t)(!(f & 2u) && (f >> 2) != 0); // a pivot without rotation
+        r.f = valid ? fs[t0 + i] : 0u;
+        corrupt |= (uint32_t)(!(r.f & 2u) && (r.f >> 2) != 0); // a pivot without rotation
         uint32_t tot;
-        const uint32_t mine = h ? 0u : (f & 1u); // lane 0 of the pair counts the tile
+        const uint32_t mine = h ? 0u : (r.f & 1u); // lane 0 of the pair counts the tile
         const uint32_t sc = d_block_scan(mine | (pre << 16), ws, &tot); // pre: first round only (< 2^16)
         pre = 0;
         run += tot >> 16;
@@ -1941,27 +1948,46 @@ __global__ void __launch_bounds__(256, 4) k_tah_dp64(const uint8_t *__restrict__
         if (tid == 0 && j == P - 1u && t0 + S_DT_TILES >= a1 && (uint64_t)run != g.n_hi)
             corrupt = 1; // the sample's high tiles
         const uint32_t ts = t0 + i;
-        const uint64_t tile = b * SQ + ts;
         const uint64_t off = 8ull * ((uint64_t)BL * ts + (uint64_t)(BH - BL) * H);
-        const bool hi = f & 1u;
-        const bool in = valid && off + 8ull * (hi ? BH : BL) <= g.code_bytes;
-        corrupt |= (uint32_t)(valid && !in);
+        const bool hi = r.f & 1u;
+        r.in = valid && off + 8ull * (hi ? BH : BL) <= g.code_bytes;
+        corrupt |= (uint32_t)(valid && !r.in);
+        r.meta = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            r.w[k] = 0;
+        if (r.in) {
+            const uint8_t *src = p + g.codes_off + b * g.code_bytes + off;
+            r.meta = d_get_u32(p + g.meta_off + 4 * (b * SQ + ts));
+            const uint32_t *s4 = (const uint32_t *)(src + (hi ? 16u : 12u) * h);
+#pragma unroll
+            for (int k = 0; k < 3; k++)
+                r.w[k] = s4[k];
+            if (hi)
+                r.w[3] = s4[3];
+        }
+        return r;
+    };
+    s_fetch cur = fetch(a0);
+    for (uint32_t t0 = a0; t0 < a1; t0 += S_DT_TILES) { // rounds of 128 tiles, uniform per CTA
+        const uint32_t n = min(S_DT_TILES, a1 - t0);
+        s_fetch nxt = cur;
+        if (t0 + S_DT_TILES < a1) // uniform
+            nxt = fetch(t0 + S_DT_TILES);
+        const uint32_t f = cur.f, meta = cur.meta;
+        const bool in = cur.in, hi = f & 1u;
         float v[32];
         bool rot = false;
         if (in) { // pair-uniform
-            const uint8_t *src = p + g.codes_off + b * g.code_bytes + off;
-            const uint32_t meta = d_get_u32(p + g.meta_off + 4 * tile);
             // this lane's 32 codes as 4 words of nibbles: BH = 4 bits are that already; BL = 3
             // bits (12 bytes) spread 24 bits (8 codes) per word in three mask-and-shift steps
             uint32_t w[4];
             if (hi) {
-                const uint32_t *s4 = (const uint32_t *)(src + 16u * h);
 #pragma unroll
                 for (int k = 0; k < 4; k++)
-                    w[k] = s4[k];
+                    w[k] = cur.w[k];
             } else {
-                const uint32_t *s4 = (const uint32_t *)(src + 12u * h);
-                const uint32_t a = s4[0], c = s4[1], d = s4[2];
+                const uint32_t a = cur.w[0], c = cur.w[1], d = cur.w[2];
                 const uint32_t u[4] = { a & 0xffffffu, (a >> 24) | ((c & 0xffffu) << 8), (c >> 16) | ((d & 0xffu) << 16),
                                         d >> 8 };
 #pragma unroll
@@ -2046,6 +2072,7 @@ __global__ void __launch_bounds__(256, 4) k_tah_dp64(const uint8_t *__restrict__
                 o4[row * 16u + c] = rows[row * S_DT_ROW + c];
         }
         __syncwarp(); // rows read before the next round writes them
+        cur = nxt;
     }
     if (corrupt)
         d_flag(head, CU_ST_CORRUPT);
