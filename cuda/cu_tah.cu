@@ -696,6 +696,41 @@ __device__ __forceinline__ void d_tile_geom(const s_tg &g, uint64_t tile, uint64
     w = g.C - c0 < g.G ? g.C - c0 : g.G;
 }
 
+// tah.c's s_quant_tile metadata: the fp16 minimum rounded down, the fp16 step rounded up
+// so min + step * levels covers the tile, the quantiser's minf and 1/step (0 for a zero
+// step); range is set when either fp16 field is Inf or NaN.
+__device__ __forceinline__ void d_tah_meta(float mn, float mx, float levels, uint16_t &min16, uint16_t &step16,
+                                           float &minf, float &inv, uint32_t &range)
+{
+    min16 = d_half_from_f32_down(mn);
+    minf = d_half_to_f32(min16);
+    step16 = d_half_from_f32_up(__fdiv_rn(__fsub_rn(mx, minf), levels));
+    const float step = d_half_to_f32(step16);
+    inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+    range |= (uint32_t)((step16 & 0x7c00u) == 0x7c00u || (min16 & 0x7c00u) == 0x7c00u);
+}
+
+// v[0..N) *= down (exact: a power of two), then the two largest magnitudes m1 >= m2 of
+// the lane's elements (a multiset: equal maxima give m2 = m1) and the first index of m1,
+// counted from i0 (0 when every magnitude is 0).
+template <int N>
+__device__ __forceinline__ void d_scale_top2(float v[N], float down, uint32_t i0, float &m1, float &m2, uint32_t &i1)
+{
+    m1 = 0.0f;
+    m2 = 0.0f;
+    i1 = 0;
+#pragma unroll
+    for (int r = 0; r < N; r++) {
+        v[r] = __fmul_rn(v[r], down);
+        const float m = fabsf(v[r]);
+        m2 = fmaxf(m2, fminf(m, m1));
+        if (m > m1) {
+            m1 = m;
+            i1 = i0 + (uint32_t)r;
+        }
+    }
+}
+
 // Merge a lane's top-2 magnitudes (m1 >= m2, i1 the first index of m1) with those of
 // lane ^ o (mask: the lanes taking part): the larger m1 wins, the lower index on ties;
 // the second is the winner's m2 or the loser's m1. Both lanes end with the same values.
@@ -774,20 +809,9 @@ __device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8
         for (int r = 0; r < 8; r++)
             v[r] = vv[u][r];
         // scale; top-2 magnitudes (multiset) with the first index of the largest
-        float m1 = 0.0f, m2 = 0.0f;
-        uint32_t i1 = 0;
-#pragma unroll
-        for (int r = 0; r < 8; r++) {
-            v[r] = __fmul_rn(v[r], down);
-            const float m = fabsf(v[r]);
-            if (m > m1) {
-                m2 = m1;
-                m1 = m;
-                i1 = 8u * tl + (uint32_t)r;
-            } else if (m > m2) {
-                m2 = m;
-            }
-        }
+        float m1, m2;
+        uint32_t i1;
+        d_scale_top2<8>(v, down, 8u * tl, m1, m2, i1);
         for (uint32_t o = 1; o < tpg; o *= 2)
             d_top2_merge(m1, m2, i1, CU_FULL, o);
         const uint32_t piv = m1 > 0.0f ? i1 : 0u;
@@ -821,12 +845,9 @@ __device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8
         const uint32_t is_hi = ph >> 31;
         const uint32_t bits = BH ? (is_hi ? BH : BL) : (is_hi ? g.bh : g.bl);
         const float levels = (float)((1u << bits) - 1u);
-        const uint16_t min16 = d_half_from_f32_down(mn);
-        const float minf = d_half_to_f32(min16);
-        const uint16_t step16 = d_half_from_f32_up(__fdiv_rn(__fsub_rn(mx, minf), levels));
-        const float step = d_half_to_f32(step16);
-        const float inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
-        range |= (uint32_t)((step16 & 0x7c00u) == 0x7c00u || (min16 & 0x7c00u) == 0x7c00u);
+        uint16_t min16, step16;
+        float minf, inv;
+        d_tah_meta(mn, mx, levels, min16, step16, minf, inv, range);
         uint32_t code[8];
 #pragma unroll
         for (int r = 0; r < 8; r++) {
@@ -980,6 +1001,23 @@ __device__ __forceinline__ void d_minmax_p64(const float v[32], uint32_t lane, f
     mx = b;
 }
 
+// The passes over a warp's rotated tiles (bit t of rm: tile t of its 16 rotated), 4 per
+// pass, a segment of 8 lanes each: d_rot_pick gives segment lane >> 3 its tile (act
+// false when the pass has fewer), d_rot_drop removes the pass's tiles from rm.
+__device__ __forceinline__ uint32_t d_rot_pick(uint32_t rm, uint32_t lane, bool &act)
+{
+    const uint32_t seg = lane >> 3;
+    act = seg < (uint32_t)__popc((int)rm);
+    return act ? __fns(rm, 0u, (int)seg + 1) : 0u;
+}
+
+__device__ __forceinline__ uint32_t d_rot_drop(uint32_t rm)
+{
+    for (uint32_t k = 0; k < 4u && rm != 0u; k++)
+        rm &= rm - 1u;
+    return rm;
+}
+
 // Staging (k_tah_fused<TPT>): each warp streams units of S_ST_UNIT consecutive tiles of
 // its CTA's run into one of its two shared-memory buffers with cp.async (16 bytes per
 // lane and copy, straight to shared memory, L2 only) while its pairs compute on the
@@ -1018,18 +1056,9 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
             v[r] = 0.0f;
     // scale; top-2 magnitudes (a multiset: tah.c's lane order does not matter) and the
     // first index of the largest, merged across the pair as d_tah_quant_u merges lanes
-    float m1 = 0.0f, m2 = 0.0f;
-    uint32_t i1 = 0;
-#pragma unroll
-    for (int r = 0; r < 32; r++) {
-        v[r] = __fmul_rn(v[r], down);
-        const float m = fabsf(v[r]);
-        m2 = fmaxf(m2, fminf(m, m1));
-        if (m > m1) {
-            m1 = m;
-            i1 = 32u * h + (uint32_t)r;
-        }
-    }
+    float m1, m2;
+    uint32_t i1;
+    d_scale_top2<32>(v, down, 32u * h, m1, m2, i1);
     d_top2_merge(m1, m2, i1, pm, 16u);
     const uint32_t piv = m1 > 0.0f ? i1 : 0u;
     float mn, mx;
@@ -1041,9 +1070,9 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
     // segment kernels' bit-exact helpers); the transformed floats go back to the row
     uint32_t rm = __ballot_sync(CU_FULL, rot && h == 0); // bit t: tile t rotated
     while (rm != 0u) { // warp-uniform
-        const uint32_t seg = lane >> 3, sl = lane & 7u, cnt = (uint32_t)__popc((int)rm);
-        const bool act = seg < cnt;
-        const uint32_t t = act ? __fns(rm, 0u, (int)seg + 1) : 0u;
+        const uint32_t sl = lane & 7u;
+        bool act;
+        const uint32_t t = d_rot_pick(rm, lane, act);
         float4 *r4 = (float4 *)(unit + t * S_ST_ROWW) + 2u * sl;
         const float4 q0 = r4[0], q1 = r4[1];
         float z[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
@@ -1066,8 +1095,7 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
                 mm[t] = make_float2(rmn, rmx);
         }
         __syncwarp();
-        for (uint32_t k = 0; k < 4u && rm != 0u; k++)
-            rm &= rm - 1u;
+        rm = d_rot_drop(rm);
     }
     if (!valid)
         return;
@@ -1079,12 +1107,9 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
     }
     const uint32_t is_hi = ph >> 31;
     const float levels = is_hi ? (float)((1u << BH) - 1u) : (float)((1u << BL) - 1u);
-    const uint16_t min16 = d_half_from_f32_down(mn);
-    const float minf = d_half_to_f32(min16);
-    const uint16_t step16 = d_half_from_f32_up(__fdiv_rn(__fsub_rn(mx, minf), levels));
-    const float step = d_half_to_f32(step16);
-    const float inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
-    range |= (uint32_t)((step16 & 0x7c00u) == 0x7c00u || (min16 & 0x7c00u) == 0x7c00u);
+    uint16_t min16, step16;
+    float minf, inv;
+    d_tah_meta(mn, mx, levels, min16, step16, minf, inv, range);
     // this lane's 32 codes, packed both ways as they come (bitpack's LSB-first stream):
     // BH bits in wh, BL bits in wl; the tile's width picks one
     uint32_t wh[BH] = {}, wl[BL] = {};
@@ -2033,9 +2058,9 @@ __global__ void __launch_bounds__(256, 4) k_tah_dp64(const uint8_t *__restrict__
         uint32_t rm = __ballot_sync(CU_FULL, rot && h == 0); // bit t: tile t rotated (t < 16)
         const uint32_t fw = f; // lane t's flag field: tile t's pivot
         while (rm != 0u) { // warp-uniform
-            const uint32_t seg = lane >> 3, tl = lane & 7u, cnt = (uint32_t)__popc((int)rm);
-            const bool act = seg < cnt;
-            const uint32_t t = act ? __fns(rm, 0u, (int)seg + 1) : 0u;
+            const uint32_t tl = lane & 7u;
+            bool act;
+            const uint32_t t = d_rot_pick(rm, lane, act);
             float4 *r4 = rows + t * S_DT_ROW + 2u * tl;
             const float4 q0 = r4[0], q1 = r4[1];
             float z[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
@@ -2060,8 +2085,7 @@ __global__ void __launch_bounds__(256, 4) k_tah_dp64(const uint8_t *__restrict__
                 row[piv] = tv;
             }
             __syncwarp();
-            for (uint32_t k = 0; k < 4u && rm != 0u; k++)
-                rm &= rm - 1u;
+            rm = d_rot_drop(rm);
         }
         const uint32_t wt0 = wid * 16u; // the warp's first tile in the chunk
         float4 *o4 = (float4 *)(out + (b * SQ + t0 + wt0) * 64u);
