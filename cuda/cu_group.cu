@@ -670,9 +670,10 @@ __global__ void __launch_bounds__(256) k_absmax(const float *__restrict__ x, uin
 // two shuffles. Per element the float operations are enc_seg's, in the same
 // order, on the same metadata values, so the frame is unchanged.
 // A group's metadata from its statistics sv = (min, max) and the frame scale pdown, as
-// intq.c computes it: mn (0 when symmetric) and 1/step; stored when `store`.
+// intq.c computes it: mn (0 when symmetric) and 1/step; stored when `store`. Returns the
+// step's fp16 bits.
 template <int MODE>
-__device__ __forceinline__ void d_int_meta(float2 sv, float pdown, const s_gp &g, uint8_t *p, uint64_t gi, bool store,
+__device__ __forceinline__ uint16_t d_int_meta(float2 sv, float pdown, const s_gp &g, uint8_t *p, uint64_t gi, bool store,
                                            float &mn, float &inv)
 {
     const float lo = __fmul_rn(sv.x, pdown), hi = __fmul_rn(sv.y, pdown);
@@ -684,15 +685,16 @@ __device__ __forceinline__ void d_int_meta(float2 sv, float pdown, const s_gp &g
         inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
         if (store)
             d_put_u16(p + g.meta_off + 2 * gi, sh);
-    } else {
-        const uint16_t mh = d_half_from_f32_down(lo);
-        mn = d_half_to_f32(mh);
-        const uint16_t sh = d_step_up((double)hi - (double)mn, g.L);
-        const float step = d_half_to_f32(sh);
-        inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
-        if (store)
-            d_put_u32(p + g.meta_off + 4 * gi, (uint32_t)mh | ((uint32_t)sh << 16));
+        return sh;
     }
+    const uint16_t mh = d_half_from_f32_down(lo);
+    mn = d_half_to_f32(mh);
+    const uint16_t sh = d_step_up((double)hi - (double)mn, g.L);
+    const float step = d_half_to_f32(sh);
+    inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+    if (store)
+        d_put_u32(p + g.meta_off + 4 * gi, (uint32_t)mh | ((uint32_t)sh << 16));
+    return sh;
 }
 
 // The cooperative int encoders' frame absmax: before the grid barrier each CTA stores the
@@ -903,25 +905,37 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict
     d_int_codes<MODE, BITS, U>(x, st, p, g, d_pow2f(-e), warp, nwarps);
 }
 
-// int encode, round 8: the default int specs (4 bits, group 128, asymmetric or
-// symmetric) on whole groups (n % 128 == 0). Round 6's k_int_fused gave a group 16
-// lanes of 8 elements and merged (min, max, zero key) in four shuffle stages: 26 M
-// warp instructions for 8x1024x1600 (H100 ncu), 63 per element, and its warps waited on
-// their loads (one 16-byte load per lane in flight per group row). Here:
-//   - a unit of 8 consecutive groups (4 KB) per warp iteration is copied into shared
-//     memory with cp.async, two buffers per warp, so the next unit's loads overlap this
-//     one's arithmetic (both passes);
-//   - lanes q*8 + j (q < 4) hold elements 32q..32q+31 of the unit's group j (rows of 132
-//     words: a quarter warp's 16-byte loads hit 8 bank groups); the statistics are a
-//     lane's serial min / max (the zero key only when a group's minimum is zero) and two
-//     shuffle stages (xor 8, 16); the codes are rint(t) read off the bits of
-//     t + 1.5 * 2^23 (intq.c's (t + S_ROUND) - S_ROUND), packed as nibbles.
-// Same structure otherwise: a cooperative launch, the statistics pass writing each
-// group's (min, max) and its CTA's absmax slot, one grid barrier, the codes pass with
-// group j's metadata on lane j, shuffled to its lanes. The codes pass takes each warp's
-// own units in reverse: its last two are still in its buffers (a resident grid of 3 x 8
-// warps per SM holds 26 MB of x on chip), the earlier ones were read most recently (L2).
-// Frames identical to k_int_fused's.
+// int encode, round 9: the default int specs (4 bits, group 128, asymmetric or
+// symmetric) on whole groups (n % 128 == 0), x read once.
+//
+// The frame exponent e (from the frame's absmax) scales every group's metadata, so
+// round 8 read x twice around a grid barrier. But a group's codes do not depend on e
+// as long as its scaled metadata stays in fp16's normal range: x * 2^-e, the fp16
+// roundings of mn and step, 1/step and t = (xs - mn) / step all scale exactly by
+// powers of two, and t does not scale at all. So pass 1 quantises each group at its
+// own exponent e_g = the frame exponent of the group alone (e_g <= e: the frame's
+// absmax is at least the group's), and after the barrier pass 2 only writes each
+// group's metadata at e, checking that the scaled values the codes depend on are
+// fp16-normal at e (then also at e_g, where they are larger and still below 2^15):
+//   asymmetric: lo == 0 or |lo 2^-e| >= 2^-14 (mn is lo rounded down to fp16), and
+//               step == 0 (max == mn) or step > 2^-14 (step rounded up: step > 2^-14
+//               implies (max - mn) / L > 2^-14 before the rounding);
+//   symmetric:  step == 0 (all zeros) or step > 2^-14.
+// Elements whose x 2^-e is a float subnormal then sit below 2^-112 of the group's
+// step: they are absorbed by mn in xs - mn (|mn| >= 2^-14) or give t < 2^-100, the
+// same code at both exponents. A group that fails the check (values 2^24 below the
+// frame's absmax: a huge spike elsewhere, a nearly constant or tiny group) is quantised
+// again at e from x in pass 2 (rare on activations; the spike tests exercise it).
+//
+// Layout as round 8: a unit of 8 consecutive groups (4 KB) per warp iteration is
+// copied into shared memory with cp.async, two buffers per warp, so the next unit's
+// loads overlap this one's arithmetic; lanes q*8 + j (q < 4) hold elements
+// 32q..32q+31 of the unit's group j (rows of 132 words: a quarter warp's 16-byte loads
+// hit 8 bank groups); statistics are a lane's serial min / max (the zero key only when
+// a group's minimum is zero) and two shuffle stages (xor 8, 16); lane j computes group
+// j's metadata (intq.c's operations, d_int_meta) and shuffles (mn, 1/step) to its
+// quad; the codes are rint(t) read off the bits of t + 1.5 * 2^23 (intq.c's
+// (t + S_ROUND) - S_ROUND), packed as nibbles. Frames identical to k_int_fused's.
 #define S_IQ_ROWW 132u                      // words per staged group (128 + 4 pad)
 #define S_IQ_WARPW (2u * 8u * S_IQ_ROWW)    // words per warp: two buffers of 8 groups
 #define S_IQ_SMEM (8u * S_IQ_WARPW * 4u)    // bytes per CTA of 8 warps
@@ -930,6 +944,46 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict
 __device__ __forceinline__ void d_iq_stage(float *buf, const float *x, uint32_t g0, uint32_t n, uint32_t lane)
 {
     d_stage_rows<32u, S_IQ_ROWW>(buf, x + (uint64_t)g0 * 128u, n, lane);
+}
+
+// Lane (q, j)'s 32 codes of group gi (its elements v, at the frame scale pdown, with the
+// group's mn and 1/step), stored when gi < ng.
+template <int MODE>
+__device__ __forceinline__ void d_iq_codes(const float v[32], float pdown, float q_mn, float q_inv, const s_gp &g,
+                                           uint8_t *__restrict__ p, uint32_t gi, uint32_t ng, uint32_t q)
+{
+    const float lim = MODE == M_INT_SYM ? (float)g.qmax : 15.0f, low = MODE == M_INT_SYM ? -lim : 0.0f;
+    const uint32_t off = MODE == M_INT_SYM ? 0x4b400000u - (uint32_t)g.qmax : 0x4b400000u;
+    uint32_t w[4] = { 0u, 0u, 0u, 0u };
+#pragma unroll
+    for (int r = 0; r < 32; r++) {
+        float t = MODE == M_INT_SYM ? __fmul_rn(__fmul_rn(v[r], pdown), q_inv)
+                                    : __fmul_rn(__fsub_rn(__fmul_rn(v[r], pdown), q_mn), q_inv);
+        t = t < low ? low : t;
+        t = t > lim ? lim : t;
+        // t + 1.5 * 2^23 rounds to nearest even (intq.c's S_ROUND); its bits are
+        // 0x4b400000 + rint(t), so the code rint(t) (+ qmax) is their difference
+        const uint32_t c = (__float_as_uint(__fadd_rn(t, 12582912.0f)) - off) & 15u;
+        w[r / 8] |= c << (4 * (r % 8));
+    }
+    if (gi < ng) {
+        uint32_t *dst = (uint32_t *)(p + g.codes_off + 64ull * gi + 16u * q);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            dst[j] = w[j];
+    }
+}
+
+// Whether a group's codes at exponent e equal those at any e' <= e (comment above):
+// its statistics sv = (min, max) and its step at e (fp16 bits sh).
+template <int MODE>
+__device__ __forceinline__ bool d_iq_exp_free(float2 sv, float pdown, uint16_t sh)
+{
+    const float step = d_half_to_f32(sh), tiny = 6.103515625e-05f; // 2^-14
+    const bool step_ok = step == 0.0f || step > tiny;
+    if (MODE == M_INT_SYM)
+        return step_ok;
+    return step_ok && (sv.x == 0.0f || fabsf(__fmul_rn(sv.x, pdown)) >= tiny);
 }
 
 template <int MODE>
@@ -984,12 +1038,18 @@ __global__ void __launch_bounds__(256, 3) k_int_q4(const float *__restrict__ x, 
                     b = a;
             }
         }
-        if (valid) {
-            bad |= (uint32_t)(mb >= 0x7f800000u);
+        bad |= (uint32_t)(valid && mb >= 0x7f800000u);
+        if (valid)
             amax = max(amax, mb); // = max(|min|, |max|) for finite x
-            if (q == 0)
-                st[gi] = make_float2(a, b);
-        }
+        // lane j < 8: group j's metadata at the group's own exponent (lanes 8.. compute
+        // the same for their quad's group and drop it)
+        const float2 sv = make_float2(a, b);
+        const float pd_g = d_pow2f(-d_int_exp(max(__float_as_uint(a) & 0x7fffffffu, __float_as_uint(b) & 0x7fffffffu)));
+        float mn, inv;
+        d_int_meta<MODE>(sv, pd_g, g, p, gi, false, mn, inv);
+        d_iq_codes<MODE>(v, pd_g, mn, inv, g, p, gi, ng, q);
+        if (valid && q == 0)
+            st[gi] = sv;
     }
     if (bad)
         d_flag(head, CU_ST_NONFINITE);
@@ -999,54 +1059,24 @@ __global__ void __launch_bounds__(256, 3) k_int_q4(const float *__restrict__ x, 
     if (blockIdx.x == 0 && tid == 0)
         d_put_u32(p, (uint32_t)e);
     const float pdown = d_pow2f(-e);
-    const float lim = MODE == M_INT_SYM ? (float)g.qmax : 15.0f, low = MODE == M_INT_SYM ? -lim : 0.0f;
-    const uint32_t off = MODE == M_INT_SYM ? 0x4b400000u - (uint32_t)g.qmax : 0x4b400000u;
-    // pass 2 takes this warp's pass-1 units in reverse (i = cnt - 1 .. 0; its unit i,
-    // warp + i nwarps, lives in buffer i & 1 in both passes): the last two are still in
-    // shared memory from pass 1 and each earlier one is staged two steps ahead, the most
-    // recently read first (L2)
-    const uint32_t cnt = warp < nu ? (nu - 1u - warp) / nwarps + 1u : 0u;
-    for (uint32_t j = 0; j < cnt; j++) { // uniform per warp
-        const uint32_t i = cnt - 1u - j, u = warp + i * nwarps, kb = i & 1u;
-        // lane j < 8: group j's metadata (its statistics from L2)
-        const uint32_t mgi = 8u * u + lane;
-        const bool mvalid = lane < 8u && mgi < ng;
+    // pass 2: every group's metadata at e, 32 groups per warp iteration (lane j: group
+    // base + j); a group whose codes depend on e is quantised again from x
+    for (uint32_t base = 32u * warp; base < ng; base += 32u * nwarps) { // uniform per warp
+        const uint32_t mgi = base + lane;
+        const bool mvalid = mgi < ng;
         const float2 sv = mvalid ? __ldcg(&st[mgi]) : make_float2(0.0f, 0.0f);
         float mn, inv;
-        d_int_meta<MODE>(sv, pdown, g, p, mgi, mvalid, mn, inv);
-        const float q_inv = __shfl_sync(CU_FULL, inv, (int)gl);
-        const float q_mn = __shfl_sync(CU_FULL, mn, (int)gl);
-        if (j >= 2u) { // unit i was staged at step j - 2
-            d_cp_wait1();
-            __syncwarp();
-        }
-        const uint32_t gi = 8u * u + gl;
-        float v[32];
-        d_load32(wb + (kb * 8u + gl) * S_IQ_ROWW + 32u * q, v);
-        __syncwarp(); // buffer kb read before it is refilled
-        if (i >= 2u) {
-            const uint32_t u2 = u - 2u * nwarps;
-            d_iq_stage(wb + kb * 8u * S_IQ_ROWW, x, 8u * u2, min(8u, ng - 8u * u2), lane);
-        } else {
-            d_cp_commit(); // an empty group: the wait counts stay in step
-        }
-        uint32_t w[4] = { 0u, 0u, 0u, 0u };
-#pragma unroll
-        for (int r = 0; r < 32; r++) {
-            float t = MODE == M_INT_SYM ? __fmul_rn(__fmul_rn(v[r], pdown), q_inv)
-                                        : __fmul_rn(__fsub_rn(__fmul_rn(v[r], pdown), q_mn), q_inv);
-            t = t < low ? low : t;
-            t = t > lim ? lim : t;
-            // t + 1.5 * 2^23 rounds to nearest even (intq.c's S_ROUND); its bits are
-            // 0x4b400000 + rint(t), so the code rint(t) (+ qmax) is their difference
-            const uint32_t c = (__float_as_uint(__fadd_rn(t, 12582912.0f)) - off) & 15u;
-            w[r / 8] |= c << (4 * (r % 8));
-        }
-        if (gi < ng) {
-            uint32_t *dst = (uint32_t *)(p + g.codes_off + 64ull * gi + 16u * q);
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                dst[j] = w[j];
+        const uint16_t sh = d_int_meta<MODE>(sv, pdown, g, p, mgi, mvalid, mn, inv);
+        uint32_t redo = __ballot_sync(CU_FULL, mvalid && !d_iq_exp_free<MODE>(sv, pdown, sh));
+        while (redo) { // rare: one group of this warp's 32 per pass, its quad's lanes 8 apart
+            const uint32_t j = (uint32_t)__ffs((int)redo) - 1u;
+            redo &= redo - 1u;
+            const float q_mn = __shfl_sync(CU_FULL, mn, (int)j), q_inv = __shfl_sync(CU_FULL, inv, (int)j);
+            if (lane < 4u) {
+                float v[32];
+                d_load32(x + 128ull * (base + j) + 32u * lane, v);
+                d_iq_codes<MODE>(v, pdown, q_mn, q_inv, g, p, base + j, ng, lane);
+            }
         }
     }
 }
