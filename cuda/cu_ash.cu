@@ -363,7 +363,8 @@ __global__ void __launch_bounds__(256, 3) k_ash_enc256(const float *__restrict__
             d4[32u + lane] = make_float4(v[b][4], v[b][5], v[b][6], v[b][7]);
         }
         __syncwarp();
-        // chain k of block cb, in ascending element order
+        // chain k of block cb, in ascending element order; one DFMA per element: f * f is
+        // exact in double, so fma(f, f, acc) rounds once, as ash.c's acc + f * f
         const uint64_t bb = base + cb;
         const uint32_t m = bb < a.nb ? (uint32_t)(a.total - bb * 256u < 256u ? a.total - bb * 256u : 256u) : 0u;
         const float *q = sb + cb * S_PAD;
@@ -372,18 +373,18 @@ __global__ void __launch_bounds__(256, 3) k_ash_enc256(const float *__restrict__
 #pragma unroll 8
             for (uint32_t j = 0; j < 32u; j++) {
                 const double f = (double)q[8u * j + k];
-                acc = __dadd_rn(acc, __dmul_rn(f, f));
+                acc = __fma_rn(f, f, acc);
             }
         } else { // the tensor's partial last block: ash.c's tail goes to chain 0
             const uint32_t mfull = m & ~7u;
             for (uint32_t i = k; i < mfull; i += 8u) {
                 const double f = (double)q[i];
-                acc = __dadd_rn(acc, __dmul_rn(f, f));
+                acc = __fma_rn(f, f, acc);
             }
             if (k == 0)
                 for (uint32_t i = mfull; i < m; i++) {
                     const double f = (double)q[i];
-                    acc = __dadd_rn(acc, __dmul_rn(f, f));
+                    acc = __fma_rn(f, f, acc);
                 }
         }
         acc = __dadd_rn(acc, __shfl_xor_sync(CU_FULL, acc, 1));

@@ -74,9 +74,10 @@ static const codec_shape_t k_shapes[] = {
 };
 #define N_SHAPES (sizeof k_shapes / sizeof k_shapes[0])
 
-enum { IN_SYNTH, IN_ZEROS, IN_SPIKE, IN_HUGE, IN_TINY, IN_SUBNORMAL, IN_SIGNED_ZEROS, IN_CONST, IN_NORMAL, N_INPUTS };
+enum { IN_SYNTH, IN_ZEROS, IN_SPIKE, IN_HUGE, IN_TINY, IN_SUBNORMAL, IN_SIGNED_ZEROS, IN_CONST, IN_SCALES, IN_BIGSPIKE,
+       IN_NORMAL, N_INPUTS };
 static const char *const k_input_names[] = { "synth", "zeros", "spike", "huge", "tiny",
-                                             "subnormal", "signed-zeros", "const", "normal" };
+                                             "subnormal", "signed-zeros", "const", "scales", "big-spike", "normal" };
 
 static void s_fill(float *x, codec_shape_t shape, int kind, uint64_t seed)
 {
@@ -115,6 +116,16 @@ static void s_fill(float *x, codec_shape_t shape, int kind, uint64_t seed)
     case IN_CONST:
         for (uint64_t i = 0; i < n; i++)
             x[i] = -0.125f;
+        break;
+    case IN_SCALES: /* each run of 128 at its own scale 10^0 .. 10^-11: groups far below the
+                       frame's absmax (the int encoder's re-quantised groups, cu_group.cu) */
+        for (uint64_t i = 0; i < n; i++)
+            x[i] = (float)(pow(10.0, -(double)((i / 128 + seed) % 12)) * codec_synth_normal(seed, i));
+        break;
+    case IN_BIGSPIKE: /* ordinary values and one 1e30: every other group re-quantised */
+        for (uint64_t i = 0; i < n; i++)
+            x[i] = (float)(0.02 * codec_synth_normal(seed, i));
+        x[codec_synth_u64(seed, 0) % n] = 1e30f;
         break;
     default:
         for (uint64_t i = 0; i < n; i++)
