@@ -116,22 +116,25 @@ static uint32_t s_get_bits(const uint8_t *stream, uint64_t bitpos, uint32_t nbit
 
 /* ---- entropy ---- */
 
-/* log2(x) for x > 0 to about 1e-7, in plain float arithmetic so every
- * machine (and the GPU kernel) computes the same bits: x = m * 2^e with
- * m in [sqrt(1/2), sqrt(2)), log2 m = 2/ln2 * atanh((m-1)/(m+1)) as a series.
- * x == 0 returns a finite value (callers multiply it by x). */
+/* log2(x) for x > 0 to about 1e-5, in plain float arithmetic (a multiply and an
+ * add per term, no division, no FMA) so every machine and the GPU kernel compute
+ * the same bits: x = (1 + f) * 2^e with f in [0, 1), log2(1 + f) = f * q(f) with
+ * q a degree-5 polynomial fitted to log2(1 + f) / f on [0, 1) (largest error of
+ * the float evaluation 1.4e-5 over all normal floats). The entropy only ranks
+ * tiles: an error of 1e-5 changes which of two tiles ranks higher only when
+ * their entropies are that close, where either is as good a choice. x == 0
+ * returns -127 (callers multiply it by x). */
 static inline float s_log2f(float x)
 {
     uint32_t u = codec_f32_bits(x);
-    int32_t e = (int32_t)((u >> 23) & 0xffu) - 127;
-    float m = codec_bits_f32((u & 0x007fffffu) | 0x3f800000u);
-    int32_t big = m > 1.41421356f;
-    m = big ? m * 0.5f : m;
-    e += big;
-    float t = (m - 1.0f) / (m + 1.0f);
-    float t2 = t * t;
-    float s = t * (2.88539008f + t2 * (0.961796694f + t2 * (0.577078016f + t2 * 0.412198583f)));
-    return (float)e + s;
+    float e = (float)((int32_t)(u >> 23) - 127);
+    float f = codec_bits_f32((u & 0x007fffffu) | 0x3f800000u) - 1.0f;
+    float q = -0.0353865251f * f + 0.148412362f;
+    q = q * f + -0.305121601f;
+    q = q * f + 0.469920516f;
+    q = q * f + -0.720519781f;
+    q = q * f + 1.44268477f;
+    return e + f * q;
 }
 
 /* Entropy (bits) of the normalised magnitudes of a[0..n); also folds max|a|

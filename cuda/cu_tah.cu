@@ -171,22 +171,19 @@ size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape)
 
 // ---- shared pieces ----
 
-// tah.c's s_log2f, operation for operation
+// tah.c's s_log2f, operation for operation (exponent as a float by the 2^23 trick:
+// 2^23 + k - (2^23 + 127) = k - 127 exactly, without an I2F)
 __device__ __forceinline__ float d_log2f(float x)
 {
-    uint32_t u = __float_as_uint(x);
-    int32_t e = (int32_t)((u >> 23) & 0xffu) - 127;
-    float m = __uint_as_float((u & 0x007fffffu) | 0x3f800000u);
-    int32_t big = m > 1.41421356f;
-    m = big ? __fmul_rn(m, 0.5f) : m;
-    e += big;
-    float t = __fdiv_rn(__fsub_rn(m, 1.0f), __fadd_rn(m, 1.0f));
-    float t2 = __fmul_rn(t, t);
-    float s = __fmul_rn(0.412198583f, t2);
-    s = __fmul_rn(t2, __fadd_rn(0.577078016f, s));
-    s = __fmul_rn(t2, __fadd_rn(0.961796694f, s));
-    s = __fmul_rn(t, __fadd_rn(2.88539008f, s));
-    return __fadd_rn((float)e, s);
+    const uint32_t u = __float_as_uint(x);
+    const float e = __fsub_rn(__uint_as_float(0x4b000000u | (u >> 23)), 8388735.0f);
+    const float f = __fsub_rn(__uint_as_float((u & 0x007fffffu) | 0x3f800000u), 1.0f);
+    float q = __fadd_rn(__fmul_rn(-0.0353865251f, f), 0.148412362f);
+    q = __fadd_rn(__fmul_rn(q, f), -0.305121601f);
+    q = __fadd_rn(__fmul_rn(q, f), 0.469920516f);
+    q = __fadd_rn(__fmul_rn(q, f), -0.720519781f);
+    q = __fadd_rn(__fmul_rn(q, f), 1.44268477f);
+    return __fadd_rn(e, __fmul_rn(f, q));
 }
 
 // ldexpf(x, e): for -126 <= e <= 127 one product with the normal float 2^e, which
