@@ -793,7 +793,7 @@ int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t 
                   void *work, cudaStream_t st, char *err, size_t errlen)
 {
     const s_ap a = s_params(spec, n, x);
-    if (a.n == 256 && !cu_legacy()) {
+    if (a.n == 256) {
         k_ash_enc256<<<cu_grid(a.nb, S_K * S_WARPS), S_CTA, 0, st>>>(x, payload, head, a);
         CU_CHECK_LAUNCH("k_ash_enc256");
     } else if (a.n <= 256) {
@@ -816,7 +816,7 @@ int cu_ash_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, 
 {
     const s_ap a = s_params(spec, n, out);
     if (a.nfull > 0) {
-        if (a.n == 256 && !cu_legacy()) {
+        if (a.n == 256) {
             k_ash_dec256<<<cu_grid(a.nfull, S_K * S_WARPS), S_CTA, 0, st>>>(payload, out, head, a);
             CU_CHECK_LAUNCH("k_ash_dec256");
         } else if (a.n <= 256) {

@@ -20,29 +20,19 @@ int cu_fail(cudaError_t e, const char *what, const char *file, int line, char *e
     return TAH_EDEVICE;
 }
 
-bool cu_legacy(void)
+bool cu_fuse(void)
 {
     static int v = -1; // benign race: every thread computes the same value
     if (v < 0) {
-        const char *e = getenv("TAH_CU_LEGACY");
-        v = e && *e && strcmp(e, "0") != 0;
-    }
-    return v != 0;
-}
-
-bool cu_fuse(void)
-{
-    static int v = -1; // benign race, as cu_legacy
-    if (v < 0) {
         const char *e = getenv("TAH_CU_FUSE");
-        v = !(e && strcmp(e, "0") == 0) && !cu_legacy();
+        v = !(e && strcmp(e, "0") == 0);
     }
     return v != 0;
 }
 
 bool cu_tpt(void)
 {
-    static int v = -1; // benign race, as cu_legacy
+    static int v = -1; // benign race, as cu_fuse
     if (v < 0) {
         const char *e = getenv("TAH_CU_TPT");
         v = !(e && strcmp(e, "0") == 0);

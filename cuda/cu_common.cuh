@@ -485,11 +485,8 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
 int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *payload, float *out,
                   cu_hp head, void *work, cudaStream_t st, char *err, size_t errlen);
 
-// TAH_CU_LEGACY=1 in the environment: the first GPU version's kernels
-// (bisecting a mismatch on the GPU in one run; scripts/gpu-check uses it).
-bool cu_legacy(void);
-// The one-launch encoders (round 6: k_int_fused, k_tah_fused) unless TAH_CU_FUSE=0 or
-// TAH_CU_LEGACY=1 (then round 5's memset + two or three kernels).
+// The one-launch encoders (round 6: k_int_fused, k_tah_fused) unless TAH_CU_FUSE=0 (then
+// round 5's memset + two or three kernels).
 bool cu_fuse(void);
 // Round 8's kernels (lane pairs per TAH tile in encode and decode, lane quads per int group)
 // unless TAH_CU_TPT=0 (then round 7's segment kernels: a same-binary comparison).

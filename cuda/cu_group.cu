@@ -22,7 +22,7 @@
 // float/double operations, so the metadata is bit-identical. The int
 // encoder walks groups in reverse order so its second read of x finds the
 // end of the tensor, read last by the absmax pass, still in L2.
-// int with 4 <= tpg <= 32 (round 4, not under TAH_CU_LEGACY=1): pass 1
+// int with 4 <= tpg <= 32 (round 4): pass 1
 // (k_int_stats) writes every group's (min, max) to scratch with the frame
 // absmax, pass 2 (k_int_codes) computes each group's metadata on one lane
 // and only quantises (see the comment above k_int_stats). fixpt with
@@ -234,18 +234,15 @@ __device__ __forceinline__ int32_t d_group_code(const s_gp &g, const s_gq &q, fl
     }
 }
 
-template <int MODE, bool CTA>
+// group > 256: one CTA of S_CTA threads per group (thread tl takes chunks tl, tl + S_CTA, ..)
+template <int MODE>
 __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ x, uint8_t *__restrict__ p,
                                                       cu_hp head, s_gp g)
 {
     d_mark(head);
     __shared__ s_gs red[S_CTA / 32];
     const uint32_t lane = threadIdx.x & 31u;
-    const uint32_t tpg = CTA ? S_CTA : g.tpg;
-    const uint32_t tl = CTA ? threadIdx.x : lane % tpg;
-    const uint32_t spw = CTA ? 1u : 32u / tpg; // groups per warp
-    const uint64_t unit = CTA ? blockIdx.x : ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
-    const uint64_t nunit = CTA ? gridDim.x : (uint64_t)gridDim.x * blockDim.x / 32u;
+    const uint32_t tpg = S_CTA, tl = threadIdx.x;
     const uint32_t mask = (1u << g.bits) - 1u;
     int32_t e = 0;
     float pdown = 1.0f;
@@ -257,12 +254,10 @@ __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ 
     if (MODE >= M_INT_ASYM && blockIdx.x == 0 && threadIdx.x == 0)
         d_put_u32(p, (uint32_t)e); // i32 e heads the int payload
 
-    for (uint64_t base = unit * spw; base < g.ng; base += nunit * spw) { // uniform per warp / CTA
-        const uint64_t gi_raw = base + (CTA ? 0u : lane / tpg);
-        const bool valid = gi_raw < g.ng;
-        const uint64_t gi = MODE >= M_INT_ASYM ? g.ng - 1 - (valid ? gi_raw : 0) : gi_raw; // int: reverse order
+    for (uint64_t gi_raw = blockIdx.x; gi_raw < g.ng; gi_raw += gridDim.x) { // uniform per CTA
+        const uint64_t gi = MODE >= M_INT_ASYM ? g.ng - 1 - gi_raw : gi_raw; // int: reverse order
         const uint64_t off = gi * g.group;
-        const uint32_t len = valid ? (uint32_t)(g.n - off < g.group ? g.n - off : g.group) : 0u;
+        const uint32_t len = (uint32_t)(g.n - off < g.group ? g.n - off : g.group);
         const uint32_t nch = (len + 7u) / 8u;
 
         // pass A: statistics; the first chunk stays in registers
@@ -289,23 +284,18 @@ __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ 
                     cv[r] = v[r];
             }
         }
-        if (CTA) {
-            for (uint32_t o = 1; o < 32; o *= 2)
-                d_gs_merge<MODE>(s, d_gs_shfl<MODE>(s, o));
-            if (lane == 0)
-                red[threadIdx.x / 32] = s;
-            __syncthreads();
-            s = red[0];
-            for (uint32_t w = 1; w < S_CTA / 32; w++)
-                d_gs_merge<MODE>(s, red[w]);
-            __syncthreads(); // red is reused by the next group
-        } else {
-            for (uint32_t o = 1; o < tpg; o *= 2)
-                d_gs_merge<MODE>(s, d_gs_shfl<MODE>(s, o));
-        }
+        for (uint32_t o = 1; o < 32; o *= 2)
+            d_gs_merge<MODE>(s, d_gs_shfl<MODE>(s, o));
+        if (lane == 0)
+            red[threadIdx.x / 32] = s;
+        __syncthreads();
+        s = red[0];
+        for (uint32_t w = 1; w < S_CTA / 32; w++)
+            d_gs_merge<MODE>(s, red[w]);
+        __syncthreads(); // red is reused by the next group
 
         // the step, exactly as the CPU computes it
-        const s_gq q = d_group_step<MODE>(g, s, pdown, valid, tl, gi, p, range);
+        const s_gq q = d_group_step<MODE>(g, s, pdown, true, tl, gi, p, range);
 
         // pass B: codes
         uint8_t *dst = p + g.codes_off + gi * g.gbytes;
@@ -1358,7 +1348,7 @@ static s_gp s_params(const codec_spec_t *spec, uint64_t n, const void *xy)
 static constexpr int s_fast_bits(int mode) { return mode <= M_FIX_STOCH ? 8 : 4; }
 
 // int: the round-4 two-pass path (k_int_stats + k_int_codes) for 4 <= tpg <= 32.
-static bool s_int_split(const s_gp &g) { return g.tpg >= 4 && g.tpg <= 32 && !cu_legacy(); }
+static bool s_int_split(const s_gp &g) { return g.tpg >= 4 && g.tpg <= 32; }
 
 size_t cu_group_scratch(const codec_spec_t *spec, uint64_t n)
 {
@@ -1419,7 +1409,7 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
         }
     }
     if constexpr (MODE <= M_FIX_STOCH) {
-        if (g.tpg >= 4 && g.tpg <= 32 && !cu_legacy()) {
+        if (g.tpg >= 4 && g.tpg <= 32) {
             // 4 rows per warp iteration, one iteration per warp (round 7's measurements: the
             // persistent grid and 2 rows with prefetch were slower)
             const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg));
@@ -1438,17 +1428,14 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
         CU_CHECK_LAUNCH("k_absmax");
     }
     if (g.tpg == S_CTA) {
-        k_group_encode<MODE, true><<<cu_grid(g.ng, 1), S_CTA, 0, st>>>(x, payload, head, g);
-    } else if (!cu_legacy()) {
+        k_group_encode<MODE><<<cu_grid(g.ng, 1), S_CTA, 0, st>>>(x, payload, head, g);
+    } else {
         const uint64_t per_block = (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg); // groups per CTA iteration
         const unsigned int grid = cu_grid(g.ng, per_block);
         if (g.bits == s_fast_bits(MODE))
             k_group_enc_seg<MODE, s_fast_bits(MODE), S_ROWS><<<grid, 256, 0, st>>>(x, payload, head, g);
         else
             k_group_enc_seg<MODE, 0, S_ROWS><<<grid, 256, 0, st>>>(x, payload, head, g);
-    } else {
-        const uint64_t per_block = (uint64_t)(256 / 32) * (32 / g.tpg); // groups per CTA
-        k_group_encode<MODE, false><<<cu_grid(g.ng, per_block), 256, 0, st>>>(x, payload, head, g);
     }
     CU_CHECK_LAUNCH("k_group_encode");
     return 0;
@@ -1470,7 +1457,7 @@ int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload
                     cudaStream_t st, char *err, size_t errlen)
 {
     const s_gp g = s_params(spec, n, out);
-    if (g.tpg <= 32 && !cu_legacy()) {
+    if (g.tpg <= 32) {
         // rows per warp iteration (lane k < 32 holds slot k's metadata), one iteration per warp
         const uint32_t rows = g.tpg >= 4 ? S_ROWS : g.tpg;
         const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * rows * (32 / g.tpg));

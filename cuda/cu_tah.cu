@@ -3,8 +3,7 @@
 // Encode, round 6 (default when every allocation tile holds k quant tiles): one
 // cooperative launch, k_tah_fused (see the comment above it): stages 1-3 below
 // run in one persistent grid with 5 grid barriers, the select spread over P CTAs
-// per sample. Other shapes, TAH_CU_FUSE=0 and TAH_CU_LEGACY=1: round 5's
-// memset + four launches:
+// per sample. Other shapes and TAH_CU_FUSE=0: round 5's memset + four launches:
 //   1. k_tah_entropy: entropy of every allocation tile and the frame absmax.
 //      4 lanes per allocation tile, 8 tiles per warp; lane u holds tah.c's
 //      16-lane accumulators 4u..4u+3 (one 16-byte load per 16 elements):
@@ -35,8 +34,7 @@
 //      launched for tile 64: k_tah_quant writes flag byte t itself).
 // Decode: k_tah_dcount (per chunk of a sample's quant tiles: high counts,
 // flags checked) then k_tah_dchunk (per chunk: offsets from the counts and
-// a block scan, segment per tile as in 3, 4 tiles per segment in flight);
-// TAH_CU_LEGACY=1: k_tah_dscan (per sample) then k_tah_dtile.
+// a block scan, segment per tile as in 3, 4 tiles per segment in flight).
 //
 // Round 8, the default spec (tile = alloc_tile = 64, 4/3 bits) on C % 64 == 0 with
 // aligned buffers: k_tah_fused<TPT> gives each tile a lane pair (32 floats per lane) and
@@ -1460,126 +1458,6 @@ __global__ void __launch_bounds__(256) k_tah_flags(const uint16_t *__restrict__ 
 
 // ---- decode ----
 
-__global__ void __launch_bounds__(S_SEL_THREADS) k_tah_dscan(const uint8_t *__restrict__ p, uint32_t *pre,
-                                                             cu_hp head, s_tg g)
-{
-    d_mark(head);
-    __shared__ uint32_t ws[32];
-    const uint64_t b = blockIdx.x, na = g.n_alloc;
-    const uint8_t *flags = p + 8;
-    uint32_t corrupt = 0;
-    if (b == 0 && threadIdx.x == 0) {
-        const int32_t e = (int32_t)d_get_u32(p);
-        corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
-    }
-    uint32_t run_hq = 0, run_hi = 0;
-    for (uint64_t c0 = 0; c0 < na; c0 += blockDim.x) {
-        const uint64_t i = c0 + threadIdx.x;
-        const bool in = i < na;
-        uint32_t hi = 0, qn = 0;
-        if (in) {
-            const uint64_t s = i / g.nA;
-            const uint32_t j = (uint32_t)(i - s * g.nA);
-            qn = j == g.nA - 1 ? g.r : g.k;
-            const uint64_t tile0 = (b * g.S + s) * g.Q + (uint64_t)j * g.k;
-            for (uint32_t qq = 0; qq < qn; qq++) {
-                const uint32_t f = d_get_bits(flags, (tile0 + qq) * g.fbits, g.fbits);
-                corrupt |= (uint32_t)(!(f & 2u) && (f >> 2) != 0);
-                if (qq == 0)
-                    hi = f & 1u;
-                else
-                    corrupt |= (uint32_t)((f & 1u) != hi);
-            }
-        }
-        uint32_t hq_total, hi_total;
-        const uint32_t hq_before = d_block_scan(hi ? qn : 0u, ws, &hq_total);
-        d_block_scan(hi, ws, &hi_total);
-        if (in)
-            pre[b * na + i] = (run_hq + hq_before) | (hi << 31);
-        run_hq += hq_total;
-        run_hi += hi_total;
-    }
-    if (threadIdx.x == 0 && run_hi != g.n_hi)
-        corrupt = 1;
-    if (corrupt)
-        d_flag(head, CU_ST_CORRUPT);
-}
-
-// k_tah_dscan with the sample's flag bytes staged in shared memory and a
-// contiguous run of allocation tiles per thread: one batch of loads, two
-// block scans, coalesced stores of the packed prefixes. Same checks.
-__global__ void __launch_bounds__(S_SEL_THREADS) k_tah_dscan_sm(const uint8_t *__restrict__ p,
-                                                                uint32_t *__restrict__ pre, cu_hp head, s_tg g)
-{
-    d_mark(head);
-    extern __shared__ uint32_t sk[]; // n_alloc packed prefixes, then the flag bytes (+4 zero bytes)
-    __shared__ uint32_t ws[32];
-    const uint64_t b = blockIdx.x;
-    const uint32_t na = (uint32_t)g.n_alloc, bd = blockDim.x, tid = threadIdx.x;
-    const uint64_t bit0 = b * g.S * g.Q * g.fbits, bit1 = (b + 1) * g.S * g.Q * g.fbits;
-    const uint64_t byte0 = bit0 / 8;
-    const uint32_t nbytes = (uint32_t)((bit1 + 7) / 8 - byte0);
-    uint8_t *sf = (uint8_t *)(sk + na);
-    const uint8_t *src = p + 8 + byte0;
-    for (uint32_t j0 = 0; j0 < nbytes + 4u; j0 += 8u * bd) {
-        uint8_t v[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const uint32_t j = j0 + (uint32_t)u * bd + tid;
-            v[u] = j < nbytes ? src[j] : (uint8_t)0;
-        }
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const uint32_t j = j0 + (uint32_t)u * bd + tid;
-            if (j < nbytes + 4u)
-                sf[j] = v[u];
-        }
-    }
-    uint32_t corrupt = 0;
-    if (b == 0 && tid == 0) {
-        const int32_t e = (int32_t)d_get_u32(p);
-        corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
-    }
-    __syncthreads();
-    const uint32_t per = (na + bd - 1) / bd;
-    const uint32_t i0 = min(tid * per, na), i1 = min(i0 + per, na);
-    const uint64_t rel = bit0 - 8 * byte0; // bit of sample b's first flag in sf
-    uint32_t hq = 0, nhi = 0;
-    for (uint32_t i = i0; i < i1; i++) {
-        const uint32_t s = i / g.nA, j = i - s * g.nA;
-        const uint32_t qn = j == g.nA - 1 ? g.r : g.k;
-        const uint64_t q0 = (uint64_t)s * g.Q + (uint64_t)j * g.k; // quant tile within the sample
-        uint32_t hi = 0;
-        for (uint32_t qq = 0; qq < qn; qq++) {
-            const uint32_t f = d_get_bits(sf, rel + (q0 + qq) * g.fbits, g.fbits);
-            corrupt |= (uint32_t)(!(f & 2u) && (f >> 2) != 0);
-            if (qq == 0)
-                hi = f & 1u;
-            else
-                corrupt |= (uint32_t)((f & 1u) != hi);
-        }
-        hq += hi ? qn : 0u;
-        nhi += hi;
-        sk[i] = hi; // the high bit, for the second walk
-    }
-    uint32_t hq_total, hi_total;
-    const uint32_t hq_before = d_block_scan(hq, ws, &hq_total);
-    d_block_scan(nhi, ws, &hi_total);
-    uint32_t run = hq_before;
-    for (uint32_t i = i0; i < i1; i++) {
-        const uint32_t j = i % g.nA, hi = sk[i];
-        sk[i] = run | (hi << 31);
-        run += hi ? (j == g.nA - 1 ? g.r : g.k) : 0u;
-    }
-    __syncthreads();
-    for (uint32_t i = tid; i < na; i += bd) // coalesced
-        pre[b * g.n_alloc + i] = sk[i];
-    if (tid == 0 && hi_total != g.n_hi)
-        corrupt = 1;
-    if (corrupt)
-        d_flag(head, CU_ST_CORRUPT);
-}
-
 // Decode one lane's 8 codes of a tile segment: min + code * step, then,
 // when the tile was rotated (rot; the warp must be converged: the
 // transform shuffles), the inverse transform (normalised FWHT, then the
@@ -1609,73 +1487,14 @@ __device__ __forceinline__ void d_tah_dequant(const uint32_t code[8], float minf
     }
 }
 
-__global__ void __launch_bounds__(256) k_tah_dtile(const uint8_t *__restrict__ p, const uint32_t *__restrict__ pre,
-                                                   float *__restrict__ out,
-                                                   cu_hp head, s_tg g)
-{
-    d_mark(head);
-    const uint32_t lane = threadIdx.x & 31u, tpg = g.G / 8u, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
-    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
-    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
-    int32_t e = (int32_t)d_get_u32(p);
-    e = e < -200 ? -200 : (e > 200 ? 200 : e); // a bad e is reported by k_tah_dscan
-    const uint8_t *flags = p + 8;
-    uint32_t corrupt = 0, bad = 0;
-    for (uint64_t base = warp * spw; base < g.T; base += nwarps * spw) {
-        const uint64_t tile = base + seg;
-        const bool valid = tile < g.T;
-        uint64_t token, b, s;
-        uint32_t q, w;
-        d_tile_geom(g, valid ? tile : 0, token, q, b, s, w);
-        uint32_t f = 0, bits = g.bl;
-        float minf = 0.0f, step = 0.0f;
-        uint64_t lo = 0, hi = 0;
-        if (valid) {
-            f = d_get_bits(flags, tile * g.fbits, g.fbits);
-            bits = (f & 1u) ? g.bh : g.bl;
-            const uint64_t a_idx = b * g.n_alloc + s * g.nA + q / g.k;
-            const uint32_t ph = pre[a_idx];
-            const uint64_t hiq_before = (ph & 0x7fffffffu) + ((ph >> 31) ? q % g.k : 0u);
-            const uint64_t off =
-                (uint64_t)(g.G / 8u) * ((uint64_t)g.bl * (s * g.Q + q) + (uint64_t)(g.bh - g.bl) * hiq_before);
-            const uint16_t min16 = d_get_u16(p + g.meta_off + 4 * tile);
-            const uint16_t step16 = d_get_u16(p + g.meta_off + 4 * tile + 2);
-            corrupt |= (uint32_t)((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u ||
-                                  (step16 & 0x8000u));
-            minf = ldexpf(d_half_to_f32(min16), e);
-            step = ldexpf(d_half_to_f32(step16), e);
-            if (off + (uint64_t)g.G * bits / 8u <= g.code_bytes)
-                d_load_bytes(p + g.codes_off + b * g.code_bytes + off + (uint64_t)tl * bits, bits, lo, hi);
-            else
-                corrupt = 1; // offsets from flags that failed k_tah_dscan's checks
-        }
-        uint32_t code[8];
-        d_unpack8(lo, hi, bits, code);
-        float v[8];
-        d_tah_dequant(code, minf, step, valid && (f & 2u), f >> 2, lane, tl, tpg, g.norm, v);
-        if (!valid || 8u * tl >= w)
-            continue;
-        const uint32_t m = w - 8u * tl < 8u ? w - 8u * tl : 8u;
-#pragma unroll
-        for (int r = 0; r < 8; r++)
-            bad |= (uint32_t)((uint32_t)r < m && d_nonfinite(v[r]));
-        d_store8(out, token * g.C + (uint64_t)q * g.G + 8u * tl, m, g.vec, v);
-    }
-    if (corrupt)
-        d_flag(head, CU_ST_CORRUPT);
-    if (bad)
-        d_flag(head, CU_ST_NONFINITE);
-}
-
-// ---- decode, chunked (default; TAH_CU_LEGACY=1: k_tah_dscan + k_tah_dtile) ----
+// ---- decode, chunked ----
 //
 // The code offset of quant tile t of sample b is G/8 * (bl * t + (bh - bl) * H(t)),
-// H(t) = the high quant tiles before t in the sample (tah.c's layout; equal
-// to the legacy prefix-per-allocation-tile form whenever the flags pass the
-// checks). Two launches, both over the whole GPU:
+// H(t) = the high quant tiles before t in the sample (tah.c's layout). Two
+// launches, both over the whole GPU:
 //   k_tah_dcount: one warp per chunk of CH consecutive quant tiles of a
 //     sample: its high quant tiles (low word) and high allocation tiles
-//     (high word) -> cnt[chunk]; every flag check of k_tah_dscan (reserved
+//     (high word) -> cnt[chunk]; every flag check of tah.c's decoder (reserved
 //     pivot bits, one high bit per allocation tile, e and the reserved word).
 //   k_tah_dchunk: one CTA per chunk. Warp 0 sums the sample's earlier chunk
 //     counts (the last chunk also checks the sample's high allocation tiles
@@ -1685,7 +1504,7 @@ __global__ void __launch_bounds__(256) k_tah_dtile(const uint8_t *__restrict__ p
 //
 //       CTA (chunk of CH tiles) | warp 0: tiles 0..U*spw-1 | warp 1: ... |
 //       warp pass u             | seg 0: tile u*spw | seg 1: tile u*spw+1 | ...
-//       segment (tpg lanes)     | lane tl: elements 8tl..8tl+7 (as k_tah_dtile)
+//       segment (tpg lanes)     | lane tl: elements 8tl..8tl+7
 
 // n (<= 8) bytes at src, little-endian, from the aligned words that hold
 // them (1-3 32-bit loads; the words never leave the 4-byte-aligned span
@@ -2202,7 +2021,7 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
     const size_t sel_smem = 8 * (size_t)g.n_alloc; // keys + packed prefixes
     if (!(stages & CU_TAH_SELECT)) {
         // benchmark split only (cu_codec_encode_stages)
-    } else if (!cu_legacy() && g.n_alloc <= 0xffffffffull && sel_smem <= cu_smem_optin(4096)) {
+    } else if (g.n_alloc <= 0xffffffffull && sel_smem <= cu_smem_optin(4096)) {
         CUDA_CHECK(cu_smem_allow((const void *)k_tah_select_sm, sel_smem));
         k_tah_select_sm<<<(unsigned int)g.B, S_SEL_THREADS, sel_smem, st>>>(t.ent, t.pre, payload, head, g);
         CU_CHECK_LAUNCH("k_tah_select_sm");
@@ -2211,14 +2030,11 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
         CU_CHECK_LAUNCH("k_tah_select");
     }
     const uint64_t per_block = 8u * (32u / (g.G / 8u));
-    const bool flag_bytes = g.fbits == 8 && !cu_legacy();
+    const bool flag_bytes = g.fbits == 8;
     if (!(stages & CU_TAH_QUANT))
         return 0;
-    if (cu_legacy())
-        k_tah_quant<1><<<cu_grid(g.T, per_block), 256, 0, st>>>(x, t.pre, t.flagv, payload, head, g, flag_bytes);
-    else
-        k_tah_quant<S_QUANT_U><<<cu_grid(g.T, per_block * S_QUANT_U), 256, 0, st>>>(x, t.pre, t.flagv, payload, head,
-                                                                                   g, flag_bytes);
+    k_tah_quant<S_QUANT_U><<<cu_grid(g.T, per_block * S_QUANT_U), 256, 0, st>>>(x, t.pre, t.flagv, payload, head, g,
+                                                                               flag_bytes);
     CU_CHECK_LAUNCH("k_tah_quant");
     if (!flag_bytes) {
         k_tah_flags<<<cu_grid(g.flags_bytes, 256), 256, 0, st>>>(t.flagv, payload, g);
@@ -2236,60 +2052,50 @@ int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *
         return rc;
     const s_tw t = s_carve(work, g);
     const uint64_t cps = s_dec_cps(g);
-    if (!cu_legacy() && g.S * g.Q < 0x80000000ull && g.B * cps <= 0x7fffffffull) {
-        const uint32_t CH = s_dec_chunk(g);
-        // round 8: a lane pair per tile when the tiles are full and the spec the default's
-        const uintptr_t pa = (uintptr_t)payload;
-        if (cu_tpt() && g.G == 64 && g.k == 1 && g.bh == 4 && g.bl == 3 && g.C % 64u == 0 && g.S * g.Q < 65536u &&
-            ((uintptr_t)out & 15u) == 0 && (pa + g.codes_off) % 8u == 0 && g.code_bytes % 8u == 0 &&
-            (pa + g.meta_off) % 4u == 0) {
-            const void *kern = (const void *)k_tah_dp64<4, 3>;
-            CUDA_CHECK(cu_smem_allow(kern, S_DT_SMEM));
-            // P CTAs per sample, a resident grid's worth: runs of about S*Q/P tiles, no tail wave
-            uint64_t P = (uint64_t)cu_coop_blocks(kern, 256, S_DT_SMEM) / g.B;
-            const uint64_t pmax = (g.S * g.Q + S_DT_TILES - 1u) / S_DT_TILES;
-            P = P < 1u ? 1u : (P > pmax ? pmax : P);
-            k_tah_dp64<4, 3><<<(unsigned int)(g.B * P), 256, S_DT_SMEM, st>>>(payload, out, head, g, (uint32_t)P);
-            CU_CHECK_LAUNCH("k_tah_dp64");
-            return 0;
-        }
-        // round 7: one launch when every quant tile is an allocation tile of 8-bit flags
-        if (g.k == 1 && g.fbits == 8 && g.S * g.Q < 65536u && CH % 16u == 0) {
-            if (g.bh == 4 && g.bl == 3)
-                k_tah_dchunk<4, 3, 8, true><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
-                                                                                    (uint32_t)cps);
-            else
-                k_tah_dchunk<0, 0, 8, true><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
-                                                                                    (uint32_t)cps);
-            CU_CHECK_LAUNCH("k_tah_dchunk");
-            return 0;
-        }
-        k_tah_dcount<<<cu_grid(g.B * cps, 8), 256, 0, st>>>(payload, t.cnt, head, g, CH, (uint32_t)cps);
-        CU_CHECK_LAUNCH("k_tah_dcount");
-        if (g.bh == 4 && g.bl == 3 && g.G == 64)
-            k_tah_dchunk<4, 3, 8, false><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
-                                                                                 (uint32_t)cps);
-        else if (g.bh == 4 && g.bl == 3)
-            k_tah_dchunk<4, 3, 0, false><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
-                                                                                 (uint32_t)cps);
+    // not reached by any shape a frame can hold (B*S*C <= CODEC_MAX_ELEMS = 2^31 elements)
+    if (g.S * g.Q >= 0x80000000ull || g.B * cps > 0x7fffffffull) {
+        snprintf(err, errlen, "tah decode: shape (%llu,%llu,%u) beyond the GPU decoder's 2^31 tiles",
+                 (unsigned long long)g.B, (unsigned long long)g.S, g.C);
+        return TAH_ESHAPE;
+    }
+    const uint32_t CH = s_dec_chunk(g);
+    // round 8: a lane pair per tile when the tiles are full and the spec the default's
+    const uintptr_t pa = (uintptr_t)payload;
+    if (cu_tpt() && g.G == 64 && g.k == 1 && g.bh == 4 && g.bl == 3 && g.C % 64u == 0 && g.S * g.Q < 65536u &&
+        ((uintptr_t)out & 15u) == 0 && (pa + g.codes_off) % 8u == 0 && g.code_bytes % 8u == 0 &&
+        (pa + g.meta_off) % 4u == 0) {
+        const void *kern = (const void *)k_tah_dp64<4, 3>;
+        CUDA_CHECK(cu_smem_allow(kern, S_DT_SMEM));
+        // P CTAs per sample, a resident grid's worth: runs of about S*Q/P tiles, no tail wave
+        uint64_t P = (uint64_t)cu_coop_blocks(kern, 256, S_DT_SMEM) / g.B;
+        const uint64_t pmax = (g.S * g.Q + S_DT_TILES - 1u) / S_DT_TILES;
+        P = P < 1u ? 1u : (P > pmax ? pmax : P);
+        k_tah_dp64<4, 3><<<(unsigned int)(g.B * P), 256, S_DT_SMEM, st>>>(payload, out, head, g, (uint32_t)P);
+        CU_CHECK_LAUNCH("k_tah_dp64");
+        return 0;
+    }
+    // round 7: one launch when every quant tile is an allocation tile of 8-bit flags
+    if (g.k == 1 && g.fbits == 8 && g.S * g.Q < 65536u && CH % 16u == 0) {
+        if (g.bh == 4 && g.bl == 3)
+            k_tah_dchunk<4, 3, 8, true><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+                                                                                (uint32_t)cps);
         else
-            k_tah_dchunk<0, 0, 0, false><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
-                                                                                 (uint32_t)cps);
+            k_tah_dchunk<0, 0, 8, true><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+                                                                                (uint32_t)cps);
         CU_CHECK_LAUNCH("k_tah_dchunk");
         return 0;
     }
-    const uint64_t flag_span = (g.S * g.Q * g.fbits + 7) / 8 + 1; // a sample's flag bytes, at most
-    const size_t scan_smem = 4 * (size_t)g.n_alloc + (size_t)flag_span + 8;
-    if (!cu_legacy() && flag_span < 0x7fffffffull && scan_smem <= cu_smem_optin(4096)) {
-        CUDA_CHECK(cu_smem_allow((const void *)k_tah_dscan_sm, scan_smem));
-        k_tah_dscan_sm<<<(unsigned int)g.B, S_SEL_THREADS, scan_smem, st>>>(payload, t.pre, head, g);
-        CU_CHECK_LAUNCH("k_tah_dscan_sm");
-    } else {
-        k_tah_dscan<<<(unsigned int)g.B, S_SEL_THREADS, 0, st>>>(payload, t.pre, head, g);
-        CU_CHECK_LAUNCH("k_tah_dscan");
-    }
-    const uint64_t per_block = 8u * (32u / (g.G / 8u));
-    k_tah_dtile<<<cu_grid(g.T, per_block), 256, 0, st>>>(payload, t.pre, out, head, g);
-    CU_CHECK_LAUNCH("k_tah_dtile");
+    k_tah_dcount<<<cu_grid(g.B * cps, 8), 256, 0, st>>>(payload, t.cnt, head, g, CH, (uint32_t)cps);
+    CU_CHECK_LAUNCH("k_tah_dcount");
+    if (g.bh == 4 && g.bl == 3 && g.G == 64)
+        k_tah_dchunk<4, 3, 8, false><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+                                                                             (uint32_t)cps);
+    else if (g.bh == 4 && g.bl == 3)
+        k_tah_dchunk<4, 3, 0, false><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+                                                                             (uint32_t)cps);
+    else
+        k_tah_dchunk<0, 0, 0, false><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
+                                                                             (uint32_t)cps);
+    CU_CHECK_LAUNCH("k_tah_dchunk");
     return 0;
 }
