@@ -234,6 +234,27 @@ __device__ __forceinline__ int32_t d_group_code(const s_gp &g, const s_gq &q, fl
     }
 }
 
+// a lane's statistics of chunk j (8 elements, v) of a group of len elements; non-finite x in bad
+template <int MODE>
+__device__ __forceinline__ void d_group_stats(const float v[8], uint32_t len, uint32_t j, s_gs &s, uint32_t &bad)
+{
+    const uint32_t m = len > 8u * j ? (len - 8u * j < 8u ? len - 8u * j : 8u) : 0u;
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        if ((uint32_t)r < m) {
+            bad |= (uint32_t)d_nonfinite(v[r]);
+            if (MODE <= M_FIX_STOCH) {
+                s.a = fmaxf(s.a, fabsf(v[r]));
+            } else {
+                s.a = fminf(s.a, v[r]);
+                s.b = fmaxf(s.b, v[r]);
+                if (v[r] == 0.0f)
+                    s.z = min(s.z, d_int_zkey(8u * j + (uint32_t)r, len, __float_as_uint(v[r]) >> 31));
+            }
+        }
+    }
+}
+
 // group > 256: one CTA of S_CTA threads per group (thread tl takes chunks tl, tl + S_CTA, ..)
 template <int MODE>
 __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ x, uint8_t *__restrict__ p,
@@ -266,23 +287,11 @@ __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ 
         for (uint32_t j = tl; j < nch; j += tpg) {
             float v[8];
             d_load8(x, off + 8u * j, off + len, g.vec, v);
-            const uint32_t m = len - 8u * j < 8u ? len - 8u * j : 8u;
+            d_group_stats<MODE>(v, len, j, s, bad);
+            if (j == tl)
 #pragma unroll
-            for (int r = 0; r < 8; r++) {
-                if ((uint32_t)r < m) {
-                    bad |= (uint32_t)d_nonfinite(v[r]);
-                    if (MODE <= M_FIX_STOCH) {
-                        s.a = fmaxf(s.a, fabsf(v[r]));
-                    } else {
-                        s.a = fminf(s.a, v[r]);
-                        s.b = fmaxf(s.b, v[r]);
-                        if (v[r] == 0.0f)
-                            s.z = min(s.z, d_int_zkey(8u * j + (uint32_t)r, len, __float_as_uint(v[r]) >> 31));
-                    }
-                }
-                if (j == tl)
+                for (int r = 0; r < 8; r++)
                     cv[r] = v[r];
-            }
         }
         for (uint32_t o = 1; o < 32; o *= 2)
             d_gs_merge<MODE>(s, d_gs_shfl<MODE>(s, o));
@@ -334,26 +343,6 @@ __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ 
 // the code width a compile-time constant (the default specs: fixpt 8,
 // int 4) so the packing is a few shifts; BITS = 0 reads g.bits.
 // Per group, the arithmetic is k_group_encode's, in the same order.
-
-template <int MODE>
-__device__ __forceinline__ void d_group_stats(const float v[8], uint32_t len, uint32_t j, s_gs &s, uint32_t &bad)
-{
-    const uint32_t m = len > 8u * j ? (len - 8u * j < 8u ? len - 8u * j : 8u) : 0u;
-#pragma unroll
-    for (int r = 0; r < 8; r++) {
-        if ((uint32_t)r < m) {
-            bad |= (uint32_t)d_nonfinite(v[r]);
-            if (MODE <= M_FIX_STOCH) {
-                s.a = fmaxf(s.a, fabsf(v[r]));
-            } else {
-                s.a = fminf(s.a, v[r]);
-                s.b = fmaxf(s.b, v[r]);
-                if (v[r] == 0.0f)
-                    s.z = min(s.z, d_int_zkey(8u * j + (uint32_t)r, len, __float_as_uint(v[r]) >> 31));
-            }
-        }
-    }
-}
 
 template <int MODE, int BITS, int U>
 __global__ void __launch_bounds__(256) k_group_enc_seg(const float *__restrict__ x, uint8_t *__restrict__ p,

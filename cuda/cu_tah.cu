@@ -484,6 +484,19 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const float *__res
     }
 }
 
+// Whether a key of the select is high: above the threshold T, or equal to it while fewer than
+// `need` equal keys came before it (e counts them, in index order); when every tile has one
+// width (all), whether that width is the high one.
+__device__ __forceinline__ bool d_sel_hi(uint32_t key, uint32_t T, uint32_t need, bool all, bool all_hi, uint32_t &e)
+{
+    if (all)
+        return all_hi;
+    const bool isq = key == T;
+    const bool hi = key > T || (isq && e < need);
+    e += (uint32_t)isq;
+    return hi;
+}
+
 // Warp 0 picks the radix digit of the select from hist[256]: the largest d
 // with sum(hist[d..255]) >= need (k_tah_select's serial walk from the top,
 // in parallel: lane l holds bins 8l..8l+7). Writes *prefix |= d << shift
@@ -619,15 +632,7 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const float *__
     uint32_t hq = 0, e = eq_before;
     uint32_t jj = i0 % g.nA;
     for (uint32_t i = i0; i < i1; i++) {
-        const uint32_t key = sk[i];
-        bool hi;
-        if (all) {
-            hi = g.n_hi != 0;
-        } else {
-            const bool isq = key == T;
-            hi = key > T || (isq && e < need);
-            e += (uint32_t)isq;
-        }
+        const bool hi = d_sel_hi(sk[i], T, need, all, g.n_hi != 0, e);
         hq += hi ? (jj == g.nA - 1 ? g.r : g.k) : 0u;
         jj = jj + 1 == g.nA ? 0u : jj + 1;
     }
@@ -637,15 +642,7 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const float *__
     e = eq_before;
     jj = i0 % g.nA;
     for (uint32_t i = i0; i < i1; i++) {
-        const uint32_t key = sk[i];
-        bool hi;
-        if (all) {
-            hi = g.n_hi != 0;
-        } else {
-            const bool isq = key == T;
-            hi = key > T || (isq && e < need);
-            e += (uint32_t)isq;
-        }
+        const bool hi = d_sel_hi(sk[i], T, need, all, g.n_hi != 0, e);
         sp[i] = run | ((uint32_t)hi << 31);
         run += hi ? (jj == g.nA - 1 ? g.r : g.k) : 0u;
         jj = jj + 1 == g.nA ? 0u : jj + 1;
@@ -1356,29 +1353,13 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     const uint32_t eq_before = eqb + d_block_scan(eq, ws, &eq_total);
     uint32_t hq = 0, e = eq_before;
     for (uint32_t i = i0; i < i1; i++) {
-        const uint32_t key = sk[i];
-        bool hi;
-        if (all) {
-            hi = g.n_hi != 0;
-        } else {
-            const bool isq = key == T;
-            hi = key > T || (isq && e < need);
-            e += (uint32_t)isq;
-        }
+        const bool hi = d_sel_hi(sk[i], T, need, all, g.n_hi != 0, e);
         hq += (uint32_t)hi;
     }
     uint32_t run = hib + d_block_scan(hq, ws, &hq_total); // its barriers end every read of other runs
     e = eq_before;
     for (uint32_t i = i0; i < i1; i++) {
-        const uint32_t key = sk[i];
-        bool hi;
-        if (all) {
-            hi = g.n_hi != 0;
-        } else {
-            const bool isq = key == T;
-            hi = key > T || (isq && e < need);
-            e += (uint32_t)isq;
-        }
+        const bool hi = d_sel_hi(sk[i], T, need, all, g.n_hi != 0, e);
         sk[i] = (run * g.k) | ((uint32_t)hi << 31); // high quant tiles before (r == k: k per high tile)
         run += (uint32_t)hi;
     }
