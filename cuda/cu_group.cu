@@ -28,7 +28,8 @@
 // and only quantises (see the comment above k_int_stats). fixpt with
 // 4 <= tpg <= 32: k_fix_enc, the step once per group on one lane.
 // Round 8: the default int specs (4 bits, group 128) on whole groups go through
-// k_int_q4 instead, a lane quad per group with staged units (comment above it).
+// k_int_q4 instead, a lane quad per group with staged units; round 9: it reads x once,
+// quantising each group at its own exponent (comment above it).
 //
 // Decode: a flat grid, one thread per 8-code chunk (b bytes in, 8 floats
 // out), checking the metadata and codes exactly as the CPU decoder does.
@@ -902,19 +903,21 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict
 //   symmetric:  step == 0 (all zeros) or step > 2^-14.
 // Elements whose x 2^-e is a float subnormal then sit below 2^-112 of the group's
 // step: they are absorbed by mn in xs - mn (|mn| >= 2^-14) or give t < 2^-100, the
-// same code at both exponents. A group that fails the check (values 2^24 below the
-// frame's absmax: a huge spike elsewhere, a nearly constant or tiny group) is quantised
-// again at e from x in pass 2 (rare on activations; the spike tests exercise it).
+// same code at both exponents. A group that fails the check (a range about 2^-24 of the
+// frame's absmax or less: a huge spike elsewhere, a nearly constant or tiny group) is
+// quantised again at e from x in pass 2 (rare on activations; test_cu_codec's "scales"
+// and "big-spike" inputs exercise it).
 //
 // Layout as round 8: a unit of 8 consecutive groups (4 KB) per warp iteration is
 // copied into shared memory with cp.async, two buffers per warp, so the next unit's
 // loads overlap this one's arithmetic; lanes q*8 + j (q < 4) hold elements
 // 32q..32q+31 of the unit's group j (rows of 132 words: a quarter warp's 16-byte loads
 // hit 8 bank groups); statistics are a lane's serial min / max (the zero key only when
-// a group's minimum is zero) and two shuffle stages (xor 8, 16); lane j computes group
-// j's metadata (intq.c's operations, d_int_meta) and shuffles (mn, 1/step) to its
-// quad; the codes are rint(t) read off the bits of t + 1.5 * 2^23 (intq.c's
-// (t + S_ROUND) - S_ROUND), packed as nibbles. Frames identical to k_int_fused's.
+// a group's minimum is zero) and two shuffle stages (xor 8, 16), after which every lane
+// computes its group's metadata at e_g (intq.c's operations, d_int_meta; pass 2: lane k
+// of 32 groups, at e); the codes are rint(t) read off the bits of t + 1.5 * 2^23
+// (intq.c's (t + S_ROUND) - S_ROUND), packed as nibbles. Frames identical to
+// k_int_fused's.
 #define S_IQ_ROWW 132u                      // words per staged group (128 + 4 pad)
 #define S_IQ_WARPW (2u * 8u * S_IQ_ROWW)    // words per warp: two buffers of 8 groups
 #define S_IQ_SMEM (8u * S_IQ_WARPW * 4u)    // bytes per CTA of 8 warps
