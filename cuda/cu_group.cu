@@ -1023,8 +1023,8 @@ __global__ void __launch_bounds__(256, 3) k_int_q4(const float *__restrict__ x, 
         bad |= (uint32_t)(valid && mb >= 0x7f800000u);
         if (valid)
             amax = max(amax, mb); // = max(|min|, |max|) for finite x
-        // lane j < 8: group j's metadata at the group's own exponent (lanes 8.. compute
-        // the same for their quad's group and drop it)
+        // every lane: its group's metadata at the group's own exponent (the quad's four
+        // lanes compute the same values), then its 32 codes
         const float2 sv = make_float2(a, b);
         const float pd_g = d_pow2f(-d_int_exp(max(__float_as_uint(a) & 0x7fffffffu, __float_as_uint(b) & 0x7fffffffu)));
         float mn, inv;
@@ -1050,7 +1050,7 @@ __global__ void __launch_bounds__(256, 3) k_int_q4(const float *__restrict__ x, 
         float mn, inv;
         const uint16_t sh = d_int_meta<MODE>(sv, pdown, g, p, mgi, mvalid, mn, inv);
         uint32_t redo = __ballot_sync(CU_FULL, mvalid && !d_iq_exp_free<MODE>(sv, pdown, sh));
-        while (redo) { // rare: one group of this warp's 32 per pass, its quad's lanes 8 apart
+        while (redo) { // rare: one group per pass, lanes 0..3 re-quantise 32 elements each
             const uint32_t j = (uint32_t)__ffs((int)redo) - 1u;
             redo &= redo - 1u;
             const float q_mn = __shfl_sync(CU_FULL, mn, (int)j), q_inv = __shfl_sync(CU_FULL, inv, (int)j);

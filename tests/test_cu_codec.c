@@ -122,7 +122,7 @@ static void s_fill(float *x, codec_shape_t shape, int kind, uint64_t seed)
         for (uint64_t i = 0; i < n; i++)
             x[i] = (float)(pow(10.0, -(double)((i / 128 + seed) % 12)) * codec_synth_normal(seed, i));
         break;
-    case IN_BIGSPIKE: /* ordinary values and one 1e30: every other group re-quantised */
+    case IN_BIGSPIKE: /* ordinary values and one 1e30: all groups but the spike's re-quantised */
         for (uint64_t i = 0; i < n; i++)
             x[i] = (float)(0.02 * codec_synth_normal(seed, i));
         x[codec_synth_u64(seed, 0) % n] = 1e30f;
