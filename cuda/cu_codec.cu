@@ -40,6 +40,16 @@ bool cu_tpt(void)
     return v != 0;
 }
 
+bool cu_row(void)
+{
+    static int v = -1; // benign race, as cu_fuse
+    if (v < 0) {
+        const char *e = getenv("TAH_CU_ROW");
+        v = !(e && strcmp(e, "0") == 0);
+    }
+    return v != 0;
+}
+
 size_t cu_smem_optin(size_t reserve)
 {
     int dev = 0, bytes = 0;

@@ -491,6 +491,9 @@ bool cu_fuse(void);
 // Round 8's kernels (lane pairs per TAH tile in encode and decode, lane quads per int group)
 // unless TAH_CU_TPT=0 (then round 7's segment kernels: a same-binary comparison).
 bool cu_tpt(void);
+// Round 10's warp-per-group kernels for the default fixpt and int specs (groups of 128)
+// unless TAH_CU_ROW=0 (then the segment kernels: a same-binary comparison).
+bool cu_row(void);
 // Dynamic shared memory a block of the current device may opt in to, less
 // `reserve` bytes for the kernel's static shared memory (0 on error).
 size_t cu_smem_optin(size_t reserve);

@@ -606,6 +606,105 @@ __global__ void __launch_bounds__(256, MINB) k_group_dec_seg(const uint8_t *__re
         d_flag(head, CU_ST_NONFINITE);
 }
 
+// ---- round 10: a warp per group (groups of 128, whole, 8-bit fixpt / 4-bit int) ----
+// Lane l takes elements 4l..4l+3 of each of the warp's S_ROW_DEC groups, so each access
+// instruction covers a group's codes (128 or 64 contiguous bytes) or 512 contiguous bytes
+// of out, the trivial streaming kernels' pattern; a group's metadata is one broadcast
+// load, checked and turned into (k) or (step, bias) on every lane (warp-uniform, so the
+// overflow test needs no vote). Same checks and arithmetic as d_dec_iter.
+#define S_ROW_DEC 4u // groups per warp (one iteration)
+
+template <int MODE>
+__global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict__ p, float *__restrict__ out,
+                                                       cu_hp head, s_gp g)
+{
+    d_mark(head);
+    const uint32_t lane = threadIdx.x & 31u, ng = (uint32_t)g.ng; // B*S*C <= 2^31
+    const uint32_t g0 = (blockIdx.x * blockDim.x + threadIdx.x) / 32u * S_ROW_DEC;
+    if (g0 >= ng)
+        return; // warp-uniform
+    uint32_t corrupt = 0, bad = 0;
+    float pup = 1.0f;
+    if (MODE >= M_INT_ASYM) {
+        const int32_t e = (int32_t)d_get_u32(p);
+        corrupt |= (uint32_t)(e < -126 || e > 114);
+        pup = (e < -126 || e > 114) ? 1.0f : d_pow2f(e);
+    }
+    uint32_t code[S_ROW_DEC], meta[S_ROW_DEC];
+#pragma unroll
+    for (uint32_t u = 0; u < S_ROW_DEC; u++) {
+        const uint32_t gi = min(g0 + u, ng - 1u); // past the end: the last group again, not stored
+        if (MODE <= M_FIX_STOCH) {
+            code[u] = *(const uint32_t *)(p + g.codes_off + 128u * (uint64_t)gi + 4u * lane);
+            meta[u] = *(const uint16_t *)(p + 2u * (uint64_t)gi);
+        } else {
+            code[u] = *(const uint16_t *)(p + g.codes_off + 64u * (uint64_t)gi + 2u * lane);
+            meta[u] = MODE == M_INT_ASYM ? *(const uint32_t *)(p + 4u + 4u * (uint64_t)gi)
+                                         : *(const uint16_t *)(p + 4u + 2u * (uint64_t)gi);
+        }
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < S_ROW_DEC; u++) {
+        const uint32_t gi = g0 + u;
+        if (gi >= ng)
+            break; // warp-uniform
+        const uint32_t w = code[u];
+        float v[4];
+        bool wide;
+        if (MODE <= M_FIX_STOCH) {
+            const uint16_t dh = (uint16_t)meta[u];
+            corrupt |= (uint32_t)((dh & 0x8000u) || (dh & 0x7c00u) == 0x7c00u);
+            const float k = __fdiv_rn(d_half_to_f32(dh), g.c);
+            wide = !(__fmul_rn((float)g.qmax, k) <= FLT_MAX);
+            corrupt |= (uint32_t)((((w & 0x7f7f7f7fu) + 0x01010101u) & w & 0x80808080u) != 0); // 0xff bytes
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                v[r] = __fmul_rn(__fsub_rn(__uint_as_float(__byte_perm(w, 0x4b000000u, 0x7440u | (uint32_t)r)),
+                                           8388735.0f),
+                                 k); // (code - 127) * k
+        } else {
+            uint16_t sh;
+            float mn = 0.0f;
+            if (MODE == M_INT_SYM) {
+                sh = (uint16_t)meta[u];
+                corrupt |= (uint32_t)((((w & 0x7777u) + 0x1111u) & w & 0x8888u) != 0); // 0xf nibbles
+            } else {
+                const uint16_t mh = (uint16_t)meta[u];
+                corrupt |= (uint32_t)((mh & 0x7c00u) == 0x7c00u);
+                mn = d_half_to_f32(mh);
+                sh = (uint16_t)(meta[u] >> 16);
+            }
+            corrupt |= (uint32_t)((sh & 0x8000u) || (sh & 0x7c00u) == 0x7c00u);
+            const float step = d_half_to_f32(sh);
+            const float bias = MODE == M_INT_SYM ? __fmul_rn(-(float)g.qmax, step) : mn;
+            const float top = MODE == M_INT_SYM ? (float)(2 * g.qmax) : (float)g.L; // largest valid code
+            const float y0 = __fmul_rn(__fadd_rn(__fmul_rn(0.0f, step), bias), pup);
+            const float y1 = __fmul_rn(__fadd_rn(__fmul_rn(top, step), bias), pup);
+            wide = !(fabsf(y0) <= FLT_MAX && fabsf(y1) <= FLT_MAX);
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const float c = __fsub_rn(__uint_as_float(((w >> (4 * r)) & 0xfu) | 0x4b000000u), 8388608.0f);
+                v[r] = __fmul_rn(__fadd_rn(__fmul_rn(c, step), bias), pup);
+            }
+        }
+        if (wide) { // warp-uniform: the group's extreme codes overflow
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                if (MODE >= M_INT_ASYM) {
+                    v[r] = v[r] > FLT_MAX ? FLT_MAX : v[r];
+                    v[r] = v[r] < -FLT_MAX ? -FLT_MAX : v[r];
+                }
+                bad |= (uint32_t)d_nonfinite(v[r]);
+            }
+        }
+        *(float4 *)(out + 128u * (uint64_t)gi + 4u * lane) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+    if (corrupt)
+        d_flag(head, CU_ST_CORRUPT);
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+}
+
 // Frame absmax (int pass 1) and the finite check, as float bits.
 __global__ void __launch_bounds__(256) k_absmax(const float *__restrict__ x, uint64_t n, bool vec, cu_hp head)
 {
@@ -1217,6 +1316,71 @@ __global__ void __launch_bounds__(256, MINB) k_fix_enc(const float *__restrict__
         d_flag(head, CU_ST_RANGE);
 }
 
+// Round 10: fixpt encode (nearest, 8 bits, whole groups of 128) with a warp per group, lane
+// l on elements 4l..4l+3 (see k_group_dec_row): S_ROW_ENC groups' loads in flight per lane,
+// each group's max|x| by one redux, lane u computes group u's step (d_fix_iter's
+// arithmetic), and every group's codes leave as one 128-byte store of the warp.
+#define S_ROW_ENC 8u // groups per warp (one iteration)
+
+__global__ void __launch_bounds__(256) k_fix_enc_row(const float *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
+                                                     s_gp g)
+{
+    d_mark(head);
+    const uint32_t lane = threadIdx.x & 31u, ng = (uint32_t)g.ng; // B*S*C <= 2^31
+    const uint32_t g0 = (blockIdx.x * blockDim.x + threadIdx.x) / 32u * S_ROW_ENC;
+    if (g0 >= ng)
+        return; // warp-uniform
+    float4 v[S_ROW_ENC];
+#pragma unroll
+    for (uint32_t u = 0; u < S_ROW_ENC; u++)
+        v[u] = *(const float4 *)(x + 128u * (uint64_t)min(g0 + u, ng - 1u) + 4u * lane);
+    uint32_t slot_bits = 0; // lane u: group g0 + u's max|x| bits
+#pragma unroll
+    for (uint32_t u = 0; u < S_ROW_ENC; u++) {
+        const uint32_t m = max(max(__float_as_uint(v[u].x) & 0x7fffffffu, __float_as_uint(v[u].y) & 0x7fffffffu),
+                               max(__float_as_uint(v[u].z) & 0x7fffffffu, __float_as_uint(v[u].w) & 0x7fffffffu));
+        const uint32_t a = __reduce_max_sync(CU_FULL, m);
+        if (lane == u)
+            slot_bits = a;
+    }
+    const bool mvalid = lane < S_ROW_ENC && g0 + lane < ng;
+    uint32_t range = 0;
+    float inv;
+    {
+        const float amax = __uint_as_float(slot_bits), qmaxf = (float)g.qmax;
+        const float ymax = __fmul_rn(g.c, amax);
+        if (!(ymax <= FLT_MAX))
+            range |= (uint32_t)mvalid;
+        float d = __fdiv_rn(ymax, qmaxf);
+        if ((double)d * (double)g.qmax < (double)ymax)
+            d = __uint_as_float(__float_as_uint(d) + 1u);
+        const uint16_t dh = d_half_from_f32_up(d);
+        if ((dh & 0x7c00u) == 0x7c00u)
+            range |= (uint32_t)mvalid;
+        const float df = d_half_to_f32(dh);
+        inv = df > 0.0f ? __fdiv_rn(1.0f, df) : 0.0f;
+        if (mvalid)
+            *(uint16_t *)(p + 2u * (uint64_t)(g0 + lane)) = dh;
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < S_ROW_ENC; u++) {
+        const float q_inv = __shfl_sync(CU_FULL, inv, (int)u);
+        if (g0 + u >= ng)
+            break; // warp-uniform
+        uint32_t w[4];
+        const float f[4] = { v[u].x, v[u].y, v[u].z, v[u].w };
+#pragma unroll
+        for (int r = 0; r < 4; r++) // round(c x / step) + 128 in the low byte
+            w[r] = __float_as_uint(__fadd_rn(__fmul_rn(__fmul_rn(g.c, f[r]), q_inv), 12583040.0f));
+        const uint32_t w03 = __byte_perm(__byte_perm(w[0], w[1], 0x0040u), __byte_perm(w[2], w[3], 0x0040u), 0x5410u);
+        *(uint32_t *)(p + g.codes_off + 128u * (uint64_t)(g0 + u) + 4u * lane) = w03 - 0x01010101u;
+    }
+    if (slot_bits >= 0x7f800000u)
+        d_flag(head, CU_ST_NONFINITE);
+    if (range)
+        d_flag(head, CU_ST_RANGE);
+}
+
 template <int MODE>
 __global__ void __launch_bounds__(256) k_group_decode(const uint8_t *__restrict__ p, float *__restrict__ out,
                                                       cu_hp head, s_gp g)
@@ -1339,6 +1503,15 @@ static s_gp s_params(const codec_spec_t *spec, uint64_t n, const void *xy)
 // The code width compiled in for each mode (the default specs' bits).
 static constexpr int s_fast_bits(int mode) { return mode <= M_FIX_STOCH ? 8 : 4; }
 
+// Round 10's warp-per-group kernels: the default widths (fixpt 8 bits, int 4) on whole
+// groups of 128, x or out 16-byte aligned, the payload's metadata and codes aligned to
+// their access width.
+static bool s_row_ok(const s_gp &g, int mode, const void *payload, const void *xy)
+{
+    return cu_row() && g.group == 128 && g.n % 128u == 0 && g.bits == (mode <= M_FIX_STOCH ? 8u : 4u) &&
+           ((uintptr_t)xy & 15u) == 0 && ((uintptr_t)payload & 3u) == 0 && g.codes_off % 4u == 0;
+}
+
 // int: the round-4 two-pass path (k_int_stats + k_int_codes) for 4 <= tpg <= 32.
 static bool s_int_split(const s_gp &g) { return g.tpg >= 4 && g.tpg <= 32; }
 
@@ -1400,6 +1573,13 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
             return 0;
         }
     }
+    if constexpr (MODE == M_FIX_NEAR) {
+        if (s_row_ok(g, MODE, payload, x)) {
+            k_fix_enc_row<<<cu_grid(g.ng, 8u * S_ROW_ENC), 256, 0, st>>>(x, payload, head, g);
+            CU_CHECK_LAUNCH("k_fix_enc_row");
+            return 0;
+        }
+    }
     if constexpr (MODE <= M_FIX_STOCH) {
         if (g.tpg >= 4 && g.tpg <= 32) {
             // 4 rows per warp iteration, one iteration per warp (round 7's measurements: the
@@ -1449,6 +1629,17 @@ int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload
                     cudaStream_t st, char *err, size_t errlen)
 {
     const s_gp g = s_params(spec, n, out);
+    if (s_row_ok(g, s_mode(spec), payload, out)) {
+        const unsigned int grid = cu_grid(g.ng, 8u * S_ROW_DEC);
+        switch (s_mode(spec)) {
+        case M_FIX_NEAR:
+        case M_FIX_STOCH: k_group_dec_row<M_FIX_NEAR><<<grid, 256, 0, st>>>(payload, out, head, g); break;
+        case M_INT_ASYM: k_group_dec_row<M_INT_ASYM><<<grid, 256, 0, st>>>(payload, out, head, g); break;
+        default: k_group_dec_row<M_INT_SYM><<<grid, 256, 0, st>>>(payload, out, head, g); break;
+        }
+        CU_CHECK_LAUNCH("k_group_dec_row");
+        return 0;
+    }
     if (g.tpg <= 32) {
         // rows per warp iteration (lane k < 32 holds slot k's metadata), one iteration per warp
         const uint32_t rows = g.tpg >= 4 ? S_ROWS : g.tpg;
