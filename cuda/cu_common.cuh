@@ -494,6 +494,10 @@ bool cu_tpt(void);
 // Round 10's warp-per-group kernels for the default fixpt and int specs (groups of 128)
 // unless TAH_CU_ROW=0 (then the segment kernels: a same-binary comparison).
 bool cu_row(void);
+// Programmatic dependent launches (a kernel's launch overlapping the previous one's tail;
+// it waits with griddepcontrol.wait before touching its inputs): Hopper and later, unless
+// TAH_CU_PDL=0.
+bool cu_pdl(void);
 // Dynamic shared memory a block of the current device may opt in to, less
 // `reserve` bytes for the kernel's static shared memory (0 on error).
 size_t cu_smem_optin(size_t reserve);

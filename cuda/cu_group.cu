@@ -612,7 +612,9 @@ __global__ void __launch_bounds__(256, MINB) k_group_dec_seg(const uint8_t *__re
 // of out, the trivial streaming kernels' pattern; a group's metadata is one broadcast
 // load, checked and turned into (k) or (step, bias) on every lane (warp-uniform, so the
 // overflow test needs no vote). Same checks and arithmetic as d_dec_iter.
-#define S_ROW_DEC 4u // groups per warp (one iteration)
+#ifndef S_ROW_DEC
+#define S_ROW_DEC 2u // groups per warp (one iteration)
+#endif // groups per warp (one iteration)
 
 template <int MODE>
 __global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict__ p, float *__restrict__ out,
@@ -630,23 +632,23 @@ __global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict
         corrupt |= (uint32_t)(e < -126 || e > 114);
         pup = (e < -126 || e > 114) ? 1.0f : d_pow2f(e);
     }
+    const uint32_t cpg = MODE <= M_FIX_STOCH ? 128u : 64u, mpg = MODE == M_INT_ASYM ? 4u : 2u; // bytes per group
+    const uint8_t *cw = p + g.codes_off + cpg * (uint64_t)g0 + (cpg / 32u) * lane;
+    const uint8_t *mw = p + g.meta_off + mpg * (uint64_t)g0;
     uint32_t code[S_ROW_DEC], meta[S_ROW_DEC];
 #pragma unroll
     for (uint32_t u = 0; u < S_ROW_DEC; u++) {
-        const uint32_t gi = min(g0 + u, ng - 1u); // past the end: the last group again, not stored
-        if (MODE <= M_FIX_STOCH) {
-            code[u] = *(const uint32_t *)(p + g.codes_off + 128u * (uint64_t)gi + 4u * lane);
-            meta[u] = *(const uint16_t *)(p + 2u * (uint64_t)gi);
-        } else {
-            code[u] = *(const uint16_t *)(p + g.codes_off + 64u * (uint64_t)gi + 2u * lane);
-            meta[u] = MODE == M_INT_ASYM ? *(const uint32_t *)(p + 4u + 4u * (uint64_t)gi)
-                                         : *(const uint16_t *)(p + 4u + 2u * (uint64_t)gi);
+        code[u] = 0;
+        meta[u] = 0;
+        if (g0 + u < ng) { // warp-uniform
+            code[u] = MODE <= M_FIX_STOCH ? *(const uint32_t *)(cw + cpg * u) : *(const uint16_t *)(cw + cpg * u);
+            meta[u] = MODE == M_INT_ASYM ? *(const uint32_t *)(mw + mpg * u) : *(const uint16_t *)(mw + mpg * u);
         }
     }
+    float *ow = out + 128u * (uint64_t)g0 + 4u * lane;
 #pragma unroll
     for (uint32_t u = 0; u < S_ROW_DEC; u++) {
-        const uint32_t gi = g0 + u;
-        if (gi >= ng)
+        if (g0 + u >= ng)
             break; // warp-uniform
         const uint32_t w = code[u];
         float v[4];
@@ -697,7 +699,7 @@ __global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict
                 bad |= (uint32_t)d_nonfinite(v[r]);
             }
         }
-        *(float4 *)(out + 128u * (uint64_t)gi + 4u * lane) = make_float4(v[0], v[1], v[2], v[3]);
+        *(float4 *)(ow + 128u * u) = make_float4(v[0], v[1], v[2], v[3]);
     }
     if (corrupt)
         d_flag(head, CU_ST_CORRUPT);
@@ -1029,19 +1031,24 @@ __device__ __forceinline__ void d_iq_stage(float *buf, const float *x, uint32_t 
 
 // Lane (q, j)'s 32 codes of group gi (its elements v, at the frame scale pdown, with the
 // group's mn and 1/step), stored when gi < ng.
+// Round 10: without intq.c's clamp of t to [0, L] (symmetric [-qmax, qmax]), which never
+// changes a code here (finite x; eps = 2^-24):
+//   asymmetric: mn <= lo <= xs (roundings down and monotonic), so xs - mn >= +0 and t >= +0;
+//     xs <= hi, step * L >= (double)(hi - mn) >= (hi - mn)(1 - 2^-53) (the double check in
+//     d_step_up, then the fp16 rounding up), so t <= L (1 + eps)^3 / (1 - 2^-53) < L + 1/2;
+//   symmetric: |xs| <= max(|lo|, |hi|) <= step * qmax likewise, so |t| < qmax + 1/2;
+//   step == 0: inv = 0 and t = 0. A subnormal xs - mn is exact, inv is a normal float
+//   (2^-24 <= step <= 65504). So rint(t) is already in range, as the clamped t's.
 template <int MODE>
 __device__ __forceinline__ void d_iq_codes(const float v[32], float pdown, float q_mn, float q_inv, const s_gp &g,
                                            uint8_t *__restrict__ p, uint32_t gi, uint32_t ng, uint32_t q)
 {
-    const float lim = MODE == M_INT_SYM ? (float)g.qmax : 15.0f, low = MODE == M_INT_SYM ? -lim : 0.0f;
     const uint32_t off = MODE == M_INT_SYM ? 0x4b400000u - (uint32_t)g.qmax : 0x4b400000u;
     uint32_t w[4] = { 0u, 0u, 0u, 0u };
 #pragma unroll
     for (int r = 0; r < 32; r++) {
-        float t = MODE == M_INT_SYM ? __fmul_rn(__fmul_rn(v[r], pdown), q_inv)
-                                    : __fmul_rn(__fsub_rn(__fmul_rn(v[r], pdown), q_mn), q_inv);
-        t = t < low ? low : t;
-        t = t > lim ? lim : t;
+        const float t = MODE == M_INT_SYM ? __fmul_rn(__fmul_rn(v[r], pdown), q_inv)
+                                          : __fmul_rn(__fsub_rn(__fmul_rn(v[r], pdown), q_mn), q_inv);
         // t + 1.5 * 2^23 rounds to nearest even (intq.c's S_ROUND); its bits are
         // 0x4b400000 + rint(t), so the code rint(t) (+ qmax) is their difference
         const uint32_t c = (__float_as_uint(__fadd_rn(t, 12582912.0f)) - off) & 15u;
@@ -1159,6 +1166,162 @@ __global__ void __launch_bounds__(256, 3) k_int_q4(const float *__restrict__ x, 
                 d_iq_codes<MODE>(v, pdown, q_mn, q_inv, g, p, base + j, ng, lane);
             }
         }
+    }
+}
+
+// int encode, round 10: the default int specs on whole groups of 128 with a warp per
+// group (lane l on elements 4l..4l+3, as k_group_dec_row), in two launches:
+//   k_int_row_a (a full grid, one iteration per warp): S_ROW_INT groups' loads in flight
+//     per lane; each group's min and max by a local min / max and one redux each (on
+//     order-preserving integer keys; the zero key, d_int_zkey, only when the minimum is
+//     zero); lane u computes group u's metadata at the group's own exponent (d_int_meta),
+//     every lane its 4 codes of each group (one 64-byte store per group); the groups'
+//     (min, max) and the CTA's absmax go to scratch;
+//   k_int_row_b (a thread per group, launched as a programmatic dependent of _a, so its
+//     launch overlaps _a's tail): the frame exponent from the CTA slots, every group's
+//     metadata at e, and the groups whose codes depend on e (k_int_q4's argument)
+//     quantised again from x by their warp.
+// Frames identical to k_int_q4's.
+#ifndef S_ROW_INT
+#define S_ROW_INT 8u
+#endif // groups per warp of k_int_row_a
+
+// order-preserving unsigned key of a float (-0 < +0) and back
+__device__ __forceinline__ uint32_t d_fkey(float f)
+{
+    const uint32_t u = __float_as_uint(f);
+    return (u >> 31) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float d_fkey_inv(uint32_t k) { return __uint_as_float((k >> 31) ? (k & 0x7fffffffu) : ~k); }
+
+// 4 codes (lane l's elements of a group, f) as a 16-bit word: d_iq_codes' arithmetic
+template <int MODE>
+__device__ __forceinline__ uint32_t d_int_codes4(float4 f, float pdown, float mn, float inv, const s_gp &g)
+{
+    const uint32_t off = MODE == M_INT_SYM ? 0x4b400000u - (uint32_t)g.qmax : 0x4b400000u;
+    const float v[4] = { f.x, f.y, f.z, f.w };
+    uint32_t w = 0;
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const float t = MODE == M_INT_SYM ? __fmul_rn(__fmul_rn(v[r], pdown), inv)
+                                          : __fmul_rn(__fsub_rn(__fmul_rn(v[r], pdown), mn), inv);
+        w |= ((__float_as_uint(__fadd_rn(t, 12582912.0f)) - off) & 15u) << (4 * r); // no clamp: d_iq_codes
+    }
+    return w;
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(256) k_int_row_a(const float *__restrict__ x, float2 *__restrict__ st,
+                                                   uint8_t *__restrict__ p, uint32_t *__restrict__ slot_amax,
+                                                   cu_hp head, s_gp g)
+{
+    d_mark(head);
+    __shared__ uint32_t ws[8];
+    const uint32_t lane = threadIdx.x & 31u, ng = (uint32_t)g.ng; // B*S*C <= 2^31
+    const uint32_t g0 = (blockIdx.x * blockDim.x + threadIdx.x) / 32u * S_ROW_INT;
+    uint32_t amax = 0, bad = 0;
+    if (g0 < ng) { // warp-uniform
+        const float *xw = x + 128u * (uint64_t)g0 + 4u * lane;
+        float4 v[S_ROW_INT];
+#pragma unroll
+        for (uint32_t u = 0; u < S_ROW_INT; u++)
+            v[u] = g0 + u < ng ? *(const float4 *)(xw + 128u * u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float2 sv = make_float2(0.0f, 0.0f); // lane u: group g0 + u's (min, max)
+#pragma unroll
+        for (uint32_t u = 0; u < S_ROW_INT; u++) {
+            const float4 f = v[u];
+            float a = d_fkey_inv(__reduce_min_sync(CU_FULL, d_fkey(fminf(fminf(f.x, f.y), fminf(f.z, f.w)))));
+            float b = d_fkey_inv(__reduce_max_sync(CU_FULL, d_fkey(fmaxf(fmaxf(f.x, f.y), fmaxf(f.z, f.w)))));
+            const uint32_t mb = __reduce_max_sync(
+                CU_FULL, max(max(__float_as_uint(f.x) & 0x7fffffffu, __float_as_uint(f.y) & 0x7fffffffu),
+                             max(__float_as_uint(f.z) & 0x7fffffffu, __float_as_uint(f.w) & 0x7fffffffu)));
+            if (a == 0.0f) { // warp-uniform; which zero is the minimum: intq.c's (d_int_zkey)
+                const float e4[4] = { f.x, f.y, f.z, f.w };
+                uint32_t z = 0xffffffffu;
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    if (e4[r] == 0.0f)
+                        z = min(z, d_int_zkey(4u * lane + (uint32_t)r, 128u, __float_as_uint(e4[r]) >> 31));
+                z = __reduce_min_sync(CU_FULL, z);
+                a = (z & 1u) ? -0.0f : 0.0f;
+                if (b == 0.0f) // all zeros: intq.c's max is the same element as its min
+                    b = a;
+            }
+            if (g0 + u < ng) {
+                bad |= (uint32_t)(mb >= 0x7f800000u);
+                amax = max(amax, mb); // = max(|min|, |max|) for finite x
+            }
+            if (lane == u)
+                sv = make_float2(a, b);
+        }
+        // lanes u < S_ROW_INT: group u's metadata at its own exponent
+        const float pd_g = d_pow2f(-d_int_exp(max(__float_as_uint(sv.x) & 0x7fffffffu, __float_as_uint(sv.y) & 0x7fffffffu)));
+        float mn, inv;
+        d_int_meta<MODE>(sv, pd_g, g, p, 0, false, mn, inv);
+        if (lane < S_ROW_INT && g0 + lane < ng)
+            st[g0 + lane] = sv;
+        uint8_t *cw = p + g.codes_off + 64u * (uint64_t)g0 + 2u * lane;
+#pragma unroll
+        for (uint32_t u = 0; u < S_ROW_INT; u++) {
+            const float q_pd = __shfl_sync(CU_FULL, pd_g, (int)u), q_mn = __shfl_sync(CU_FULL, mn, (int)u),
+                        q_inv = __shfl_sync(CU_FULL, inv, (int)u);
+            if (g0 + u >= ng)
+                break; // warp-uniform
+            *(uint16_t *)(cw + 64u * u) = (uint16_t)d_int_codes4<MODE>(v[u], q_pd, q_mn, q_inv, g);
+        }
+    }
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
+    d_slot_put(amax, ws, slot_amax);
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(256) k_int_row_b(const float *__restrict__ x, const float2 *__restrict__ st,
+                                                   uint8_t *__restrict__ p, const uint32_t *__restrict__ slot_amax,
+                                                   uint32_t nslots, cu_hp head, s_gp g)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory"); // k_int_row_a complete, its writes visible
+#endif
+    d_mark(head);
+    __shared__ uint32_t ws[8];
+    __shared__ uint32_t sh_amax;
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, ng = (uint32_t)g.ng;
+    uint32_t m = 0;
+    for (uint32_t c0 = 0; c0 < nslots; c0 += 8u * 256u) { // 8 independent loads per thread
+        uint32_t r[8];
+#pragma unroll
+        for (uint32_t k = 0; k < 8u; k++) {
+            const uint32_t c = c0 + 256u * k + tid;
+            r[k] = c < nslots ? __ldcg(&slot_amax[c]) : 0u;
+        }
+#pragma unroll
+        for (uint32_t k = 0; k < 8u; k++)
+            m = max(m, r[k]);
+    }
+    m = d_cta_max(__reduce_max_sync(CU_FULL, m), ws);
+    if (tid == 0)
+        sh_amax = m;
+    __syncthreads();
+    const int32_t e = d_int_exp(sh_amax);
+    if (blockIdx.x == 0 && tid == 0)
+        d_put_u32(p, (uint32_t)e);
+    const float pdown = d_pow2f(-e);
+    const uint32_t base = blockIdx.x * blockDim.x + (tid & ~31u), gi = base + lane;
+    if (base >= ng)
+        return; // warp-uniform
+    const bool mvalid = gi < ng;
+    const float2 sv = mvalid ? __ldcg(&st[gi]) : make_float2(0.0f, 0.0f);
+    float mn, inv;
+    const uint16_t sh = d_int_meta<MODE>(sv, pdown, g, p, gi, mvalid, mn, inv);
+    uint32_t redo = __ballot_sync(CU_FULL, mvalid && !d_iq_exp_free<MODE>(sv, pdown, sh));
+    while (redo) { // rare: the warp re-quantises one group per pass
+        const uint32_t j = (uint32_t)__ffs((int)redo) - 1u;
+        redo &= redo - 1u;
+        const float q_mn = __shfl_sync(CU_FULL, mn, (int)j), q_inv = __shfl_sync(CU_FULL, inv, (int)j);
+        const float4 f = *(const float4 *)(x + 128u * (uint64_t)(base + j) + 4u * lane);
+        *(uint16_t *)(p + g.codes_off + 64u * (uint64_t)(base + j) + 2u * lane) =
+            (uint16_t)d_int_codes4<MODE>(f, pdown, q_mn, q_inv, g);
     }
 }
 
@@ -1320,7 +1483,9 @@ __global__ void __launch_bounds__(256, MINB) k_fix_enc(const float *__restrict__
 // l on elements 4l..4l+3 (see k_group_dec_row): S_ROW_ENC groups' loads in flight per lane,
 // each group's max|x| by one redux, lane u computes group u's step (d_fix_iter's
 // arithmetic), and every group's codes leave as one 128-byte store of the warp.
-#define S_ROW_ENC 8u // groups per warp (one iteration)
+#ifndef S_ROW_ENC
+#define S_ROW_ENC 4u // groups per warp (one iteration)
+#endif // groups per warp (one iteration)
 
 __global__ void __launch_bounds__(256) k_fix_enc_row(const float *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
                                                      s_gp g)
@@ -1330,10 +1495,11 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const float *__restrict__ x
     const uint32_t g0 = (blockIdx.x * blockDim.x + threadIdx.x) / 32u * S_ROW_ENC;
     if (g0 >= ng)
         return; // warp-uniform
+    const float *xw = x + 128u * (uint64_t)g0 + 4u * lane;
     float4 v[S_ROW_ENC];
 #pragma unroll
-    for (uint32_t u = 0; u < S_ROW_ENC; u++)
-        v[u] = *(const float4 *)(x + 128u * (uint64_t)min(g0 + u, ng - 1u) + 4u * lane);
+    for (uint32_t u = 0; u < S_ROW_ENC; u++) // past the end: zeros, nothing stored
+        v[u] = g0 + u < ng ? *(const float4 *)(xw + 128u * u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     uint32_t slot_bits = 0; // lane u: group g0 + u's max|x| bits
 #pragma unroll
     for (uint32_t u = 0; u < S_ROW_ENC; u++) {
@@ -1362,6 +1528,7 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const float *__restrict__ x
         if (mvalid)
             *(uint16_t *)(p + 2u * (uint64_t)(g0 + lane)) = dh;
     }
+    uint8_t *cw = p + g.codes_off + 128u * (uint64_t)g0 + 4u * lane;
 #pragma unroll
     for (uint32_t u = 0; u < S_ROW_ENC; u++) {
         const float q_inv = __shfl_sync(CU_FULL, inv, (int)u);
@@ -1373,7 +1540,7 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const float *__restrict__ x
         for (int r = 0; r < 4; r++) // round(c x / step) + 128 in the low byte
             w[r] = __float_as_uint(__fadd_rn(__fmul_rn(__fmul_rn(g.c, f[r]), q_inv), 12583040.0f));
         const uint32_t w03 = __byte_perm(__byte_perm(w[0], w[1], 0x0040u), __byte_perm(w[2], w[3], 0x0040u), 0x5410u);
-        *(uint32_t *)(p + g.codes_off + 128u * (uint64_t)(g0 + u) + 4u * lane) = w03 - 0x01010101u;
+        *(uint32_t *)(cw + 128u * u) = w03 - 0x01010101u;
     }
     if (slot_bits >= 0x7f800000u)
         d_flag(head, CU_ST_NONFINITE);
@@ -1519,9 +1686,10 @@ size_t cu_group_scratch(const codec_spec_t *spec, uint64_t n)
 {
     if (spec->id != CODEC_INT)
         return 0;
-    const uint64_t group = spec->p.intq.group;
-    return (size_t)((n + group - 1) / group) * sizeof(float2) // per-group (min, max) of k_int_stats
-           + 4u * S_INT_MAXGRID;                                // k_int_fused: per-CTA absmax
+    const uint64_t group = spec->p.intq.group, ng = (n + group - 1) / group;
+    const uint64_t row_ctas = (ng + 8u * S_ROW_INT - 1u) / (8u * S_ROW_INT); // k_int_row_a's grid
+    return (size_t)ng * sizeof(float2)                                     // per-group (min, max)
+           + 4u * (row_ctas > S_INT_MAXGRID ? row_ctas : S_INT_MAXGRID);   // per-CTA absmax
 }
 
 template <int MODE>
@@ -1529,6 +1697,25 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
                          char *err, size_t errlen)
 {
     if constexpr (MODE >= M_INT_ASYM) {
+        if (s_row_ok(g, MODE, payload, x)) {
+            float2 *stats = (float2 *)work;
+            uint32_t *slots = (uint32_t *)(stats + g.ng);
+            const unsigned int grid_a = cu_grid(g.ng, 8u * S_ROW_INT), grid_b = cu_grid(g.ng, 256);
+            k_int_row_a<MODE><<<grid_a, 256, 0, st>>>(x, stats, payload, slots, head, g);
+            CU_CHECK_LAUNCH("k_int_row_a");
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[0].val.programmaticStreamSerializationAllowed = 1;
+            cfg.gridDim = dim3(grid_b);
+            cfg.blockDim = dim3(256);
+            cfg.stream = st;
+            cfg.attrs = at;
+            cfg.numAttrs = cu_pdl() ? 1 : 0;
+            CUDA_CHECK(cudaLaunchKernelEx(&cfg, k_int_row_b<MODE>, x, (const float2 *)stats, payload,
+                                          (const uint32_t *)slots, grid_a, head, g));
+            return 0;
+        }
         if (s_int_split(g)) {
             float2 *stats = (float2 *)work;
             const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg));
