@@ -1195,19 +1195,27 @@ __device__ __forceinline__ uint32_t d_fkey(float f)
 __device__ __forceinline__ float d_fkey_inv(uint32_t k) { return __uint_as_float((k >> 31) ? (k & 0x7fffffffu) : ~k); }
 
 // 4 codes (lane l's elements of a group, f) as a 16-bit word: d_iq_codes' arithmetic
+// (no clamp: see d_iq_codes). The codes are the low bytes of t + K, K an even integer in
+// [2^23, 2^24) (rounding to nearest even there is rint(t)'s): asymmetric K = 1.5 * 2^23, low
+// byte rint(t) in [0, 15]; symmetric (4 bits, qmax 7) K = 1.5 * 2^23 + 8, low byte
+// rint(t) + 8 in [1, 15], less 1. Two byte permutes gather them, a shift and an or pack them.
 template <int MODE>
-__device__ __forceinline__ uint32_t d_int_codes4(float4 f, float pdown, float mn, float inv, const s_gp &g)
+__device__ __forceinline__ uint32_t d_int_codes4(float4 f, float pdown, float mn, float inv)
 {
-    const uint32_t off = MODE == M_INT_SYM ? 0x4b400000u - (uint32_t)g.qmax : 0x4b400000u;
     const float v[4] = { f.x, f.y, f.z, f.w };
-    uint32_t w = 0;
+    uint32_t w[4];
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const float t = MODE == M_INT_SYM ? __fmul_rn(__fmul_rn(v[r], pdown), inv)
                                           : __fmul_rn(__fsub_rn(__fmul_rn(v[r], pdown), mn), inv);
-        w |= ((__float_as_uint(__fadd_rn(t, 12582912.0f)) - off) & 15u) << (4 * r); // no clamp: d_iq_codes
+        w[r] = __float_as_uint(__fadd_rn(t, MODE == M_INT_SYM ? 12582920.0f : 12582912.0f));
     }
-    return w;
+    uint32_t w02 = __byte_perm(w[0], w[2], 0x0040u), w13 = __byte_perm(w[1], w[3], 0x0040u);
+    if (MODE == M_INT_SYM) {
+        w02 -= 0x0101u;
+        w13 -= 0x0101u;
+    }
+    return w02 | (w13 << 4);
 }
 
 template <int MODE>
@@ -1219,7 +1227,7 @@ __global__ void __launch_bounds__(256) k_int_row_a(const float *__restrict__ x, 
     __shared__ uint32_t ws[8];
     const uint32_t lane = threadIdx.x & 31u, ng = (uint32_t)g.ng; // B*S*C <= 2^31
     const uint32_t g0 = (blockIdx.x * blockDim.x + threadIdx.x) / 32u * S_ROW_INT;
-    uint32_t amax = 0, bad = 0;
+    uint32_t amax = 0;
     if (g0 < ng) { // warp-uniform
         const float *xw = x + 128u * (uint64_t)g0 + 4u * lane;
         float4 v[S_ROW_INT];
@@ -1232,9 +1240,10 @@ __global__ void __launch_bounds__(256) k_int_row_a(const float *__restrict__ x, 
             const float4 f = v[u];
             float a = d_fkey_inv(__reduce_min_sync(CU_FULL, d_fkey(fminf(fminf(f.x, f.y), fminf(f.z, f.w)))));
             float b = d_fkey_inv(__reduce_max_sync(CU_FULL, d_fkey(fmaxf(fmaxf(f.x, f.y), fmaxf(f.z, f.w)))));
-            const uint32_t mb = __reduce_max_sync(
-                CU_FULL, max(max(__float_as_uint(f.x) & 0x7fffffffu, __float_as_uint(f.y) & 0x7fffffffu),
-                             max(__float_as_uint(f.z) & 0x7fffffffu, __float_as_uint(f.w) & 0x7fffffffu)));
+            // the lane's max |x| bits (zeros past the end change nothing): Inf and NaN show as
+            // >= 0x7f800000; for finite x the warp's max is the max of the groups' |min|, |max|
+            amax = max(amax, max(max(__float_as_uint(f.x) & 0x7fffffffu, __float_as_uint(f.y) & 0x7fffffffu),
+                                 max(__float_as_uint(f.z) & 0x7fffffffu, __float_as_uint(f.w) & 0x7fffffffu)));
             if (a == 0.0f) { // warp-uniform; which zero is the minimum: intq.c's (d_int_zkey)
                 const float e4[4] = { f.x, f.y, f.z, f.w };
                 uint32_t z = 0xffffffffu;
@@ -1246,10 +1255,6 @@ __global__ void __launch_bounds__(256) k_int_row_a(const float *__restrict__ x, 
                 a = (z & 1u) ? -0.0f : 0.0f;
                 if (b == 0.0f) // all zeros: intq.c's max is the same element as its min
                     b = a;
-            }
-            if (g0 + u < ng) {
-                bad |= (uint32_t)(mb >= 0x7f800000u);
-                amax = max(amax, mb); // = max(|min|, |max|) for finite x
             }
             if (lane == u)
                 sv = make_float2(a, b);
@@ -1267,10 +1272,11 @@ __global__ void __launch_bounds__(256) k_int_row_a(const float *__restrict__ x, 
                         q_inv = __shfl_sync(CU_FULL, inv, (int)u);
             if (g0 + u >= ng)
                 break; // warp-uniform
-            *(uint16_t *)(cw + 64u * u) = (uint16_t)d_int_codes4<MODE>(v[u], q_pd, q_mn, q_inv, g);
+            *(uint16_t *)(cw + 64u * u) = (uint16_t)d_int_codes4<MODE>(v[u], q_pd, q_mn, q_inv);
         }
     }
-    if (bad)
+    amax = __reduce_max_sync(CU_FULL, amax);
+    if (amax >= 0x7f800000u && lane == 0)
         d_flag(head, CU_ST_NONFINITE);
     d_slot_put(amax, ws, slot_amax);
 }
@@ -1287,6 +1293,9 @@ __global__ void __launch_bounds__(256) k_int_row_b(const float *__restrict__ x, 
     __shared__ uint32_t ws[8];
     __shared__ uint32_t sh_amax;
     const uint32_t tid = threadIdx.x, lane = tid & 31u, ng = (uint32_t)g.ng;
+    const uint32_t base = blockIdx.x * blockDim.x + (tid & ~31u), gi = base + lane;
+    const bool mvalid = gi < ng;
+    const float2 sv = mvalid ? __ldcg(&st[gi]) : make_float2(0.0f, 0.0f); // in flight with the slots
     uint32_t m = 0;
     for (uint32_t c0 = 0; c0 < nslots; c0 += 8u * 256u) { // 8 independent loads per thread
         uint32_t r[8];
@@ -1307,11 +1316,8 @@ __global__ void __launch_bounds__(256) k_int_row_b(const float *__restrict__ x, 
     if (blockIdx.x == 0 && tid == 0)
         d_put_u32(p, (uint32_t)e);
     const float pdown = d_pow2f(-e);
-    const uint32_t base = blockIdx.x * blockDim.x + (tid & ~31u), gi = base + lane;
     if (base >= ng)
         return; // warp-uniform
-    const bool mvalid = gi < ng;
-    const float2 sv = mvalid ? __ldcg(&st[gi]) : make_float2(0.0f, 0.0f);
     float mn, inv;
     const uint16_t sh = d_int_meta<MODE>(sv, pdown, g, p, gi, mvalid, mn, inv);
     uint32_t redo = __ballot_sync(CU_FULL, mvalid && !d_iq_exp_free<MODE>(sv, pdown, sh));
@@ -1321,7 +1327,7 @@ __global__ void __launch_bounds__(256) k_int_row_b(const float *__restrict__ x, 
         const float q_mn = __shfl_sync(CU_FULL, mn, (int)j), q_inv = __shfl_sync(CU_FULL, inv, (int)j);
         const float4 f = *(const float4 *)(x + 128u * (uint64_t)(base + j) + 4u * lane);
         *(uint16_t *)(p + g.codes_off + 64u * (uint64_t)(base + j) + 2u * lane) =
-            (uint16_t)d_int_codes4<MODE>(f, pdown, q_mn, q_inv, g);
+            (uint16_t)d_int_codes4<MODE>(f, pdown, q_mn, q_inv);
     }
 }
 
