@@ -75,10 +75,15 @@ __device__ __forceinline__ uint32_t d_e4m3x2(float a, float b)
 __device__ __forceinline__ uint64_t d_codes8(const float z[8], float s, float inv)
 {
     float t[8];
-    const bool mul = inv <= FLT_MAX;
+    if (inv <= FLT_MAX) { // one test for the 8 (the divisions are the rare path)
 #pragma unroll
-    for (int r = 0; r < 8; r++)
-        t[r] = mul ? __fmul_rn(z[r], inv) : __fdiv_rn(z[r], s);
+        for (int r = 0; r < 8; r++)
+            t[r] = __fmul_rn(z[r], inv);
+    } else {
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            t[r] = __fdiv_rn(z[r], s);
+    }
     uint64_t q = 0;
 #pragma unroll
     for (int r = 0; r < 8; r += 2)
@@ -336,6 +341,10 @@ __device__ __forceinline__ uint32_t d_absbits_max8(const float v[8])
 }
 
 // 80 registers, 3 CTAs per SM (capped at 64 for 4 CTAs it spills and measured 2.5 points slower)
+// FULL (round 10): every block whole, x 16-byte aligned, the payload 4-byte aligned and
+// fewer than 2^31 elements: 32-bit offsets from per-warp base pointers (the loads and
+// stores take immediate offsets), no partial-block branches, 4-byte code stores.
+template <bool FULL>
 __global__ void __launch_bounds__(256, 3) k_ash_enc256(const float *__restrict__ x, uint8_t *__restrict__ p,
                                                     cu_hp head, s_ap a)
 {
@@ -349,11 +358,25 @@ __global__ void __launch_bounds__(256, 3) k_ash_enc256(const float *__restrict__
     uint32_t inmax = 0, range = 0;
     for (uint64_t base = warp * S_K; base < a.nb; base += nwarps * S_K) {
         float v[S_K][8];
+        if (FULL) {
+            const float *xw = x + 256u * (uint32_t)base + 4u * lane;
 #pragma unroll
-        for (uint32_t b = 0; b < S_K; b++) {
-            const uint64_t off = (base + b) * 256u;
-            const uint32_t len = base + b < a.nb ? (uint32_t)(a.total - off < 256u ? a.total - off : 256u) : 0u;
-            d_load8h(x, off, len, lane, 32u, a.vec_x, v[b]); // past len: zeros, nothing read
+            for (uint32_t b = 0; b < S_K; b++) {
+                float4 q0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q1 = q0;
+                if ((uint32_t)base + b < (uint32_t)a.nb) { // warp-uniform
+                    q0 = *(const float4 *)(xw + 256u * b);
+                    q1 = *(const float4 *)(xw + 256u * b + 128u);
+                }
+                v[b][0] = q0.x; v[b][1] = q0.y; v[b][2] = q0.z; v[b][3] = q0.w;
+                v[b][4] = q1.x; v[b][5] = q1.y; v[b][6] = q1.z; v[b][7] = q1.w;
+            }
+        } else {
+#pragma unroll
+            for (uint32_t b = 0; b < S_K; b++) {
+                const uint64_t off = (base + b) * 256u;
+                const uint32_t len = base + b < a.nb ? (uint32_t)(a.total - off < 256u ? a.total - off : 256u) : 0u;
+                d_load8h(x, off, len, lane, 32u, a.vec_x, v[b]); // past len: zeros, nothing read
+            }
         }
 #pragma unroll
         for (uint32_t b = 0; b < S_K; b++) {
@@ -366,10 +389,10 @@ __global__ void __launch_bounds__(256, 3) k_ash_enc256(const float *__restrict__
         // chain k of block cb, in ascending element order; one DFMA per element: f * f is
         // exact in double, so fma(f, f, acc) rounds once, as ash.c's acc + f * f
         const uint64_t bb = base + cb;
-        const uint32_t m = bb < a.nb ? (uint32_t)(a.total - bb * 256u < 256u ? a.total - bb * 256u : 256u) : 0u;
+        const uint32_t m = FULL ? 256u : bb < a.nb ? (uint32_t)(a.total - bb * 256u < 256u ? a.total - bb * 256u : 256u) : 0u;
         const float *q = sb + cb * S_PAD;
         double acc = 0.0;
-        if (m == 256u) {
+        if (FULL || m == 256u) { // FULL: blocks past nb sum zeros, unused
 #pragma unroll 8
             for (uint32_t j = 0; j < 32u; j++) {
                 const double f = (double)q[8u * j + k];
@@ -425,16 +448,24 @@ __global__ void __launch_bounds__(256, 3) k_ash_enc256(const float *__restrict__
             const float s = __shfl_sync(CU_FULL, s_l, (int)b), inv = __shfl_sync(CU_FULL, inv_l, (int)b);
             if (blk >= a.nb) // warp-uniform
                 break;
-            uint8_t *dst = p + blk * (uint64_t)(8u + 256u);
             uint64_t meta = 0, codes = 0;
             if (am[b] != 0) {
                 codes = d_codes8(v[b], s, inv);
                 meta = (uint64_t)__float_as_uint(alpha) | ((uint64_t)__float_as_uint(s) << 32);
             }
-            if (lane == 0)
-                d_store_bytes(dst, meta, 0, 8);
-            d_store_bytes(dst + 8u + 4u * lane, (uint32_t)codes, 0, 4);
-            d_store_bytes(dst + 8u + 128u + 4u * lane, codes >> 32, 0, 4);
+            if (FULL) {
+                uint32_t *dw = (uint32_t *)(p + 264u * (uint32_t)blk);
+                if (lane < 2u)
+                    dw[lane] = lane ? (uint32_t)(meta >> 32) : (uint32_t)meta;
+                dw[2u + lane] = (uint32_t)codes;
+                dw[34u + lane] = (uint32_t)(codes >> 32);
+            } else {
+                uint8_t *dst = p + blk * (uint64_t)(8u + 256u);
+                if (lane == 0)
+                    d_store_bytes(dst, meta, 0, 8);
+                d_store_bytes(dst + 8u + 4u * lane, (uint32_t)codes, 0, 4);
+                d_store_bytes(dst + 8u + 128u + 4u * lane, codes >> 32, 0, 4);
+            }
         }
         __syncwarp(); // the chains' reads of sb precede the next iteration's staging
     }
@@ -476,6 +507,9 @@ __device__ __forceinline__ uint32_t d_has_nan_code_swar(uint64_t q)
     return (uint32_t)(((t + 0x0101010101010101ull) & 0x8080808080808080ull) != 0);
 }
 
+// FULL (round 10): out 16-byte aligned, the payload 4-byte aligned, fewer than 2^31
+// elements: direct 4-byte loads, 32-bit offsets, 16-byte stores.
+template <bool FULL>
 __global__ void __launch_bounds__(256) k_ash_dec256(const uint8_t *__restrict__ p, float *__restrict__ out,
                                                     cu_hp head, s_ap a)
 {
@@ -490,15 +524,25 @@ __global__ void __launch_bounds__(256) k_ash_dec256(const uint8_t *__restrict__ 
         for (uint32_t b = 0; b < S_K; b++) {
             q[b] = 0;
             if (base + b < a.nfull) { // codes 4l..4l+3 and 128+4l..128+4l+3
-                const uint8_t *c = p + (base + b) * 264u + 8u;
-                q[b] = (uint64_t)d_get_u32(c + 4u * lane) | ((uint64_t)d_get_u32(c + 128u + 4u * lane) << 32);
+                if (FULL) {
+                    const uint32_t *c = (const uint32_t *)(p + 264u * ((uint32_t)base + b)) + 2u + lane;
+                    q[b] = (uint64_t)c[0] | ((uint64_t)c[32] << 32);
+                } else {
+                    const uint8_t *c = p + (base + b) * 264u + 8u;
+                    q[b] = (uint64_t)d_get_u32(c + 4u * lane) | ((uint64_t)d_get_u32(c + 128u + 4u * lane) << 32);
+                }
             }
         }
         // lanes 8b..8b+7: block b's scalars
         float s_cb = 0.0f, ia_cb = 0.0f;
         if (base + cb < a.nfull) {
-            const uint8_t *src = p + (base + cb) * 264u;
-            corrupt |= d_check_meta(d_get_u32(src), d_get_u32(src + 4), s_cb, ia_cb);
+            if (FULL) {
+                const uint32_t *mw = (const uint32_t *)(p + 264u * ((uint32_t)base + cb));
+                corrupt |= d_check_meta(mw[0], mw[1], s_cb, ia_cb);
+            } else {
+                const uint8_t *src = p + (base + cb) * 264u;
+                corrupt |= d_check_meta(d_get_u32(src), d_get_u32(src + 4), s_cb, ia_cb);
+            }
         }
 #pragma unroll
         for (uint32_t b = 0; b < S_K; b++) {
@@ -518,7 +562,13 @@ __global__ void __launch_bounds__(256) k_ash_dec256(const uint8_t *__restrict__ 
                 for (int r = 0; r < 8; r++)
                     v[r] = 0.0f;
             outmax = max(outmax, d_absbits_max8(v));
-            d_store8h(out, (base + b) * 256u, 256u, lane, 32u, a.vec_x, v);
+            if (FULL) {
+                float *o = out + 256u * ((uint32_t)base + b) + 4u * lane;
+                *(float4 *)o = make_float4(v[0], v[1], v[2], v[3]);
+                *(float4 *)(o + 128u) = make_float4(v[4], v[5], v[6], v[7]);
+            } else {
+                d_store8h(out, (base + b) * 256u, 256u, lane, 32u, a.vec_x, v);
+            }
         }
     }
     if (corrupt)
@@ -780,6 +830,14 @@ static s_ap s_params(const codec_spec_t *spec, uint64_t total, const void *xy)
     return a;
 }
 
+// The block-256 kernels' FULL form: whole blocks, x / out 16-byte aligned (vec_x), the
+// payload 4-byte aligned, fewer than 2^31 elements.
+static bool s_full(const s_ap &a, const void *payload)
+{
+    return cu_row() && a.n == 256 && a.nb == a.nfull && a.vec_x && ((uintptr_t)payload & 3u) == 0 &&
+           a.total < 0x80000000ull;
+}
+
 size_t cu_ash_scratch(const codec_spec_t *spec, uint64_t n)
 {
     const uint32_t block = spec->p.ash.block;
@@ -794,7 +852,10 @@ int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t 
 {
     const s_ap a = s_params(spec, n, x);
     if (a.n == 256) {
-        k_ash_enc256<<<cu_grid(a.nb, S_K * S_WARPS), S_CTA, 0, st>>>(x, payload, head, a);
+        if (s_full(a, payload))
+            k_ash_enc256<true><<<cu_grid(a.nb, S_K * S_WARPS), S_CTA, 0, st>>>(x, payload, head, a);
+        else
+            k_ash_enc256<false><<<cu_grid(a.nb, S_K * S_WARPS), S_CTA, 0, st>>>(x, payload, head, a);
         CU_CHECK_LAUNCH("k_ash_enc256");
     } else if (a.n <= 256) {
         const uint64_t per_block = 8u * (32u / a.tpg);
@@ -817,7 +878,10 @@ int cu_ash_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, 
     const s_ap a = s_params(spec, n, out);
     if (a.nfull > 0) {
         if (a.n == 256) {
-            k_ash_dec256<<<cu_grid(a.nfull, S_K * S_WARPS), S_CTA, 0, st>>>(payload, out, head, a);
+            if (s_full(a, payload))
+                k_ash_dec256<true><<<cu_grid(a.nfull, S_K * S_WARPS), S_CTA, 0, st>>>(payload, out, head, a);
+            else
+                k_ash_dec256<false><<<cu_grid(a.nfull, S_K * S_WARPS), S_CTA, 0, st>>>(payload, out, head, a);
             CU_CHECK_LAUNCH("k_ash_dec256");
         } else if (a.n <= 256) {
             const uint64_t per_block = 8u * (32u / a.tpg);
