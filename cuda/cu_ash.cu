@@ -380,7 +380,8 @@ __global__ void __launch_bounds__(256, 3) k_ash_enc256(const float *__restrict__
         }
 #pragma unroll
         for (uint32_t b = 0; b < S_K; b++) {
-            inmax = max(inmax, d_absbits_max8(v[b]));
+            if (!FULL)
+                inmax = max(inmax, d_absbits_max8(v[b]));
             float4 *d4 = (float4 *)(sb + b * S_PAD);
             d4[lane] = make_float4(v[b][0], v[b][1], v[b][2], v[b][3]);
             d4[32u + lane] = make_float4(v[b][4], v[b][5], v[b][6], v[b][7]);
@@ -413,6 +414,8 @@ __global__ void __launch_bounds__(256, 3) k_ash_enc256(const float *__restrict__
         acc = __dadd_rn(acc, __shfl_xor_sync(CU_FULL, acc, 1));
         acc = __dadd_rn(acc, __shfl_xor_sync(CU_FULL, acc, 2));
         acc = __dadd_rn(acc, __shfl_xor_sync(CU_FULL, acc, 4));
+        if (FULL) // the sum of squares is finite exactly when every x of the block is (|x|^2 < 2^256)
+            inmax |= (uint32_t)!(acc <= DBL_MAX) << 31;
         const float alpha_cb = d_alpha(acc, 256u, a.tau, a.eps);
         // the transform of every block, its max |z| (warp-uniform)
         uint32_t am[S_K];
@@ -554,14 +557,22 @@ __global__ void __launch_bounds__(256) k_ash_dec256(const uint8_t *__restrict__ 
             float v[8];
             d_dequant8(q[b], s, v);
             d_fwht32h(v, lane);
+            // |dequantised| <= 448 s, each of the 8 stages and 2 products rounds once, so
+            // |y| <= 256 * 448 s norm / alpha (1 + 2^-24)^11: below FLT_MAX nothing is clamped
+            // or non-finite (block-uniform); else ash.c's clamp and the finite check
+            const bool safe = FULL && (double)s * (114688.0 * (1.0 + 0x1p-20)) * (double)a.norm * (double)inv_alpha <=
+                                          (double)FLT_MAX;
 #pragma unroll
-            for (int r = 0; r < 8; r++)
-                v[r] = d_clampf(__fmul_rn(__fmul_rn(v[r], a.norm), inv_alpha));
+            for (int r = 0; r < 8; r++) {
+                const float y = __fmul_rn(__fmul_rn(v[r], a.norm), inv_alpha);
+                v[r] = safe ? y : d_clampf(y);
+            }
             if (s == 0.0f) // block-uniform: an all-zero block (1/alpha may be Inf)
 #pragma unroll
                 for (int r = 0; r < 8; r++)
                     v[r] = 0.0f;
-            outmax = max(outmax, d_absbits_max8(v));
+            if (!safe)
+                outmax = max(outmax, d_absbits_max8(v));
             if (FULL) {
                 float *o = out + 256u * ((uint32_t)base + b) + 4u * lane;
                 *(float4 *)o = make_float4(v[0], v[1], v[2], v[3]);

@@ -2001,12 +2001,17 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
             const float minf = d_ldexpf(d_half_to_f32(min16), e);
             const float step = d_ldexpf(d_half_to_f32(step16), e);
 #pragma unroll
-            for (int r = 0; r < 32; r++) { // the code as a float: its bits below 2^23's, less 2^23 (exact)
-                const float c = __fsub_rn(__uint_as_float(0x4b000000u | ((w[r / 8] >> (4 * (r % 8))) & 15u)), 8388608.0f);
-                v[r] = __fadd_rn(minf, __fmul_rn(c, step));
+            for (int k = 0; k < 4; k++) { // the code as a float: its bits below 2^23's, less 2^23 (exact)
+                const uint32_t lo = w[k] & 0x0f0f0f0fu, hi = (w[k] >> 4) & 0x0f0f0f0fu; // codes 0,2,4,6 / 1,3,5,7
+#pragma unroll
+                for (int r = 0; r < 8; r++) {
+                    const uint32_t bits = __byte_perm(r & 1 ? hi : lo, 0x4b000000u, 0x7650u | (uint32_t)(r >> 1));
+                    v[8 * k + r] = __fadd_rn(minf, __fmul_rn(__fsub_rn(__uint_as_float(bits), 8388608.0f), step));
+                }
             }
             rot = f & 2u; // rotated tiles: transformed and checked on their rows (below)
-            if (!rot) {
+            // unrotated: v is monotonic in the code (step >= 0), so codes 0 and 15 bound it
+            if (!rot && !(fabsf(minf) <= FLT_MAX && fabsf(__fadd_rn(minf, __fmul_rn(15.0f, step))) <= FLT_MAX)) {
                 float nz = 0.0f; // v * 0 is NaN exactly when v is Inf or NaN
 #pragma unroll
                 for (int r = 0; r < 32; r++)
