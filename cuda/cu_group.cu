@@ -54,6 +54,7 @@ struct s_gp {
     uint32_t L;          // int asymmetric levels 2^b - 1
     int32_t qmax;        // 2^(b-1) - 1
     float c;             // fixpt scale
+    double inv_l;        // int: 1 / qmax (symmetric) or 1 / L (d_step_up)
     bool vec;            // x/out 16-byte aligned and group % 4 == 0
 };
 
@@ -85,10 +86,14 @@ __device__ __forceinline__ int32_t d_int_exp(uint32_t amax_bits)
 
 __device__ __forceinline__ float d_pow2f(int32_t e) { return __uint_as_float((uint32_t)(127 + e) << 23); }
 
-// intq.c's s_step_up: fp16 value >= v / L
-__device__ __forceinline__ uint16_t d_step_up(double v, uint32_t L)
+// intq.c's s_step_up: fp16 value >= v / L (v >= 0, below 2^17 here). intq.c takes
+// st = (float)(v / L) and one float up if st * L < v (exact in double): the smallest float
+// >= v / L. Round 10: v * (1 / L) (inv_l, rounded once on the host) instead of the double
+// division: v * inv_l is within (1 + 2^-51) of v / L, so its float rounding is that
+// smallest float or the float just below it, which the same test moves up: the same st.
+__device__ __forceinline__ uint16_t d_step_up(double v, uint32_t L, double inv_l)
 {
-    float st = (float)(v / (double)L);
+    float st = (float)__dmul_rn(v, inv_l);
     if ((double)st * (double)L < v)
         st = __uint_as_float(__float_as_uint(st) + 1u); // st >= 0: next float up
     return d_half_from_f32_up(st);
@@ -176,7 +181,7 @@ __device__ __forceinline__ s_gq d_group_step(const s_gp &g, const s_gs &s, float
     } else if (MODE == M_INT_SYM) {
         const float lo = __fmul_rn(s.a, pdown), hi = __fmul_rn(s.b, pdown);
         const float amax = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
-        const uint16_t sh = d_step_up((double)amax, (uint32_t)g.qmax);
+        const uint16_t sh = d_step_up((double)amax, (uint32_t)g.qmax, g.inv_l);
         const float step = d_half_to_f32(sh);
         q.inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
         if (valid && tl == 0)
@@ -188,7 +193,7 @@ __device__ __forceinline__ s_gq d_group_step(const s_gp &g, const s_gs &s, float
         const float lo = __fmul_rn(lo_raw, pdown), hi = __fmul_rn(s.b, pdown);
         const uint16_t mh = d_half_from_f32_down(lo);
         q.mn = d_half_to_f32(mh);
-        const uint16_t sh = d_step_up((double)hi - (double)q.mn, g.L);
+        const uint16_t sh = d_step_up((double)hi - (double)q.mn, g.L, g.inv_l);
         const float step = d_half_to_f32(sh);
         q.inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
         if (valid && tl == 0) {
@@ -761,7 +766,7 @@ __device__ __forceinline__ uint16_t d_int_meta(float2 sv, float pdown, const s_g
     mn = 0.0f;
     if (MODE == M_INT_SYM) {
         const float am = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
-        const uint16_t sh = d_step_up((double)am, (uint32_t)g.qmax);
+        const uint16_t sh = d_step_up((double)am, (uint32_t)g.qmax, g.inv_l);
         const float step = d_half_to_f32(sh);
         inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
         if (store)
@@ -770,7 +775,7 @@ __device__ __forceinline__ uint16_t d_int_meta(float2 sv, float pdown, const s_g
     }
     const uint16_t mh = d_half_from_f32_down(lo);
     mn = d_half_to_f32(mh);
-    const uint16_t sh = d_step_up((double)hi - (double)mn, g.L);
+    const uint16_t sh = d_step_up((double)hi - (double)mn, g.L, g.inv_l);
     const float step = d_half_to_f32(sh);
     inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
     if (store)
@@ -1259,7 +1264,11 @@ __global__ void __launch_bounds__(256) k_int_row_a(const float *__restrict__ x, 
             if (lane == u)
                 sv = make_float2(a, b);
         }
-        // lanes u < S_ROW_INT: group u's metadata at its own exponent
+        // lanes u < S_ROW_INT: group u's metadata at its own exponent; the other lanes compute
+        // a copy of lane u % S_ROW_INT's (unused), so the warp takes one path through the
+        // fp16 conversions instead of a second one for zeros
+        sv.x = __shfl_sync(CU_FULL, sv.x, (int)(lane % S_ROW_INT));
+        sv.y = __shfl_sync(CU_FULL, sv.y, (int)(lane % S_ROW_INT));
         const float pd_g = d_pow2f(-d_int_exp(max(__float_as_uint(sv.x) & 0x7fffffffu, __float_as_uint(sv.y) & 0x7fffffffu)));
         float mn, inv;
         d_int_meta<MODE>(sv, pd_g, g, p, 0, false, mn, inv);
@@ -1515,6 +1524,7 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const float *__restrict__ x
         if (lane == u)
             slot_bits = a;
     }
+    slot_bits = __shfl_sync(CU_FULL, slot_bits, (int)(lane % S_ROW_ENC)); // copies: one path (k_int_row_a)
     const bool mvalid = lane < S_ROW_ENC && g0 + lane < ng;
     uint32_t range = 0;
     float inv;
@@ -1665,6 +1675,7 @@ static s_gp s_params(const codec_spec_t *spec, uint64_t n, const void *xy)
     g.L = (1u << g.bits) - 1u;
     g.qmax = (1 << (g.bits - 1)) - 1;
     g.c = fix ? spec->p.fixpt.scale : 1.0f;
+    g.inv_l = fix ? 0.0 : 1.0 / (double)(spec->p.intq.symmetric ? (uint32_t)g.qmax : g.L);
     g.key = fix ? s_mix64_host(spec->p.fixpt.seed) : 0;
     const uint64_t mb = fix ? 2u : (spec->p.intq.symmetric ? 2u : 4u);
     g.meta_off = fix ? 0 : 4;
