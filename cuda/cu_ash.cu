@@ -845,7 +845,7 @@ static s_ap s_params(const codec_spec_t *spec, uint64_t total, const void *xy)
 // payload 4-byte aligned, fewer than 2^31 elements.
 static bool s_full(const s_ap &a, const void *payload)
 {
-    return cu_row() && a.n == 256 && a.nb == a.nfull && a.vec_x && ((uintptr_t)payload & 3u) == 0 &&
+    return cu_tpt() && a.n == 256 && a.nb == a.nfull && a.vec_x && ((uintptr_t)payload & 3u) == 0 &&
            a.total < 0x80000000ull;
 }
 

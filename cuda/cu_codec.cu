@@ -40,16 +40,6 @@ bool cu_tpt(void)
     return v != 0;
 }
 
-bool cu_row(void)
-{
-    static int v = -1; // benign race, as cu_fuse
-    if (v < 0) {
-        const char *e = getenv("TAH_CU_ROW");
-        v = !(e && strcmp(e, "0") == 0);
-    }
-    return v != 0;
-}
-
 bool cu_pdl(void)
 {
     static int v = -1; // benign race, as cu_fuse

@@ -488,12 +488,10 @@ int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *
 // The one-launch encoders (round 6: k_int_fused, k_tah_fused) unless TAH_CU_FUSE=0 (then
 // round 5's memset + two or three kernels).
 bool cu_fuse(void);
-// Round 8's kernels (lane pairs per TAH tile in encode and decode, lane quads per int group)
-// unless TAH_CU_TPT=0 (then round 7's segment kernels: a same-binary comparison).
+// The newer kernels unless TAH_CU_TPT=0 (then round 7's segment kernels: a same-binary
+// comparison): round 8's lane pairs per TAH tile (encode and decode), round 10's warp per
+// group (fixpt and int, groups of 128) and ASH-FP8's FULL block-256 form.
 bool cu_tpt(void);
-// Round 10's warp-per-group kernels for the default fixpt and int specs (groups of 128)
-// unless TAH_CU_ROW=0 (then the segment kernels: a same-binary comparison).
-bool cu_row(void);
 // Programmatic dependent launches (a kernel's launch overlapping the previous one's tail;
 // it waits with griddepcontrol.wait before touching its inputs): Hopper and later, unless
 // TAH_CU_PDL=0.

@@ -27,9 +27,11 @@
 // absmax, pass 2 (k_int_codes) computes each group's metadata on one lane
 // and only quantises (see the comment above k_int_stats). fixpt with
 // 4 <= tpg <= 32: k_fix_enc, the step once per group on one lane.
-// Round 8: the default int specs (4 bits, group 128) on whole groups go through
-// k_int_q4 instead, a lane quad per group with staged units; round 9: it reads x once,
-// quantising each group at its own exponent (comment above it).
+// Round 10: the default specs (fixpt 8 bits, int 4 bits, group 128) on whole groups go
+// through warp-per-group kernels instead (k_fix_enc_row, k_int_row_a/_b,
+// k_group_dec_row: lane l on elements 4l..4l+3 of a group); int encode reads x once,
+// quantising each group at its own exponent (round 9, comment above k_int_row_a).
+// TAH_CU_TPT=0 keeps the segment kernels (a same-binary comparison).
 //
 // Decode: a flat grid, one thread per 8-code chunk (b bytes in, 8 floats
 // out), checking the metadata and codes exactly as the CPU decoder does.
@@ -617,9 +619,7 @@ __global__ void __launch_bounds__(256, MINB) k_group_dec_seg(const uint8_t *__re
 // of out, the trivial streaming kernels' pattern; a group's metadata is one broadcast
 // load, checked and turned into (k) or (step, bias) on every lane (warp-uniform, so the
 // overflow test needs no vote). Same checks and arithmetic as d_dec_iter.
-#ifndef S_ROW_DEC
 #define S_ROW_DEC 2u // groups per warp (one iteration)
-#endif // groups per warp (one iteration)
 
 template <int MODE>
 __global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict__ p, float *__restrict__ out,
@@ -991,18 +991,18 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict
     d_int_codes<MODE, BITS, U>(x, st, p, g, d_pow2f(-e), warp, nwarps);
 }
 
-// int encode, round 9: the default int specs (4 bits, group 128, asymmetric or
-// symmetric) on whole groups (n % 128 == 0), x read once.
+// int encode, the default int specs (4 bits, group 128, asymmetric or symmetric) on whole
+// groups (n % 128 == 0): x read once (round 9's argument, kept by round 10's kernels).
 //
 // The frame exponent e (from the frame's absmax) scales every group's metadata, so
 // round 8 read x twice around a grid barrier. But a group's codes do not depend on e
 // as long as its scaled metadata stays in fp16's normal range: x * 2^-e, the fp16
 // roundings of mn and step, 1/step and t = (xs - mn) / step all scale exactly by
-// powers of two, and t does not scale at all. So pass 1 quantises each group at its
-// own exponent e_g = the frame exponent of the group alone (e_g <= e: the frame's
-// absmax is at least the group's), and after the barrier pass 2 only writes each
-// group's metadata at e, checking that the scaled values the codes depend on are
-// fp16-normal at e (then also at e_g, where they are larger and still below 2^15):
+// powers of two, and t does not scale at all. So the first pass quantises each group at
+// its own exponent e_g = the frame exponent of the group alone (e_g <= e: the frame's
+// absmax is at least the group's), and the second only writes each group's metadata at
+// e, checking that the scaled values the codes depend on are fp16-normal at e (then also
+// at e_g, where they are larger and still below 2^15):
 //   asymmetric: lo == 0 or |lo 2^-e| >= 2^-14 (mn is lo rounded down to fp16), and
 //               step == 0 (max == mn) or step > 2^-14 (step rounded up: step > 2^-14
 //               implies (max - mn) / L > 2^-14 before the rounding);
@@ -1011,61 +1011,17 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict
 // step: they are absorbed by mn in xs - mn (|mn| >= 2^-14) or give t < 2^-100, the
 // same code at both exponents. A group that fails the check (a range about 2^-24 of the
 // frame's absmax or less: a huge spike elsewhere, a nearly constant or tiny group) is
-// quantised again at e from x in pass 2 (rare on activations; test_cu_codec's "scales"
-// and "big-spike" inputs exercise it).
+// quantised again at e from x in the second pass (rare on activations; test_cu_codec's
+// "scales" and "big-spike" inputs exercise it).
 //
-// Layout as round 8: a unit of 8 consecutive groups (4 KB) per warp iteration is
-// copied into shared memory with cp.async, two buffers per warp, so the next unit's
-// loads overlap this one's arithmetic; lanes q*8 + j (q < 4) hold elements
-// 32q..32q+31 of the unit's group j (rows of 132 words: a quarter warp's 16-byte loads
-// hit 8 bank groups); statistics are a lane's serial min / max (the zero key only when
-// a group's minimum is zero) and two shuffle stages (xor 8, 16), after which every lane
-// computes its group's metadata at e_g (intq.c's operations, d_int_meta; pass 2: lane k
-// of 32 groups, at e); the codes are rint(t) read off the bits of t + 1.5 * 2^23
-// (intq.c's (t + S_ROUND) - S_ROUND), packed as nibbles. Frames identical to
-// k_int_fused's.
-#define S_IQ_ROWW 132u                      // words per staged group (128 + 4 pad)
-#define S_IQ_WARPW (2u * 8u * S_IQ_ROWW)    // words per warp: two buffers of 8 groups
-#define S_IQ_SMEM (8u * S_IQ_WARPW * 4u)    // bytes per CTA of 8 warps
-
-// Copy groups g0 .. g0+n-1 (n <= 8) into buf's rows.
-__device__ __forceinline__ void d_iq_stage(float *buf, const float *x, uint32_t g0, uint32_t n, uint32_t lane)
-{
-    d_stage_rows<32u, S_IQ_ROWW>(buf, x + (uint64_t)g0 * 128u, n, lane);
-}
-
-// Lane (q, j)'s 32 codes of group gi (its elements v, at the frame scale pdown, with the
-// group's mn and 1/step), stored when gi < ng.
-// Round 10: without intq.c's clamp of t to [0, L] (symmetric [-qmax, qmax]), which never
-// changes a code here (finite x; eps = 2^-24):
+// Round 10: the codes without intq.c's clamp of t to [0, L] (symmetric [-qmax, qmax]),
+// which never changes a code here (finite x; eps = 2^-24):
 //   asymmetric: mn <= lo <= xs (roundings down and monotonic), so xs - mn >= +0 and t >= +0;
-//     xs <= hi, step * L >= (double)(hi - mn) >= (hi - mn)(1 - 2^-53) (the double check in
+//     xs <= hi, step * L >= (double)(hi - mn) >= (hi - mn)(1 - 2^-53) (the test in
 //     d_step_up, then the fp16 rounding up), so t <= L (1 + eps)^3 / (1 - 2^-53) < L + 1/2;
 //   symmetric: |xs| <= max(|lo|, |hi|) <= step * qmax likewise, so |t| < qmax + 1/2;
 //   step == 0: inv = 0 and t = 0. A subnormal xs - mn is exact, inv is a normal float
 //   (2^-24 <= step <= 65504). So rint(t) is already in range, as the clamped t's.
-template <int MODE>
-__device__ __forceinline__ void d_iq_codes(const float v[32], float pdown, float q_mn, float q_inv, const s_gp &g,
-                                           uint8_t *__restrict__ p, uint32_t gi, uint32_t ng, uint32_t q)
-{
-    const uint32_t off = MODE == M_INT_SYM ? 0x4b400000u - (uint32_t)g.qmax : 0x4b400000u;
-    uint32_t w[4] = { 0u, 0u, 0u, 0u };
-#pragma unroll
-    for (int r = 0; r < 32; r++) {
-        const float t = MODE == M_INT_SYM ? __fmul_rn(__fmul_rn(v[r], pdown), q_inv)
-                                          : __fmul_rn(__fsub_rn(__fmul_rn(v[r], pdown), q_mn), q_inv);
-        // t + 1.5 * 2^23 rounds to nearest even (intq.c's S_ROUND); its bits are
-        // 0x4b400000 + rint(t), so the code rint(t) (+ qmax) is their difference
-        const uint32_t c = (__float_as_uint(__fadd_rn(t, 12582912.0f)) - off) & 15u;
-        w[r / 8] |= c << (4 * (r % 8));
-    }
-    if (gi < ng) {
-        uint32_t *dst = (uint32_t *)(p + g.codes_off + 64ull * gi + 16u * q);
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            dst[j] = w[j];
-    }
-}
 
 // Whether a group's codes at exponent e equal those at any e' <= e (comment above):
 // its statistics sv = (min, max) and its step at e (fp16 bits sh).
@@ -1079,101 +1035,6 @@ __device__ __forceinline__ bool d_iq_exp_free(float2 sv, float pdown, uint16_t s
     return step_ok && (sv.x == 0.0f || fabsf(__fmul_rn(sv.x, pdown)) >= tiny);
 }
 
-template <int MODE>
-__global__ void __launch_bounds__(256, 3) k_int_q4(const float *__restrict__ x, float2 *st, uint8_t *__restrict__ p,
-                                                   uint32_t *slot_amax, cu_hp head, s_gp g)
-{
-    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
-    d_mark(head);
-    extern __shared__ __align__(16) float s_iq[];
-    __shared__ uint32_t ws[8];
-    __shared__ uint32_t sh_amax;
-    const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, q = lane >> 3, gl = lane & 7u;
-    const uint32_t warp = blockIdx.x * 8u + wid, nwarps = gridDim.x * 8u;
-    const uint32_t ng = (uint32_t)g.ng, nu = (ng + 7u) / 8u; // units of 8 groups
-    float *wb = s_iq + (size_t)wid * S_IQ_WARPW;
-    uint32_t amax = 0, bad = 0, k = 0;
-    if (warp < nu)
-        d_iq_stage(wb, x, 8u * warp, min(8u, ng - 8u * warp), lane);
-    for (uint32_t u = warp; u < nu; u += nwarps, k ^= 1u) { // uniform per warp
-        const uint32_t un = u + nwarps;
-        d_iq_stage(wb + (k ^ 1u) * 8u * S_IQ_ROWW, x, 8u * un, un < nu ? min(8u, ng - 8u * un) : 0u, lane);
-        d_cp_wait1();
-        __syncwarp();
-        const uint32_t gi = 8u * u + gl;
-        const bool valid = gi < ng;
-        float v[32];
-        d_load32(wb + (k * 8u + gl) * S_IQ_ROWW + 32u * q, v);
-        __syncwarp(); // buffer k read before it is refilled
-        float a = v[0], b = v[0];
-        uint32_t mb = 0;
-#pragma unroll
-        for (int r = 0; r < 32; r++) {
-            a = fminf(a, v[r]);
-            b = fmaxf(b, v[r]);
-            mb = max(mb, __float_as_uint(v[r]) & 0x7fffffffu);
-        }
-        a = fminf(a, __shfl_xor_sync(CU_FULL, a, 8));
-        a = fminf(a, __shfl_xor_sync(CU_FULL, a, 16));
-        b = fmaxf(b, __shfl_xor_sync(CU_FULL, b, 8));
-        b = fmaxf(b, __shfl_xor_sync(CU_FULL, b, 16));
-        if (__any_sync(CU_FULL, a == 0.0f)) { // which zero is the minimum: intq.c's (d_int_zkey)
-            uint32_t z = 0xffffffffu;
-#pragma unroll
-            for (int r = 0; r < 32; r++)
-                if (v[r] == 0.0f)
-                    z = min(z, d_int_zkey(32u * q + (uint32_t)r, 128u, __float_as_uint(v[r]) >> 31));
-            z = min(z, __shfl_xor_sync(CU_FULL, z, 8));
-            z = min(z, __shfl_xor_sync(CU_FULL, z, 16));
-            if (a == 0.0f) {
-                a = (z & 1u) ? -0.0f : 0.0f;
-                if (b == 0.0f) // all zeros: intq.c's max is the same element as its min
-                    b = a;
-            }
-        }
-        bad |= (uint32_t)(valid && mb >= 0x7f800000u);
-        if (valid)
-            amax = max(amax, mb); // = max(|min|, |max|) for finite x
-        // every lane: its group's metadata at the group's own exponent (the quad's four
-        // lanes compute the same values), then its 32 codes
-        const float2 sv = make_float2(a, b);
-        const float pd_g = d_pow2f(-d_int_exp(max(__float_as_uint(a) & 0x7fffffffu, __float_as_uint(b) & 0x7fffffffu)));
-        float mn, inv;
-        d_int_meta<MODE>(sv, pd_g, g, p, gi, false, mn, inv);
-        d_iq_codes<MODE>(v, pd_g, mn, inv, g, p, gi, ng, q);
-        if (valid && q == 0)
-            st[gi] = sv;
-    }
-    if (bad)
-        d_flag(head, CU_ST_NONFINITE);
-    d_slot_put(__reduce_max_sync(CU_FULL, amax), ws, slot_amax);
-    grid.sync(); // every group's statistics and every CTA's absmax written
-    const int32_t e = d_int_exp(d_slots_max(slot_amax, ws, &sh_amax));
-    if (blockIdx.x == 0 && tid == 0)
-        d_put_u32(p, (uint32_t)e);
-    const float pdown = d_pow2f(-e);
-    // pass 2: every group's metadata at e, 32 groups per warp iteration (lane j: group
-    // base + j); a group whose codes depend on e is quantised again from x
-    for (uint32_t base = 32u * warp; base < ng; base += 32u * nwarps) { // uniform per warp
-        const uint32_t mgi = base + lane;
-        const bool mvalid = mgi < ng;
-        const float2 sv = mvalid ? __ldcg(&st[mgi]) : make_float2(0.0f, 0.0f);
-        float mn, inv;
-        const uint16_t sh = d_int_meta<MODE>(sv, pdown, g, p, mgi, mvalid, mn, inv);
-        uint32_t redo = __ballot_sync(CU_FULL, mvalid && !d_iq_exp_free<MODE>(sv, pdown, sh));
-        while (redo) { // rare: one group per pass, lanes 0..3 re-quantise 32 elements each
-            const uint32_t j = (uint32_t)__ffs((int)redo) - 1u;
-            redo &= redo - 1u;
-            const float q_mn = __shfl_sync(CU_FULL, mn, (int)j), q_inv = __shfl_sync(CU_FULL, inv, (int)j);
-            if (lane < 4u) {
-                float v[32];
-                d_load32(x + 128ull * (base + j) + 32u * lane, v);
-                d_iq_codes<MODE>(v, pdown, q_mn, q_inv, g, p, base + j, ng, lane);
-            }
-        }
-    }
-}
-
 // int encode, round 10: the default int specs on whole groups of 128 with a warp per
 // group (lane l on elements 4l..4l+3, as k_group_dec_row), in two launches:
 //   k_int_row_a (a full grid, one iteration per warp): S_ROW_INT groups' loads in flight
@@ -1184,12 +1045,10 @@ __global__ void __launch_bounds__(256, 3) k_int_q4(const float *__restrict__ x, 
 //     (min, max) and the CTA's absmax go to scratch;
 //   k_int_row_b (a thread per group, launched as a programmatic dependent of _a, so its
 //     launch overlaps _a's tail): the frame exponent from the CTA slots, every group's
-//     metadata at e, and the groups whose codes depend on e (k_int_q4's argument)
+//     metadata at e, and the groups whose codes depend on e (the argument above)
 //     quantised again from x by their warp.
-// Frames identical to k_int_q4's.
-#ifndef S_ROW_INT
-#define S_ROW_INT 8u
-#endif // groups per warp of k_int_row_a
+// Frames identical to k_int_fused's (round 6, TAH_CU_TPT=0).
+#define S_ROW_INT 8u // groups per warp of k_int_row_a
 
 // order-preserving unsigned key of a float (-0 < +0) and back
 __device__ __forceinline__ uint32_t d_fkey(float f)
@@ -1199,8 +1058,8 @@ __device__ __forceinline__ uint32_t d_fkey(float f)
 }
 __device__ __forceinline__ float d_fkey_inv(uint32_t k) { return __uint_as_float((k >> 31) ? (k & 0x7fffffffu) : ~k); }
 
-// 4 codes (lane l's elements of a group, f) as a 16-bit word: d_iq_codes' arithmetic
-// (no clamp: see d_iq_codes). The codes are the low bytes of t + K, K an even integer in
+// 4 codes (lane l's elements of a group, f) as a 16-bit word: intq.c's arithmetic
+// without the clamp (above). The codes are the low bytes of t + K, K an even integer in
 // [2^23, 2^24) (rounding to nearest even there is rint(t)'s): asymmetric K = 1.5 * 2^23, low
 // byte rint(t) in [0, 15]; symmetric (4 bits, qmax 7) K = 1.5 * 2^23 + 8, low byte
 // rint(t) + 8 in [1, 15], less 1. Two byte permutes gather them, a shift and an or pack them.
@@ -1498,9 +1357,7 @@ __global__ void __launch_bounds__(256, MINB) k_fix_enc(const float *__restrict__
 // l on elements 4l..4l+3 (see k_group_dec_row): S_ROW_ENC groups' loads in flight per lane,
 // each group's max|x| by one redux, lane u computes group u's step (d_fix_iter's
 // arithmetic), and every group's codes leave as one 128-byte store of the warp.
-#ifndef S_ROW_ENC
 #define S_ROW_ENC 4u // groups per warp (one iteration)
-#endif // groups per warp (one iteration)
 
 __global__ void __launch_bounds__(256) k_fix_enc_row(const float *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
                                                      s_gp g)
@@ -1692,7 +1549,7 @@ static constexpr int s_fast_bits(int mode) { return mode <= M_FIX_STOCH ? 8 : 4;
 // their access width.
 static bool s_row_ok(const s_gp &g, int mode, const void *payload, const void *xy)
 {
-    return cu_row() && g.group == 128 && g.n % 128u == 0 && g.bits == (mode <= M_FIX_STOCH ? 8u : 4u) &&
+    return cu_tpt() && g.group == 128 && g.n % 128u == 0 && g.bits == (mode <= M_FIX_STOCH ? 8u : 4u) &&
            ((uintptr_t)xy & 15u) == 0 && ((uintptr_t)payload & 3u) == 0 && g.codes_off % 4u == 0;
 }
 
@@ -1736,24 +1593,14 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
         if (s_int_split(g)) {
             float2 *stats = (float2 *)work;
             const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg));
-            if (cu_fuse()) { // one cooperative launch, no memset
-                // round 8: a lane quad per group, staged (the default specs on whole groups);
-                // else round 6 (2 rows per warp at 4 CTAs per SM measured slower: 0.0565 vs
-                // 0.0505 ms, H200)
-                const bool q4 = cu_tpt() && g.bits == 4 && g.group == 128 && g.n % 128u == 0 &&
-                                g.ng < 0x80000000ull && ((uintptr_t)x & 15u) == 0 && ((uintptr_t)payload & 3u) == 0 &&
-                                ((uintptr_t)payload + g.codes_off) % 4u == 0;
-                const void *kern = q4 ? (const void *)k_int_q4<MODE>
-                                   : g.bits == s_fast_bits(MODE)
+            if (cu_fuse()) { // one cooperative launch, no memset (round 6; 2 rows per warp at 4
+                             // CTAs per SM measured slower: 0.0565 vs 0.0505 ms, H200)
+                const void *kern = g.bits == s_fast_bits(MODE)
                                        ? (const void *)k_int_fused<MODE, s_fast_bits(MODE), S_ROWS, 3>
                                        : (const void *)k_int_fused<MODE, 0, S_ROWS, 3>;
-                const size_t smem = q4 ? S_IQ_SMEM : 0;
-                if (q4)
-                    CUDA_CHECK(cu_smem_allow(kern, smem));
-                uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, smem);
+                uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, 0);
                 blocks = blocks < S_INT_MAXGRID ? blocks : S_INT_MAXGRID;
-                const uint64_t need = q4 ? (g.ng + 63u) / 64u : grid; // k_int_q4: 64 groups per CTA iteration
-                blocks = blocks < need ? blocks : need;
+                blocks = blocks < grid ? blocks : grid;
                 if (blocks > 0) {
                     const float *a_x = x;
                     float2 *a_st = stats;
@@ -1762,7 +1609,7 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
                     cu_hp a_head = head;
                     s_gp a_g = g;
                     void *args[] = { &a_x, &a_st, &a_p, &a_slot, &a_head, &a_g };
-                    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)blocks), dim3(256), args, smem, st));
+                    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)blocks), dim3(256), args, 0, st));
                     return 0;
                 }
             }

@@ -38,8 +38,9 @@
 //
 // Round 8, the default spec (tile = alloc_tile = 64, 4/3 bits) on C % 64 == 0 with
 // aligned buffers: k_tah_fused<TPT> gives each tile a lane pair (32 floats per lane) and
-// streams units of 16 tiles through shared memory with cp.async, and k_tah_dp64 decodes
-// with lane pairs over P CTAs per sample (see the comments above them). TAH_CU_TPT=0
+// streams units of 16 tiles through shared memory with cp.async, and k_tah_dw64 decodes
+// with lane pairs over P CTAs per sample (round 10: in warp sub-runs; see the comments
+// above them). TAH_CU_TPT=0
 // selects the segment kernels above for a same-binary comparison.
 //
 // Which zero is a tile's minimum (+0 or -0 changes the fp16 min's sign bit)
@@ -1706,211 +1707,39 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
         d_flag(head, CU_ST_NONFINITE);
 }
 
-// Round 8: TAH decode with a lane pair per tile (tile = alloc_tile = 64, 4/3 bits, C % 64
+// TAH decode with a lane pair per tile (round 8; tile = alloc_tile = 64, 4/3 bits, C % 64
 // == 0, 8-bit flags, S*Q < 2^16: the SELF conditions plus full tiles). A CTA decodes a
 // run of about S*Q/P consecutive tiles of one sample (P CTAs per sample, a resident
-// grid) in rounds of 128: warp w's lanes l and l + 16 tile 16w + l, lane h elements
-// 32h..32h+31:
-//   - the high tiles of the sample before the chunk, counted from its flag bytes as
-//     k_tah_dchunk<SELF> does, and a block scan of the chunk's own: H(tile);
+// grid); round 10 cuts the run into 8 consecutive warp sub-runs, each warp in rounds of
+// 16 tiles of its own (lanes l and l + 16: tile l of the round, lane h elements
+// 32h..32h+31):
+//   - the high tiles of the sample before each warp's sub-run: this thread's share of
+//     those before the CTA's run, counted from the flag bytes as k_tah_dchunk<SELF> does,
+//     and of the warp's own, one block scan at the start; then a ballot per round gives
+//     H(tile) (round 8: a block scan per round of 128, a CTA barrier in the loop);
 //   - codes (lane h: 16 bytes at 16h of a high tile, 12 at 12h of a low one, 32-bit
 //     loads from the 8-aligned tile start 8 (3 tile + H); low codes spread to nibbles
-//     so one dequant loop serves both widths), meta, min + code * step, the inverse
-//     rotation of the warp's rotated tiles on their shared-memory rows (below);
+//     so one dequant loop serves both widths; the code floats by byte permutes), meta,
+//     min + code * step, the inverse rotation of the warp's rotated tiles on their
+//     shared-memory rows (below); a round's flag, meta and code words are fetched one
+//     round ahead;
 //   - the 64 floats through shared memory, then per warp 8 stores of 512 contiguous
 //     bytes. A row of 17 float4 holds a tile: a quarter warp's 16-byte stores (8 tiles)
 //     and loads (8 chunks of one row) hit 8 bank groups.
 // The checks of k_tah_dchunk<SELF>: e and the reserved word, no pivot without rotation,
-// the sample's high tiles equal n_hi (last chunk), codes inside the sample's region,
-// fp16 fields finite with a non-negative step; non-finite output flags NONFINITE.
+// the sample's high tiles equal n_hi (last warp of the last CTA), codes inside the
+// sample's region, fp16 fields finite with a non-negative step; non-finite output flags
+// NONFINITE (an unrotated tile is checked only when codes 0 and 15 bound it beyond
+// FLT_MAX: the value is monotonic in the code).
 #define S_DT_ROW 17u // float4 per shared-memory row
-#define S_DT_TILES 128u // tiles per CTA round
-#define S_DT_SMEM (S_DT_TILES * S_DT_ROW * 16u)
+#define S_DT_SMEM (8u * 16u * S_DT_ROW * 16u) // 8 warps, 16 tiles each
 
-template <uint32_t BH, uint32_t BL>
-__global__ void __launch_bounds__(256, 4) k_tah_dp64(const uint8_t *__restrict__ p, float *__restrict__ out,
-                                                     cu_hp head, s_tg g, uint32_t P)
-{
-    d_mark(head);
-    extern __shared__ float4 s_rows[]; // [S_DT_TILES][S_DT_ROW]
-    __shared__ uint32_t ws[32];
-    const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid / 32u, h = d_half(lane);
-    const uint32_t i = 16u * wid + (lane & 15u); // the pair's tile in the round
-    const uint64_t b = blockIdx.x / P;
-    const uint32_t j = (uint32_t)(blockIdx.x - b * P);
-    const uint32_t SQ = (uint32_t)(g.S * g.Q);
-    const uint32_t a0 = (uint32_t)((uint64_t)j * SQ / P), a1 = (uint32_t)((uint64_t)(j + 1) * SQ / P);
-    const uint8_t *fs = p + 8 + b * SQ; // byte t: tile t's flag field
-    uint32_t corrupt = 0, bad = 0;
-    int32_t e = (int32_t)d_get_u32(p);
-    if (blockIdx.x == 0 && tid == 0)
-        corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
-    e = e < -200 ? -200 : (e > 200 ? 200 : e);
-    uint32_t pre = d_count_hi(fs, a0); // this thread's share of the sample's high tiles before the run
-    uint32_t run = 0; // high tiles of the sample before the next round to fetch (after the first scan)
-    // a round's flag, meta word and raw code words, fetched one round ahead: the next
-    // round's scan and loads are issued before this round's arithmetic
-    struct s_fetch {
-        uint32_t f, meta, w[4];
-        bool in;
-    };
-    auto fetch = [&](uint32_t t0) {
-        s_fetch r;
-        const uint32_t n = min(S_DT_TILES, a1 - t0);
-        const bool valid = i < n;
-        r.f = valid ? fs[t0 + i] : 0u;
-        corrupt |= (uint32_t)(!(r.f & 2u) && (r.f >> 2) != 0); // a pivot without rotation
-        uint32_t tot;
-        const uint32_t mine = h ? 0u : (r.f & 1u); // lane 0 of the pair counts the tile
-        const uint32_t sc = d_block_scan(mine | (pre << 16), ws, &tot); // pre: first round only (< 2^16)
-        pre = 0;
-        run += tot >> 16;
-        const uint32_t H = run + __shfl_sync(CU_FULL, sc & 0xffffu, (int)(lane & 15u)); // lane 0's, for both
-        run += tot & 0xffffu;
-        if (tid == 0 && j == P - 1u && t0 + S_DT_TILES >= a1 && (uint64_t)run != g.n_hi)
-            corrupt = 1; // the sample's high tiles
-        const uint32_t ts = t0 + i;
-        const uint64_t off = 8ull * ((uint64_t)BL * ts + (uint64_t)(BH - BL) * H);
-        const bool hi = r.f & 1u;
-        r.in = valid && off + 8ull * (hi ? BH : BL) <= g.code_bytes;
-        corrupt |= (uint32_t)(valid && !r.in);
-        r.meta = 0;
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            r.w[k] = 0;
-        if (r.in) {
-            const uint8_t *src = p + g.codes_off + b * g.code_bytes + off;
-            r.meta = d_get_u32(p + g.meta_off + 4 * (b * SQ + ts));
-            const uint32_t *s4 = (const uint32_t *)(src + (hi ? 16u : 12u) * h);
-#pragma unroll
-            for (int k = 0; k < 3; k++)
-                r.w[k] = s4[k];
-            if (hi)
-                r.w[3] = s4[3];
-        }
-        return r;
-    };
-    s_fetch cur = fetch(a0);
-    for (uint32_t t0 = a0; t0 < a1; t0 += S_DT_TILES) { // rounds of 128 tiles, uniform per CTA
-        const uint32_t n = min(S_DT_TILES, a1 - t0);
-        s_fetch nxt = cur;
-        if (t0 + S_DT_TILES < a1) // uniform
-            nxt = fetch(t0 + S_DT_TILES);
-        const uint32_t f = cur.f, meta = cur.meta;
-        const bool in = cur.in, hi = f & 1u;
-        float v[32];
-        bool rot = false;
-        if (in) { // pair-uniform
-            // this lane's 32 codes as 4 words of nibbles: BH = 4 bits are that already; BL = 3
-            // bits (12 bytes) spread 24 bits (8 codes) per word in three mask-and-shift steps
-            uint32_t w[4];
-            if (hi) {
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-                    w[k] = cur.w[k];
-            } else {
-                const uint32_t a = cur.w[0], c = cur.w[1], d = cur.w[2];
-                const uint32_t u[4] = { a & 0xffffffu, (a >> 24) | ((c & 0xffffu) << 8), (c >> 16) | ((d & 0xffu) << 16),
-                                        d >> 8 };
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    uint32_t x = (u[k] & 0xfffu) | ((u[k] & 0xfff000u) << 4);     // 4 fields | 4 fields << 16
-                    x = (x & 0x003f003fu) | ((x & 0x0fc00fc0u) << 2);             // pairs into bytes
-                    w[k] = (x & 0x07070707u) | ((x & 0x38383838u) << 1);          // fields into nibbles
-                }
-            }
-            const uint16_t min16 = (uint16_t)meta, step16 = (uint16_t)(meta >> 16);
-            corrupt |= (uint32_t)((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u || (step16 & 0x8000u));
-            const float minf = d_ldexpf(d_half_to_f32(min16), e);
-            const float step = d_ldexpf(d_half_to_f32(step16), e);
-#pragma unroll
-            for (int r = 0; r < 32; r++) { // the code as a float: its bits below 2^23's, less 2^23 (exact)
-                const float c = __fsub_rn(__uint_as_float(0x4b000000u | ((w[r / 8] >> (4 * (r % 8))) & 15u)), 8388608.0f);
-                v[r] = __fadd_rn(minf, __fmul_rn(c, step));
-            }
-            rot = f & 2u; // rotated tiles: transformed and checked on their rows (below)
-            if (!rot) {
-                float nz = 0.0f; // v * 0 is NaN exactly when v is Inf or NaN
-#pragma unroll
-                for (int r = 0; r < 32; r++)
-                    nz = __fmaf_rn(v[r], 0.0f, nz);
-                bad |= (uint32_t)(nz != nz);
-            }
-        } else {
-#pragma unroll
-            for (int r = 0; r < 32; r++)
-                v[r] = 0.0f;
-        }
-        // through shared memory: this warp's 16 tiles, then 512-byte stores
-        float4 *rows = s_rows + (size_t)wid * 16u * S_DT_ROW;
-        const uint32_t lt = lane & 15u; // the pair's tile in the warp
-#pragma unroll
-        for (int c = 0; c < 8; c++)
-            rows[lt * S_DT_ROW + 8u * h + (uint32_t)c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
-        __syncwarp();
-        // tah.c's inverse rotation (fwht_f32, then element 0 swapped with the pivot) of the
-        // warp's rotated tiles on their rows: a segment of 8 lanes per tile (d_fwht_seg, lane
-        // tl elements 8tl..8tl+7), 4 tiles per pass; about 3 of 16 tiles rotate, so one pass
-        // instead of every lane pair running the 64-point transform in divergence
-        uint32_t rm = __ballot_sync(CU_FULL, rot && h == 0); // bit t: tile t rotated (t < 16)
-        const uint32_t fw = f; // lane t's flag field: tile t's pivot
-        while (rm != 0u) { // warp-uniform
-            const uint32_t tl = lane & 7u;
-            bool act;
-            const uint32_t t = d_rot_pick(rm, lane, act);
-            float4 *r4 = rows + t * S_DT_ROW + 2u * tl;
-            const float4 q0 = r4[0], q1 = r4[1];
-            float z[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
-            d_fwht_seg(z, lane, 8u);
-            float nz = 0.0f;
-#pragma unroll
-            for (int r = 0; r < 8; r++) {
-                z[r] = __fmul_rn(z[r], g.norm);
-                nz = __fmaf_rn(z[r], 0.0f, nz);
-            }
-            const uint32_t piv = __shfl_sync(CU_FULL, fw >> 2, (int)t);
-            if (act) {
-                bad |= (uint32_t)(nz != nz);
-                r4[0] = make_float4(z[0], z[1], z[2], z[3]);
-                r4[1] = make_float4(z[4], z[5], z[6], z[7]);
-            }
-            __syncwarp();
-            if (act && tl == 0) {
-                float *row = (float *)(rows + t * S_DT_ROW);
-                const float tv = row[0];
-                row[0] = row[piv];
-                row[piv] = tv;
-            }
-            __syncwarp();
-            rm = d_rot_drop(rm);
-        }
-        const uint32_t wt0 = wid * 16u; // the warp's first tile in the chunk
-        float4 *o4 = (float4 *)(out + (b * SQ + t0 + wt0) * 64u);
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const uint32_t row = 2u * (uint32_t)k + lane / 16u, c = lane % 16u;
-            if (wt0 + row < n)
-                o4[row * 16u + c] = rows[row * S_DT_ROW + c];
-        }
-        __syncwarp(); // rows read before the next round writes them
-        cur = nxt;
-    }
-    if (corrupt)
-        d_flag(head, CU_ST_CORRUPT);
-    if (bad)
-        d_flag(head, CU_ST_NONFINITE);
-}
-
-// Round 10: k_tah_dp64 with the CTA's run cut into 8 consecutive warp sub-runs, each warp
-// in rounds of 16 tiles of its own: one block scan at the start (the sample's high tiles
-// before each warp's sub-run), then a ballot per round instead of a block scan (no CTA
-// barrier inside the loop). Same checks, same output.
 template <uint32_t BH, uint32_t BL>
 __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__ p, float *__restrict__ out,
                                                      cu_hp head, s_tg g, uint32_t P)
 {
     d_mark(head);
-    extern __shared__ float4 s_rows[]; // [S_DT_TILES][S_DT_ROW]
+    extern __shared__ float4 s_rows[]; // [8 warps x 16 tiles][S_DT_ROW]
     __shared__ uint32_t ws[32];
     const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid / 32u, h = d_half(lane);
     const uint64_t b = blockIdx.x / P;
@@ -2227,17 +2056,14 @@ int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *
     if (cu_tpt() && g.G == 64 && g.k == 1 && g.bh == 4 && g.bl == 3 && g.C % 64u == 0 && g.S * g.Q < 65536u &&
         ((uintptr_t)out & 15u) == 0 && (pa + g.codes_off) % 8u == 0 && g.code_bytes % 8u == 0 &&
         (pa + g.meta_off) % 4u == 0) {
-        const void *kern = cu_row() ? (const void *)k_tah_dw64<4, 3> : (const void *)k_tah_dp64<4, 3>;
+        const void *kern = (const void *)k_tah_dw64<4, 3>;
         CUDA_CHECK(cu_smem_allow(kern, S_DT_SMEM));
         // P CTAs per sample, a resident grid's worth: runs of about S*Q/P tiles, no tail wave
         uint64_t P = (uint64_t)cu_coop_blocks(kern, 256, S_DT_SMEM) / g.B;
-        const uint64_t pmax = (g.S * g.Q + S_DT_TILES - 1u) / S_DT_TILES;
+        const uint64_t pmax = (g.S * g.Q + 127u) / 128u; // runs of at least 128 tiles
         P = P < 1u ? 1u : (P > pmax ? pmax : P);
-        if (cu_row())
-            k_tah_dw64<4, 3><<<(unsigned int)(g.B * P), 256, S_DT_SMEM, st>>>(payload, out, head, g, (uint32_t)P);
-        else
-            k_tah_dp64<4, 3><<<(unsigned int)(g.B * P), 256, S_DT_SMEM, st>>>(payload, out, head, g, (uint32_t)P);
-        CU_CHECK_LAUNCH("k_tah_dp64");
+        k_tah_dw64<4, 3><<<(unsigned int)(g.B * P), 256, S_DT_SMEM, st>>>(payload, out, head, g, (uint32_t)P);
+        CU_CHECK_LAUNCH("k_tah_dw64");
         return 0;
     }
     // round 7: one launch when every quant tile is an allocation tile of 8-bit flags
