@@ -1755,6 +1755,11 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
     // warp wid's sub-run [w0, w1) of the CTA's run; the sample's high tiles before it: this
     // thread's share of those before a0 (high 16 bits) and of the warp's own (low), one scan
     const uint32_t w0 = a0 + (a1 - a0) * wid / 8u, w1 = a0 + (a1 - a0) * (wid + 1u) / 8u;
+    const uint32_t lt = lane & 15u; // the pair's tile in a round
+    const uint32_t *mw = (const uint32_t *)(p + g.meta_off) + b * SQ; // 4-byte aligned (host)
+    // the first round's flag and meta words, loaded before the count (which they do not need)
+    const bool v0 = w0 + lt < w1;
+    const uint32_t f0 = v0 ? fs[w0 + lt] : 0u, m0 = v0 ? mw[w0 + lt] : 0u;
     uint32_t own = 0;
     for (uint32_t t = w0 + lane; t < w1; t += 32u)
         own += fs[t] & 1u;
@@ -1762,16 +1767,15 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
     const uint32_t sc = d_block_scan(own | (d_count_hi(fs, a0) << 16), ws, &tot); // both < 2^16 (S*Q < 2^16)
     uint32_t run = (tot >> 16) + __shfl_sync(CU_FULL, sc & 0xffffu, 0); // high tiles before the next round
     // a round's flag, meta word and raw code words, fetched one round ahead: the next
-    // round's scan and loads are issued before this round's arithmetic
+    // round's ballot and loads are issued before this round's arithmetic
     struct s_fetch {
         uint32_t f, meta, w[4];
         bool in;
     };
-    const uint32_t lt = lane & 15u; // the pair's tile in the round
-    auto fetch = [&](uint32_t t0) {
+    auto fetch = [&](uint32_t t0, uint32_t f, uint32_t meta) { // f, meta: tile t0 + lt's (0 past w1)
         s_fetch r;
         const bool valid = t0 + lt < w1;
-        r.f = valid ? fs[t0 + lt] : 0u;
+        r.f = f;
         corrupt |= (uint32_t)(!(r.f & 2u) && (r.f >> 2) != 0); // a pivot without rotation
         const uint32_t hm = __ballot_sync(CU_FULL, h == 0 && (r.f & 1u)); // bit k: round tile k is high
         const uint32_t H = run + (uint32_t)__popc((int)(hm & ((1u << lt) - 1u)));
@@ -1781,13 +1785,12 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
         const bool hi = r.f & 1u;
         r.in = valid && off + 8ull * (hi ? BH : BL) <= g.code_bytes;
         corrupt |= (uint32_t)(valid && !r.in);
-        r.meta = 0;
+        r.meta = r.in ? meta : 0u;
 #pragma unroll
         for (int k = 0; k < 4; k++)
             r.w[k] = 0;
         if (r.in) {
             const uint8_t *src = p + g.codes_off + b * g.code_bytes + off;
-            r.meta = d_get_u32(p + g.meta_off + 4 * (b * SQ + ts));
             const uint32_t *s4 = (const uint32_t *)(src + (hi ? 16u : 12u) * h);
 #pragma unroll
             for (int k = 0; k < 3; k++)
@@ -1797,16 +1800,20 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
         }
         return r;
     };
-    s_fetch cur = fetch(w0);
+    s_fetch cur = fetch(w0, f0, m0);
     for (uint32_t t0 = w0; t0 < w1; t0 += 16u) { // rounds of 16 tiles, uniform per warp
         s_fetch nxt = cur;
-        if (t0 + 16u < w1) // uniform
-            nxt = fetch(t0 + 16u);
+        if (t0 + 16u < w1) { // uniform
+            const uint32_t t1 = t0 + 16u + lt;
+            nxt = fetch(t0 + 16u, t1 < w1 ? fs[t1] : 0u, t1 < w1 ? mw[t1] : 0u);
+        }
         const uint32_t f = cur.f, meta = cur.meta;
         const bool in = cur.in, hi = f & 1u;
+        // a tile outside the sample's code region (corrupt) has meta and code words 0 from
+        // fetch: it decodes as zeros (0 + c * 0) through the same path, unrotated
         float v[32];
-        bool rot = false;
-        if (in) { // pair-uniform
+        bool rot;
+        { // pair-uniform
             // this lane's 32 codes as 4 words of nibbles: BH = 4 bits are that already; BL = 3
             // bits (12 bytes) spread 24 bits (8 codes) per word in three mask-and-shift steps
             uint32_t w[4];
@@ -1826,19 +1833,19 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
                 }
             }
             const uint16_t min16 = (uint16_t)meta, step16 = (uint16_t)(meta >> 16);
-            corrupt |= (uint32_t)((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u || (step16 & 0x8000u));
+            corrupt |= (uint32_t)(in && ((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u || (step16 & 0x8000u)));
             const float minf = d_ldexpf(d_half_to_f32(min16), e);
             const float step = d_ldexpf(d_half_to_f32(step16), e);
 #pragma unroll
             for (int k = 0; k < 4; k++) { // the code as a float: its bits below 2^23's, less 2^23 (exact)
-                const uint32_t lo = w[k] & 0x0f0f0f0fu, hi = (w[k] >> 4) & 0x0f0f0f0fu; // codes 0,2,4,6 / 1,3,5,7
+                const uint32_t ev = w[k] & 0x0f0f0f0fu, od = (w[k] >> 4) & 0x0f0f0f0fu; // codes 0,2,4,6 / 1,3,5,7
 #pragma unroll
                 for (int r = 0; r < 8; r++) {
-                    const uint32_t bits = __byte_perm(r & 1 ? hi : lo, 0x4b000000u, 0x7650u | (uint32_t)(r >> 1));
+                    const uint32_t bits = __byte_perm(r & 1 ? od : ev, 0x4b000000u, 0x7650u | (uint32_t)(r >> 1));
                     v[8 * k + r] = __fadd_rn(minf, __fmul_rn(__fsub_rn(__uint_as_float(bits), 8388608.0f), step));
                 }
             }
-            rot = f & 2u; // rotated tiles: transformed and checked on their rows (below)
+            rot = in && (f & 2u); // rotated tiles: transformed and checked on their rows (below)
             // unrotated: v is monotonic in the code (step >= 0), so codes 0 and 15 bound it
             if (!rot && !(fabsf(minf) <= FLT_MAX && fabsf(__fadd_rn(minf, __fmul_rn(15.0f, step))) <= FLT_MAX)) {
                 float nz = 0.0f; // v * 0 is NaN exactly when v is Inf or NaN
@@ -1847,10 +1854,6 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
                     nz = __fmaf_rn(v[r], 0.0f, nz);
                 bad |= (uint32_t)(nz != nz);
             }
-        } else {
-#pragma unroll
-            for (int r = 0; r < 32; r++)
-                v[r] = 0.0f;
         }
         // through shared memory: this warp's 16 tiles, then 512-byte stores
         float4 *rows = s_rows + (size_t)wid * 16u * S_DT_ROW;
@@ -1894,12 +1897,18 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
             __syncwarp();
             rm = d_rot_drop(rm);
         }
-        float4 *o4 = (float4 *)(out + (b * SQ + t0) * 64u);
+        // lane l: float4 l % 16 of rows 2k + l / 16 (a full round without bounds tests)
+        float4 *o4 = (float4 *)(out + (b * SQ + t0) * 64u) + lane;
+        const float4 *r4 = rows + (lane / 16u) * S_DT_ROW + lane % 16u;
+        if (t0 + 16u <= w1) {
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const uint32_t row = 2u * (uint32_t)k + lane / 16u, c = lane % 16u;
-            if (t0 + row < w1)
-                o4[row * 16u + c] = rows[row * S_DT_ROW + c];
+            for (int k = 0; k < 8; k++)
+                o4[32 * k] = r4[2 * S_DT_ROW * k];
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (t0 + 2u * (uint32_t)k + lane / 16u < w1)
+                    o4[32 * k] = r4[2 * S_DT_ROW * k];
         }
         __syncwarp(); // rows read before the next round writes them
         cur = nxt;
