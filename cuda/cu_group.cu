@@ -88,6 +88,15 @@ __device__ __forceinline__ int32_t d_int_exp(uint32_t amax_bits)
 
 __device__ __forceinline__ float d_pow2f(int32_t e) { return __uint_as_float((uint32_t)(127 + e) << 23); }
 
+// An int frame's 2^e from its exponent word (1, and corrupt, outside intq.c's range).
+__device__ __forceinline__ float d_int_pup(const uint8_t *p, uint32_t &corrupt)
+{
+    const int32_t e = (int32_t)d_get_u32(p);
+    const bool ok = e >= -126 && e <= 114;
+    corrupt |= (uint32_t)!ok;
+    return ok ? d_pow2f(e) : 1.0f;
+}
+
 // intq.c's s_step_up: fp16 value >= v / L (v >= 0, below 2^17 here). intq.c takes
 // st = (float)(v / L) and one float up if st * L < v (exact in double): the smallest float
 // >= v / L. Round 10: v * (1 / L) (inv_l, rounded once on the host) instead of the double
@@ -156,6 +165,25 @@ __device__ __forceinline__ s_gs d_gs_init()
     return s;
 }
 
+// fixpt.c's step of a group whose max |x| is amax: d = c amax / qmax, one float up while
+// d * qmax < c amax (exact in double), rounded up to fp16 (dh, returned); inv = 1 / dh (0 for
+// 0). c amax beyond FLT_MAX or an Inf step set range when the group is valid.
+__device__ __forceinline__ uint16_t d_fix_step(const s_gp &g, float amax, bool valid, uint32_t &range, float &inv)
+{
+    const float ymax = __fmul_rn(g.c, amax);
+    if (!(ymax <= FLT_MAX))
+        range |= (uint32_t)valid;
+    float d = __fdiv_rn(ymax, (float)g.qmax);
+    if ((double)d * (double)g.qmax < (double)ymax)
+        d = __uint_as_float(__float_as_uint(d) + 1u);
+    const uint16_t dh = d_half_from_f32_up(d);
+    if ((dh & 0x7c00u) == 0x7c00u)
+        range |= (uint32_t)valid;
+    const float df = d_half_to_f32(dh);
+    inv = df > 0.0f ? __fdiv_rn(1.0f, df) : 0.0f;
+    return dh;
+}
+
 // The group's step (and, asymmetric int, its minimum), exactly as the CPU
 // computes it from the merged statistics; lane tl 0 of a valid group writes
 // the group's metadata. An out-of-range step sets range.
@@ -167,17 +195,7 @@ __device__ __forceinline__ s_gq d_group_step(const s_gp &g, const s_gs &s, float
     q.mn = 0.0f;
     q.pdown = pdown;
     if (MODE <= M_FIX_STOCH) {
-        const float ymax = __fmul_rn(g.c, s.a);
-        if (!(ymax <= FLT_MAX))
-            range |= (uint32_t)valid;
-        float d = __fdiv_rn(ymax, (float)g.qmax);
-        if ((double)d * (double)g.qmax < (double)ymax)
-            d = __uint_as_float(__float_as_uint(d) + 1u);
-        const uint16_t dh = d_half_from_f32_up(d);
-        if ((dh & 0x7c00u) == 0x7c00u)
-            range |= (uint32_t)valid;
-        const float df = d_half_to_f32(dh);
-        q.inv = df > 0.0f ? __fdiv_rn(1.0f, df) : 0.0f;
+        const uint16_t dh = d_fix_step(g, s.a, valid, range, q.inv);
         if (valid && tl == 0)
             d_put_u16(p + g.meta_off + 2 * gi, dh);
     } else if (MODE == M_INT_SYM) {
@@ -597,11 +615,8 @@ __global__ void __launch_bounds__(256, MINB) k_group_dec_seg(const uint8_t *__re
     const uint32_t stride = nwarps * nslot, ng = (uint32_t)g.ng; // B*S*C <= 2^31
     uint32_t corrupt = 0, bad = 0;
     float pup = 1.0f;
-    if (MODE >= M_INT_ASYM) {
-        const int32_t e = (int32_t)d_get_u32(p);
-        corrupt |= (uint32_t)(e < -126 || e > 114);
-        pup = (e < -126 || e > 114) ? 1.0f : d_pow2f(e);
-    }
+    if (MODE >= M_INT_ASYM)
+        pup = d_int_pup(p, corrupt);
     s_dbuf<U> b;
     for (uint32_t base = warp * nslot; base < ng; base += stride) { // uniform per warp
         d_dec_load<MODE, BITS, U>(p, g, base, lane, b);
@@ -632,11 +647,8 @@ __global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict
         return; // warp-uniform
     uint32_t corrupt = 0, bad = 0;
     float pup = 1.0f;
-    if (MODE >= M_INT_ASYM) {
-        const int32_t e = (int32_t)d_get_u32(p);
-        corrupt |= (uint32_t)(e < -126 || e > 114);
-        pup = (e < -126 || e > 114) ? 1.0f : d_pow2f(e);
-    }
+    if (MODE >= M_INT_ASYM)
+        pup = d_int_pup(p, corrupt);
     const uint32_t cpg = MODE <= M_FIX_STOCH ? 128u : 64u, mpg = MODE == M_INT_ASYM ? 4u : 2u; // bytes per group
     const uint8_t *cw = p + g.codes_off + cpg * (uint64_t)g0 + (cpg / 32u) * lane;
     const uint8_t *mw = p + g.meta_off + mpg * (uint64_t)g0;
@@ -1269,22 +1281,9 @@ __device__ __forceinline__ void d_fix_iter(uint8_t *__restrict__ p, const s_gp &
     const uint32_t mgi = base + lane;
     const bool mvalid = lane < nslot && mgi < (uint32_t)g.ng;
     float inv;
-    {
-        const float amax = __uint_as_float(slot_bits);
-        const float ymax = __fmul_rn(g.c, amax);
-        if (!(ymax <= FLT_MAX))
-            range |= (uint32_t)mvalid;
-        float d = __fdiv_rn(ymax, qmaxf);
-        if ((double)d * (double)g.qmax < (double)ymax)
-            d = __uint_as_float(__float_as_uint(d) + 1u);
-        const uint16_t dh = d_half_from_f32_up(d);
-        if ((dh & 0x7c00u) == 0x7c00u)
-            range |= (uint32_t)mvalid;
-        const float df = d_half_to_f32(dh);
-        inv = df > 0.0f ? __fdiv_rn(1.0f, df) : 0.0f;
-        if (mvalid)
-            d_put_u16(p + g.meta_off + 2 * (uint64_t)mgi, dh);
-    }
+    const uint16_t dh = d_fix_step(g, __uint_as_float(slot_bits), mvalid, range, inv);
+    if (mvalid)
+        d_put_u16(p + g.meta_off + 2 * (uint64_t)mgi, dh);
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const uint32_t slot = (uint32_t)u * spw + lane / tpg;
@@ -1385,22 +1384,9 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const float *__restrict__ x
     const bool mvalid = lane < S_ROW_ENC && g0 + lane < ng;
     uint32_t range = 0;
     float inv;
-    {
-        const float amax = __uint_as_float(slot_bits), qmaxf = (float)g.qmax;
-        const float ymax = __fmul_rn(g.c, amax);
-        if (!(ymax <= FLT_MAX))
-            range |= (uint32_t)mvalid;
-        float d = __fdiv_rn(ymax, qmaxf);
-        if ((double)d * (double)g.qmax < (double)ymax)
-            d = __uint_as_float(__float_as_uint(d) + 1u);
-        const uint16_t dh = d_half_from_f32_up(d);
-        if ((dh & 0x7c00u) == 0x7c00u)
-            range |= (uint32_t)mvalid;
-        const float df = d_half_to_f32(dh);
-        inv = df > 0.0f ? __fdiv_rn(1.0f, df) : 0.0f;
-        if (mvalid)
-            *(uint16_t *)(p + 2u * (uint64_t)(g0 + lane)) = dh;
-    }
+    const uint16_t dh = d_fix_step(g, __uint_as_float(slot_bits), mvalid, range, inv);
+    if (mvalid)
+        *(uint16_t *)(p + 2u * (uint64_t)(g0 + lane)) = dh;
     uint8_t *cw = p + g.codes_off + 128u * (uint64_t)g0 + 4u * lane;
 #pragma unroll
     for (uint32_t u = 0; u < S_ROW_ENC; u++) {
@@ -1430,11 +1416,8 @@ __global__ void __launch_bounds__(256) k_group_decode(const uint8_t *__restrict_
     const uint32_t bad_code = (1u << g.bits) - 1u;
     uint32_t corrupt = 0, bad = 0;
     float pup = 1.0f;
-    if (MODE >= M_INT_ASYM) {
-        const int32_t e = (int32_t)d_get_u32(p);
-        corrupt |= (uint32_t)(e < -126 || e > 114);
-        pup = (e < -126 || e > 114) ? 1.0f : d_pow2f(e);
-    }
+    if (MODE >= M_INT_ASYM)
+        pup = d_int_pup(p, corrupt);
     for (uint64_t id = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; id < nchunks; id += stride) {
         const uint64_t gi = id / g.cpg;
         const uint32_t j = (uint32_t)(id - gi * g.cpg);
@@ -1676,18 +1659,12 @@ int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_
     }
 }
 
-int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,
-                    cudaStream_t st, char *err, size_t errlen)
+template <int MODE> // M_FIX_NEAR (both fixpt modes decode alike), M_INT_ASYM, M_INT_SYM
+static int s_decode_mode(const s_gp &g, const uint8_t *payload, float *out, cu_hp head, cudaStream_t st, char *err,
+                         size_t errlen)
 {
-    const s_gp g = s_params(spec, n, out);
-    if (s_row_ok(g, s_mode(spec), payload, out)) {
-        const unsigned int grid = cu_grid(g.ng, 8u * S_ROW_DEC);
-        switch (s_mode(spec)) {
-        case M_FIX_NEAR:
-        case M_FIX_STOCH: k_group_dec_row<M_FIX_NEAR><<<grid, 256, 0, st>>>(payload, out, head, g); break;
-        case M_INT_ASYM: k_group_dec_row<M_INT_ASYM><<<grid, 256, 0, st>>>(payload, out, head, g); break;
-        default: k_group_dec_row<M_INT_SYM><<<grid, 256, 0, st>>>(payload, out, head, g); break;
-        }
+    if (s_row_ok(g, MODE, payload, out)) {
+        k_group_dec_row<MODE><<<cu_grid(g.ng, 8u * S_ROW_DEC), 256, 0, st>>>(payload, out, head, g);
         CU_CHECK_LAUNCH("k_group_dec_row");
         return 0;
     }
@@ -1695,44 +1672,28 @@ int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload
         // rows per warp iteration (lane k < 32 holds slot k's metadata), one iteration per warp
         const uint32_t rows = g.tpg >= 4 ? S_ROWS : g.tpg;
         const unsigned int grid = cu_grid(g.ng, (uint64_t)(256 / 32) * rows * (32 / g.tpg));
-        const bool fast = g.bits == (spec->id == CODEC_FIXPT ? 8u : 4u) && g.tpg >= 4;
-        switch (s_mode(spec)) {
-        case M_FIX_NEAR:
-        case M_FIX_STOCH:
-            if (fast)
-                k_group_dec_seg<M_FIX_NEAR, 8, S_ROWS, 4><<<grid, 256, 0, st>>>(payload, out, head, g);
-            else if (g.tpg >= 4)
-                k_group_dec_seg<M_FIX_NEAR, 0, S_ROWS, 3><<<grid, 256, 0, st>>>(payload, out, head, g);
-            else
-                k_group_dec_seg<M_FIX_NEAR, 0, 1, 3><<<grid, 256, 0, st>>>(payload, out, head, g);
-            break;
-        case M_INT_ASYM:
-            if (fast)
-                k_group_dec_seg<M_INT_ASYM, 4, S_ROWS, 4><<<grid, 256, 0, st>>>(payload, out, head, g);
-            else if (g.tpg >= 4)
-                k_group_dec_seg<M_INT_ASYM, 0, S_ROWS, 3><<<grid, 256, 0, st>>>(payload, out, head, g);
-            else
-                k_group_dec_seg<M_INT_ASYM, 0, 1, 3><<<grid, 256, 0, st>>>(payload, out, head, g);
-            break;
-        default:
-            if (fast)
-                k_group_dec_seg<M_INT_SYM, 4, S_ROWS, 4><<<grid, 256, 0, st>>>(payload, out, head, g);
-            else if (g.tpg >= 4)
-                k_group_dec_seg<M_INT_SYM, 0, S_ROWS, 3><<<grid, 256, 0, st>>>(payload, out, head, g);
-            else
-                k_group_dec_seg<M_INT_SYM, 0, 1, 3><<<grid, 256, 0, st>>>(payload, out, head, g);
-            break;
-        }
+        if (g.bits == s_fast_bits(MODE) && g.tpg >= 4)
+            k_group_dec_seg<MODE, s_fast_bits(MODE), S_ROWS, 4><<<grid, 256, 0, st>>>(payload, out, head, g);
+        else if (g.tpg >= 4)
+            k_group_dec_seg<MODE, 0, S_ROWS, 3><<<grid, 256, 0, st>>>(payload, out, head, g);
+        else
+            k_group_dec_seg<MODE, 0, 1, 3><<<grid, 256, 0, st>>>(payload, out, head, g);
         CU_CHECK_LAUNCH("k_group_dec_seg");
         return 0;
     }
-    const unsigned int grid = cu_grid(g.ng * g.cpg, 256);
-    switch (s_mode(spec)) {
-    case M_FIX_NEAR:
-    case M_FIX_STOCH: k_group_decode<M_FIX_NEAR><<<grid, 256, 0, st>>>(payload, out, head, g); break;
-    case M_INT_ASYM: k_group_decode<M_INT_ASYM><<<grid, 256, 0, st>>>(payload, out, head, g); break;
-    default: k_group_decode<M_INT_SYM><<<grid, 256, 0, st>>>(payload, out, head, g); break;
-    }
+    k_group_decode<MODE><<<cu_grid(g.ng * g.cpg, 256), 256, 0, st>>>(payload, out, head, g);
     CU_CHECK_LAUNCH("k_group_decode");
     return 0;
+}
+
+int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,
+                    cudaStream_t st, char *err, size_t errlen)
+{
+    const s_gp g = s_params(spec, n, out);
+    switch (s_mode(spec)) {
+    case M_FIX_NEAR:
+    case M_FIX_STOCH: return s_decode_mode<M_FIX_NEAR>(g, payload, out, head, st, err, errlen);
+    case M_INT_ASYM: return s_decode_mode<M_INT_ASYM>(g, payload, out, head, st, err, errlen);
+    default: return s_decode_mode<M_INT_SYM>(g, payload, out, head, st, err, errlen);
+    }
 }
