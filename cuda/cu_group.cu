@@ -631,10 +631,11 @@ __global__ void __launch_bounds__(256, MINB) k_group_dec_seg(const uint8_t *__re
 // ---- round 10: a warp per group (groups of 128, whole, 8-bit fixpt / 4-bit int) ----
 // Lane l takes elements 4l..4l+3 of each of the warp's S_ROW_DEC groups, so each access
 // instruction covers a group's codes (128 or 64 contiguous bytes) or 512 contiguous bytes
-// of out, the trivial streaming kernels' pattern; a group's metadata is one broadcast
-// load, checked and turned into (k) or (step, bias) on every lane (warp-uniform, so the
-// overflow test needs no vote). Same checks and arithmetic as d_dec_iter.
-#define S_ROW_DEC 2u // groups per warp (one iteration; 1 and 4 measured slower)
+// of out, the trivial streaming kernels' pattern; lane u < S_ROW_DEC checks group u's
+// metadata and turns it into (k) or (step, bias) and an overflow flag, which the lanes
+// fetch by shuffles (warp-uniform, so the overflow test needs no vote). Same checks and
+// arithmetic as d_dec_iter.
+#define S_ROW_DEC 4u // groups per warp (one iteration; see cuda/NOTES.md round 10)
 
 template <int MODE>
 __global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict__ p, float *__restrict__ out,
@@ -652,29 +653,54 @@ __global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict
     const uint32_t cpg = MODE <= M_FIX_STOCH ? 128u : 64u, mpg = MODE == M_INT_ASYM ? 4u : 2u; // bytes per group
     const uint8_t *cw = p + g.codes_off + cpg * (uint64_t)g0 + (cpg / 32u) * lane;
     const uint8_t *mw = p + g.meta_off + mpg * (uint64_t)g0;
-    uint32_t code[S_ROW_DEC], meta[S_ROW_DEC];
+    uint32_t code[S_ROW_DEC];
 #pragma unroll
-    for (uint32_t u = 0; u < S_ROW_DEC; u++) {
-        code[u] = 0;
-        meta[u] = 0;
-        if (g0 + u < ng) { // warp-uniform
-            code[u] = MODE <= M_FIX_STOCH ? *(const uint32_t *)(cw + cpg * u) : *(const uint16_t *)(cw + cpg * u);
-            meta[u] = MODE == M_INT_ASYM ? *(const uint32_t *)(mw + mpg * u) : *(const uint16_t *)(mw + mpg * u);
+    for (uint32_t u = 0; u < S_ROW_DEC; u++)
+        code[u] = g0 + u >= ng ? 0u // warp-uniform
+                  : MODE <= M_FIX_STOCH ? *(const uint32_t *)(cw + cpg * u) : *(const uint16_t *)(cw + cpg * u);
+    // lane u < S_ROW_DEC: group g0 + u's metadata, checked and turned into k (fixpt) or step and
+    // bias (int), and whether the group's extreme codes overflow; the lanes fetch them by
+    // shuffles (other lanes see metadata 0: no flag, nothing used)
+    const uint32_t mt = lane < S_ROW_DEC && g0 + lane < ng
+                            ? (MODE == M_INT_ASYM ? *(const uint32_t *)(mw + mpg * lane) : *(const uint16_t *)(mw + mpg * lane))
+                            : 0u;
+    float ka, kb = 0.0f; // fixpt: k; int: step, bias
+    bool wide_l;
+    if (MODE <= M_FIX_STOCH) {
+        const uint16_t dh = (uint16_t)mt;
+        corrupt |= (uint32_t)((dh & 0x8000u) || (dh & 0x7c00u) == 0x7c00u);
+        ka = __fdiv_rn(d_half_to_f32(dh), g.c);
+        wide_l = !(__fmul_rn((float)g.qmax, ka) <= FLT_MAX);
+    } else {
+        uint16_t sh;
+        float mn = 0.0f;
+        if (MODE == M_INT_SYM) {
+            sh = (uint16_t)mt;
+        } else {
+            const uint16_t mh = (uint16_t)mt;
+            corrupt |= (uint32_t)((mh & 0x7c00u) == 0x7c00u);
+            mn = d_half_to_f32(mh);
+            sh = (uint16_t)(mt >> 16);
         }
+        corrupt |= (uint32_t)((sh & 0x8000u) || (sh & 0x7c00u) == 0x7c00u);
+        ka = d_half_to_f32(sh);
+        kb = MODE == M_INT_SYM ? __fmul_rn(-(float)g.qmax, ka) : mn;
+        const float top = MODE == M_INT_SYM ? (float)(2 * g.qmax) : (float)g.L; // largest valid code
+        const float y0 = __fmul_rn(__fadd_rn(__fmul_rn(0.0f, ka), kb), pup);
+        const float y1 = __fmul_rn(__fadd_rn(__fmul_rn(top, ka), kb), pup);
+        wide_l = !(fabsf(y0) <= FLT_MAX && fabsf(y1) <= FLT_MAX);
     }
     float *ow = out + 128u * (uint64_t)g0 + 4u * lane;
 #pragma unroll
     for (uint32_t u = 0; u < S_ROW_DEC; u++) {
+        const float k = __shfl_sync(CU_FULL, ka, (int)u);
+        const float bias = MODE <= M_FIX_STOCH ? 0.0f : __shfl_sync(CU_FULL, kb, (int)u);
+        const bool wide = __shfl_sync(CU_FULL, (uint32_t)wide_l, (int)u) != 0;
         if (g0 + u >= ng)
             break; // warp-uniform
         const uint32_t w = code[u];
         float v[4];
-        bool wide;
         if (MODE <= M_FIX_STOCH) {
-            const uint16_t dh = (uint16_t)meta[u];
-            corrupt |= (uint32_t)((dh & 0x8000u) || (dh & 0x7c00u) == 0x7c00u);
-            const float k = __fdiv_rn(d_half_to_f32(dh), g.c);
-            wide = !(__fmul_rn((float)g.qmax, k) <= FLT_MAX);
             corrupt |= (uint32_t)((((w & 0x7f7f7f7fu) + 0x01010101u) & w & 0x80808080u) != 0); // 0xff bytes
 #pragma unroll
             for (int r = 0; r < 4; r++)
@@ -682,31 +708,15 @@ __global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict
                                            8388735.0f),
                                  k); // (code - 127) * k
         } else {
-            uint16_t sh;
-            float mn = 0.0f;
-            if (MODE == M_INT_SYM) {
-                sh = (uint16_t)meta[u];
+            if (MODE == M_INT_SYM)
                 corrupt |= (uint32_t)((((w & 0x7777u) + 0x1111u) & w & 0x8888u) != 0); // 0xf nibbles
-            } else {
-                const uint16_t mh = (uint16_t)meta[u];
-                corrupt |= (uint32_t)((mh & 0x7c00u) == 0x7c00u);
-                mn = d_half_to_f32(mh);
-                sh = (uint16_t)(meta[u] >> 16);
-            }
-            corrupt |= (uint32_t)((sh & 0x8000u) || (sh & 0x7c00u) == 0x7c00u);
-            const float step = d_half_to_f32(sh);
-            const float bias = MODE == M_INT_SYM ? __fmul_rn(-(float)g.qmax, step) : mn;
-            const float top = MODE == M_INT_SYM ? (float)(2 * g.qmax) : (float)g.L; // largest valid code
-            const float y0 = __fmul_rn(__fadd_rn(__fmul_rn(0.0f, step), bias), pup);
-            const float y1 = __fmul_rn(__fadd_rn(__fmul_rn(top, step), bias), pup);
-            wide = !(fabsf(y0) <= FLT_MAX && fabsf(y1) <= FLT_MAX);
             const uint32_t ev = w & 0x0f0fu, od = (w >> 4) & 0x0f0fu; // codes 0, 2 / 1, 3 in bytes
 #pragma unroll
             for (int r = 0; r < 4; r++) { // the code's float: its bits below 2^23's, less 2^23
                 const float c = __fsub_rn(
                     __uint_as_float(__byte_perm(r & 1 ? od : ev, 0x4b000000u, 0x7650u | (uint32_t)(r >> 1))),
                     8388608.0f);
-                v[r] = __fmul_rn(__fadd_rn(__fmul_rn(c, step), bias), pup);
+                v[r] = __fmul_rn(__fadd_rn(__fmul_rn(c, k), bias), pup); // k: the step
             }
         }
         if (wide) { // warp-uniform: the group's extreme codes overflow
