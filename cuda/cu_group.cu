@@ -1068,8 +1068,8 @@ __device__ __forceinline__ bool d_iq_exp_free(float2 sv, float pdown, uint16_t s
 //     zero); lane u computes group u's metadata at the group's own exponent (d_int_meta),
 //     every lane its 4 codes of each group (one 64-byte store per group); the groups'
 //     (min, max) and the CTA's absmax go to scratch;
-//   k_int_row_b (a thread per group, launched as a programmatic dependent of _a, so its
-//     launch overlaps _a's tail): the frame exponent from the CTA slots, every group's
+//   k_int_row_b (a thread per group, a programmatic dependent launch of _a: 2 points faster
+//     than a plain launch, H100): the frame exponent from the CTA slots, every group's
 //     metadata at e, and the groups whose codes depend on e (the argument above)
 //     quantised again from x by their warp.
 // Frames identical to k_int_fused's (round 6, TAH_CU_TPT=0).
@@ -1083,7 +1083,7 @@ __device__ __forceinline__ uint32_t d_fkey(float f)
 }
 __device__ __forceinline__ float d_fkey_inv(uint32_t k) { return __uint_as_float((k >> 31) ? (k & 0x7fffffffu) : ~k); }
 
-// 4 codes (lane l's elements of a group, f) as a 16-bit word: intq.c's arithmetic
+// 4 codes (lane l's elements of a group, f) in the low 16 bits: intq.c's arithmetic
 // without the clamp (above). The codes are the low bytes of t + K, K an even integer in
 // [2^23, 2^24) (rounding to nearest even there is rint(t)'s): asymmetric K = 1.5 * 2^23, low
 // byte rint(t) in [0, 15]; symmetric (4 bits, qmax 7) K = 1.5 * 2^23 + 8, low byte
