@@ -20,23 +20,26 @@ int cu_fail(cudaError_t e, const char *what, const char *file, int line, char *e
     return TAH_EDEVICE;
 }
 
+// A switch on unless the environment sets it to "0".
+static bool s_env_on(const char *name)
+{
+    const char *e = getenv(name);
+    return !(e && strcmp(e, "0") == 0);
+}
+
 bool cu_fuse(void)
 {
     static int v = -1; // benign race: every thread computes the same value
-    if (v < 0) {
-        const char *e = getenv("TAH_CU_FUSE");
-        v = !(e && strcmp(e, "0") == 0);
-    }
+    if (v < 0)
+        v = s_env_on("TAH_CU_FUSE");
     return v != 0;
 }
 
 bool cu_tpt(void)
 {
     static int v = -1; // benign race, as cu_fuse
-    if (v < 0) {
-        const char *e = getenv("TAH_CU_TPT");
-        v = !(e && strcmp(e, "0") == 0);
-    }
+    if (v < 0)
+        v = s_env_on("TAH_CU_TPT");
     return v != 0;
 }
 
@@ -45,8 +48,7 @@ bool cu_pdl(void)
     static int v = -1; // benign race, as cu_fuse
     if (v < 0) {
         int dev = 0, major = 0;
-        const char *e = getenv("TAH_CU_PDL");
-        v = !(e && strcmp(e, "0") == 0) && cudaGetDevice(&dev) == cudaSuccess &&
+        v = s_env_on("TAH_CU_PDL") && cudaGetDevice(&dev) == cudaSuccess &&
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
     }
     return v != 0;

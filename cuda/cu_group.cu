@@ -501,6 +501,41 @@ __device__ __forceinline__ void d_dec_load(const uint8_t *__restrict__ p, const 
         b.meta = MODE == M_INT_ASYM ? d_get_u32(p + g.meta_off + 4 * mg) : d_get_u16(p + g.meta_off + 2 * mg);
 }
 
+// A group's metadata word (fixpt: fp16 dh; int symmetric: fp16 step; asymmetric: fp16 min |
+// step << 16) checked as the CPU decoder checks it (corrupt, when valid), as a = k = dh / c
+// (fixpt) or the step (int) and b = the int bias (min, or -qmax step; 0 for fixpt); returns
+// whether the group's extreme codes decode beyond FLT_MAX (valid groups only), where the
+// clamp (int) and the finite check apply.
+template <int MODE>
+__device__ __forceinline__ bool d_dec_meta(uint32_t meta, const s_gp &g, float pup, bool valid, float &a, float &b,
+                                           uint32_t &corrupt)
+{
+    b = 0.0f;
+    if (MODE <= M_FIX_STOCH) {
+        const uint16_t dh = (uint16_t)meta;
+        corrupt |= (uint32_t)(valid && ((dh & 0x8000u) || (dh & 0x7c00u) == 0x7c00u));
+        a = __fdiv_rn(d_half_to_f32(dh), g.c);
+        return valid && !(__fmul_rn((float)g.qmax, a) <= FLT_MAX);
+    }
+    uint16_t sh;
+    float mn = 0.0f;
+    if (MODE == M_INT_SYM) {
+        sh = (uint16_t)meta;
+    } else {
+        const uint16_t mh = (uint16_t)meta;
+        corrupt |= (uint32_t)(valid && (mh & 0x7c00u) == 0x7c00u);
+        mn = d_half_to_f32(mh);
+        sh = (uint16_t)(meta >> 16);
+    }
+    corrupt |= (uint32_t)(valid && ((sh & 0x8000u) || (sh & 0x7c00u) == 0x7c00u));
+    a = d_half_to_f32(sh);
+    b = MODE == M_INT_SYM ? __fmul_rn(-(float)g.qmax, a) : mn;
+    const float top = MODE == M_INT_SYM ? (float)(2 * g.qmax) : (float)g.L; // largest valid code
+    const float y0 = __fmul_rn(__fadd_rn(__fmul_rn(0.0f, a), b), pup);
+    const float y1 = __fmul_rn(__fadd_rn(__fmul_rn(top, a), b), pup);
+    return valid && !(fabsf(y0) <= FLT_MAX && fabsf(y1) <= FLT_MAX);
+}
+
 template <int MODE, int BITS, int U>
 __device__ __forceinline__ void d_dec_iter(float *__restrict__ out, const s_gp &g, uint32_t base, uint32_t lane,
                                            const s_dbuf<U> &b, float pup, uint32_t &corrupt, uint32_t &bad)
@@ -510,39 +545,14 @@ __device__ __forceinline__ void d_dec_iter(float *__restrict__ out, const s_gp &
     const uint32_t bad_code = (1u << bits) - 1u;
     // slot `lane`'s metadata: checked once, k (fixpt) or step and bias (int)
     const bool mvalid = lane < (uint32_t)U * spw && base + lane < (uint32_t)g.ng;
-    float k = 0.0f, step = 0.0f, bias = 0.0f;
-    bool wide;
-    if (MODE <= M_FIX_STOCH) {
-        const uint16_t dh = (uint16_t)b.meta;
-        corrupt |= (uint32_t)(mvalid && ((dh & 0x8000u) || (dh & 0x7c00u) == 0x7c00u));
-        k = __fdiv_rn(d_half_to_f32(dh), g.c);
-        wide = mvalid && !(__fmul_rn((float)g.qmax, k) <= FLT_MAX);
-    } else {
-        uint16_t sh;
-        float mn = 0.0f;
-        if (MODE == M_INT_SYM) {
-            sh = (uint16_t)b.meta;
-        } else {
-            const uint16_t mh = (uint16_t)b.meta;
-            corrupt |= (uint32_t)(mvalid && (mh & 0x7c00u) == 0x7c00u);
-            mn = d_half_to_f32(mh);
-            sh = (uint16_t)(b.meta >> 16);
-        }
-        corrupt |= (uint32_t)(mvalid && ((sh & 0x8000u) || (sh & 0x7c00u) == 0x7c00u));
-        step = d_half_to_f32(sh);
-        bias = MODE == M_INT_SYM ? __fmul_rn(-(float)g.qmax, step) : mn;
-        const float top = MODE == M_INT_SYM ? (float)(2 * g.qmax) : (float)g.L; // largest valid code
-        const float y0 = __fmul_rn(__fadd_rn(__fmul_rn(0.0f, step), bias), pup);
-        const float y1 = __fmul_rn(__fadd_rn(__fmul_rn(top, step), bias), pup);
-        wide = mvalid && !(fabsf(y0) <= FLT_MAX && fabsf(y1) <= FLT_MAX);
-    }
+    float ka, kb;
+    const bool wide = d_dec_meta<MODE>(b.meta, g, pup, mvalid, ka, kb, corrupt);
     const bool slow = __any_sync(CU_FULL, wide); // warp-uniform
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int src = (int)((uint32_t)u * spw + lane / tpg);
-        const float q_k = __shfl_sync(CU_FULL, k, src);
-        const float q_step = __shfl_sync(CU_FULL, step, src);
-        const float q_bias = __shfl_sync(CU_FULL, bias, src);
+        const float q_k = __shfl_sync(CU_FULL, ka, src), q_step = q_k; // k (fixpt) or the step (int)
+        const float q_bias = __shfl_sync(CU_FULL, kb, src);
         const uint32_t gi = base + (uint32_t)src;
         const uint32_t off = gi * g.group;
         const uint32_t len = gi < (uint32_t)g.ng ? min((uint32_t)g.n - off, g.group) : 0u;
@@ -628,6 +638,13 @@ __global__ void __launch_bounds__(256, MINB) k_group_dec_seg(const uint8_t *__re
         d_flag(head, CU_ST_NONFINITE);
 }
 
+// the largest |x| of four floats as bits (>= 0x7f800000 when one is Inf or NaN)
+__device__ __forceinline__ uint32_t d_absbits_max4(float4 f)
+{
+    return max(max(__float_as_uint(f.x) & 0x7fffffffu, __float_as_uint(f.y) & 0x7fffffffu),
+               max(__float_as_uint(f.z) & 0x7fffffffu, __float_as_uint(f.w) & 0x7fffffffu));
+}
+
 // ---- round 10: a warp per group (groups of 128, whole, 8-bit fixpt / 4-bit int) ----
 // Lane l takes elements 4l..4l+3 of each of the warp's S_ROW_DEC groups, so each access
 // instruction covers a group's codes (128 or 64 contiguous bytes) or 512 contiguous bytes
@@ -660,36 +677,13 @@ __global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict
                   : MODE <= M_FIX_STOCH ? *(const uint32_t *)(cw + cpg * u) : *(const uint16_t *)(cw + cpg * u);
     // lane u < S_ROW_DEC: group g0 + u's metadata, checked and turned into k (fixpt) or step and
     // bias (int), and whether the group's extreme codes overflow; the lanes fetch them by
-    // shuffles (other lanes see metadata 0: no flag, nothing used)
-    const uint32_t mt = lane < S_ROW_DEC && g0 + lane < ng
-                            ? (MODE == M_INT_ASYM ? *(const uint32_t *)(mw + mpg * lane) : *(const uint16_t *)(mw + mpg * lane))
-                            : 0u;
-    float ka, kb = 0.0f; // fixpt: k; int: step, bias
-    bool wide_l;
-    if (MODE <= M_FIX_STOCH) {
-        const uint16_t dh = (uint16_t)mt;
-        corrupt |= (uint32_t)((dh & 0x8000u) || (dh & 0x7c00u) == 0x7c00u);
-        ka = __fdiv_rn(d_half_to_f32(dh), g.c);
-        wide_l = !(__fmul_rn((float)g.qmax, ka) <= FLT_MAX);
-    } else {
-        uint16_t sh;
-        float mn = 0.0f;
-        if (MODE == M_INT_SYM) {
-            sh = (uint16_t)mt;
-        } else {
-            const uint16_t mh = (uint16_t)mt;
-            corrupt |= (uint32_t)((mh & 0x7c00u) == 0x7c00u);
-            mn = d_half_to_f32(mh);
-            sh = (uint16_t)(mt >> 16);
-        }
-        corrupt |= (uint32_t)((sh & 0x8000u) || (sh & 0x7c00u) == 0x7c00u);
-        ka = d_half_to_f32(sh);
-        kb = MODE == M_INT_SYM ? __fmul_rn(-(float)g.qmax, ka) : mn;
-        const float top = MODE == M_INT_SYM ? (float)(2 * g.qmax) : (float)g.L; // largest valid code
-        const float y0 = __fmul_rn(__fadd_rn(__fmul_rn(0.0f, ka), kb), pup);
-        const float y1 = __fmul_rn(__fadd_rn(__fmul_rn(top, ka), kb), pup);
-        wide_l = !(fabsf(y0) <= FLT_MAX && fabsf(y1) <= FLT_MAX);
-    }
+    // shuffles
+    const bool mvalid = lane < S_ROW_DEC && g0 + lane < ng;
+    const uint32_t mt =
+        mvalid ? (MODE == M_INT_ASYM ? *(const uint32_t *)(mw + mpg * lane) : *(const uint16_t *)(mw + mpg * lane)) : 0u;
+    float ka, kb; // fixpt: k; int: step, bias
+    // (metadata 0 on the other lanes checks clean and does not overflow: no need to pass mvalid)
+    const bool wide_l = d_dec_meta<MODE>(mt, g, pup, true, ka, kb, corrupt);
     float *ow = out + 128u * (uint64_t)g0 + 4u * lane;
 #pragma unroll
     for (uint32_t u = 0; u < S_ROW_DEC; u++) {
@@ -1131,8 +1125,7 @@ __global__ void __launch_bounds__(256) k_int_row_a(const float *__restrict__ x, 
             float b = d_fkey_inv(__reduce_max_sync(CU_FULL, d_fkey(fmaxf(fmaxf(f.x, f.y), fmaxf(f.z, f.w)))));
             // the lane's max |x| bits (zeros past the end change nothing): Inf and NaN show as
             // >= 0x7f800000; for finite x the warp's max is the max of the groups' |min|, |max|
-            amax = max(amax, max(max(__float_as_uint(f.x) & 0x7fffffffu, __float_as_uint(f.y) & 0x7fffffffu),
-                                 max(__float_as_uint(f.z) & 0x7fffffffu, __float_as_uint(f.w) & 0x7fffffffu)));
+            amax = max(amax, d_absbits_max4(f));
             if (a == 0.0f) { // warp-uniform; which zero is the minimum: intq.c's (d_int_zkey)
                 const float e4[4] = { f.x, f.y, f.z, f.w };
                 uint32_t z = 0xffffffffu;
@@ -1387,9 +1380,7 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const float *__restrict__ x
     uint32_t slot_bits = 0; // lane u: group g0 + u's max|x| bits
 #pragma unroll
     for (uint32_t u = 0; u < S_ROW_ENC; u++) {
-        const uint32_t m = max(max(__float_as_uint(v[u].x) & 0x7fffffffu, __float_as_uint(v[u].y) & 0x7fffffffu),
-                               max(__float_as_uint(v[u].z) & 0x7fffffffu, __float_as_uint(v[u].w) & 0x7fffffffu));
-        const uint32_t a = __reduce_max_sync(CU_FULL, m);
+        const uint32_t a = __reduce_max_sync(CU_FULL, d_absbits_max4(v[u]));
         if (lane == u)
             slot_bits = a;
     }

@@ -1757,9 +1757,15 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
     const uint32_t w0 = a0 + (a1 - a0) * wid / 8u, w1 = a0 + (a1 - a0) * (wid + 1u) / 8u;
     const uint32_t lt = lane & 15u; // the pair's tile in a round
     const uint32_t *mw = (const uint32_t *)(p + g.meta_off) + b * SQ; // 4-byte aligned (host)
-    // the first round's flag and meta words, loaded before the count (which they do not need)
-    const bool v0 = w0 + lt < w1;
-    const uint32_t f0 = v0 ? fs[w0 + lt] : 0u, m0 = v0 ? mw[w0 + lt] : 0u;
+    // tile t0 + lt's flag and meta words (0 past the warp's run); the first round's are loaded
+    // before the count below, which they do not need
+    auto flag_meta = [&](uint32_t t0, uint32_t &f, uint32_t &meta) {
+        const bool v = t0 + lt < w1;
+        f = v ? fs[t0 + lt] : 0u;
+        meta = v ? mw[t0 + lt] : 0u;
+    };
+    uint32_t f0, m0;
+    flag_meta(w0, f0, m0);
     uint32_t own = 0;
     for (uint32_t t = w0 + lane; t < w1; t += 32u)
         own += fs[t] & 1u;
@@ -1772,7 +1778,7 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
         uint32_t f, meta, w[4];
         bool in;
     };
-    auto fetch = [&](uint32_t t0, uint32_t f, uint32_t meta) { // f, meta: tile t0 + lt's (0 past w1)
+    auto fetch = [&](uint32_t t0, uint32_t f, uint32_t meta) { // f, meta: flag_meta(t0)
         s_fetch r;
         const bool valid = t0 + lt < w1;
         r.f = f;
@@ -1804,8 +1810,9 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
     for (uint32_t t0 = w0; t0 < w1; t0 += 16u) { // rounds of 16 tiles, uniform per warp
         s_fetch nxt = cur;
         if (t0 + 16u < w1) { // uniform
-            const uint32_t t1 = t0 + 16u + lt;
-            nxt = fetch(t0 + 16u, t1 < w1 ? fs[t1] : 0u, t1 < w1 ? mw[t1] : 0u);
+            uint32_t f1, m1;
+            flag_meta(t0 + 16u, f1, m1);
+            nxt = fetch(t0 + 16u, f1, m1);
         }
         const uint32_t f = cur.f, meta = cur.meta;
         const bool in = cur.in, hi = f & 1u;
