@@ -343,7 +343,10 @@ __device__ __forceinline__ uint32_t d_absbits_max8(const float v[8])
 // 80 registers, 3 CTAs per SM (capped at 64 for 4 CTAs it spills and measured 2.5 points slower)
 // FULL (round 10): every block whole, x 16-byte aligned, the payload 4-byte aligned and
 // fewer than 2^31 elements: 32-bit offsets from per-warp base pointers (the loads and
-// stores take immediate offsets), no partial-block branches, 4-byte code stores.
+// stores take immediate offsets), no partial-block branches, 4-byte code stores. Round 11:
+// also a whole number of warp iterations (nb % S_K == 0, no load guards), and one
+// warp-uniform test per iteration for the common case (below) instead of a zero-block and
+// a 1/s test per block.
 template <bool FULL>
 __global__ void __launch_bounds__(256, 3) k_ash_enc256(const float *__restrict__ x, uint8_t *__restrict__ p,
                                                     cu_hp head, s_ap a)
@@ -362,11 +365,7 @@ __global__ void __launch_bounds__(256, 3) k_ash_enc256(const float *__restrict__
             const float *xw = x + 256u * (uint32_t)base + 4u * lane;
 #pragma unroll
             for (uint32_t b = 0; b < S_K; b++) {
-                float4 q0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q1 = q0;
-                if ((uint32_t)base + b < (uint32_t)a.nb) { // warp-uniform
-                    q0 = *(const float4 *)(xw + 256u * b);
-                    q1 = *(const float4 *)(xw + 256u * b + 128u);
-                }
+                const float4 q0 = *(const float4 *)(xw + 256u * b), q1 = *(const float4 *)(xw + 256u * b + 128u);
                 v[b][0] = q0.x; v[b][1] = q0.y; v[b][2] = q0.z; v[b][3] = q0.w;
                 v[b][4] = q1.x; v[b][5] = q1.y; v[b][6] = q1.z; v[b][7] = q1.w;
             }
@@ -430,26 +429,49 @@ __global__ void __launch_bounds__(256, 3) k_ash_enc256(const float *__restrict__
             for (int r = 0; r < 8; r++)
                 v[b][r] = __fmul_rn(v[b][r], a.norm);
             am[b] = __reduce_max_sync(CU_FULL, d_absbits_max8(v[b]));
-            range |= (uint32_t)(base + b < a.nb && am[b] >= 0x7f800000u);
+            range |= (uint32_t)((FULL || base + b < a.nb) && am[b] >= 0x7f800000u);
         }
-        // lane b < S_K: block b's scale s and 1/s
-        uint32_t am_l = am[0];
+        // the chain lanes of block cb: its scale s and 1/s
+        uint32_t am_c = am[0];
 #pragma unroll
         for (uint32_t b = 1; b < S_K; b++)
-            am_l = lane == b ? am[b] : am_l;
-        float s_l = 0.0f, inv_l = 0.0f;
-        if (am_l != 0) {
-            s_l = __fdiv_rn(__uint_as_float(am_l), 448.0f);
-            if (s_l == 0.0f)
-                s_l = __uint_as_float(1u); // 2^-149
-            inv_l = __fdiv_rn(1.0f, s_l);
+            am_c = cb == b ? am[b] : am_c;
+        float s_c = 0.0f, inv_c = 0.0f;
+        if (am_c != 0) {
+            s_c = __fdiv_rn(__uint_as_float(am_c), 448.0f);
+            if (s_c == 0.0f)
+                s_c = __uint_as_float(1u); // 2^-149
+            inv_c = __fdiv_rn(1.0f, s_c);
+        }
+        // FULL, no zero block and every 1/s finite (nearly always): the codes by products
+        // alone, packed by byte permutes, stored from a per-warp base with immediate
+        // offsets; lane 8b holds block b's alpha and lane 8b + 1 its s, which lanes 0 and 1
+        // fetch as the block's two metadata words
+        if (FULL && __all_sync(CU_FULL, am_c != 0 && inv_c <= FLT_MAX)) {
+            const float mv = k == 1u ? s_c : alpha_cb;
+            uint32_t *pw = (uint32_t *)(p + 264u * (uint32_t)base) + lane;
+#pragma unroll
+            for (uint32_t b = 0; b < S_K; b++) {
+                const float inv = __shfl_sync(CU_FULL, inv_c, 8 * (int)b);
+                const float mw = __shfl_sync(CU_FULL, mv, 8 * (int)b + (int)(lane & 1u));
+                uint32_t c[4];
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    c[r] = d_e4m3x2(__fmul_rn(v[b][2 * r], inv), __fmul_rn(v[b][2 * r + 1], inv));
+                if (lane < 2u)
+                    pw[66u * b] = __float_as_uint(mw);
+                pw[66u * b + 2u] = __byte_perm(c[0], c[1], 0x5410u);
+                pw[66u * b + 34u] = __byte_perm(c[2], c[3], 0x5410u);
+            }
+            __syncwarp(); // the chains' reads of sb precede the next iteration's staging
+            continue;
         }
 #pragma unroll
         for (uint32_t b = 0; b < S_K; b++) {
             const uint64_t blk = base + b;
             const float alpha = __shfl_sync(CU_FULL, alpha_cb, 8 * (int)b);
-            const float s = __shfl_sync(CU_FULL, s_l, (int)b), inv = __shfl_sync(CU_FULL, inv_l, (int)b);
-            if (blk >= a.nb) // warp-uniform
+            const float s = __shfl_sync(CU_FULL, s_c, 8 * (int)b), inv = __shfl_sync(CU_FULL, inv_c, 8 * (int)b);
+            if (!FULL && blk >= a.nb) // warp-uniform
                 break;
             uint64_t meta = 0, codes = 0;
             if (am[b] != 0) {
@@ -863,7 +885,7 @@ int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t 
 {
     const s_ap a = s_params(spec, n, x);
     if (a.n == 256) {
-        if (s_full(a, payload))
+        if (s_full(a, payload) && a.nb % S_K == 0) // FULL encode: whole warp iterations
             k_ash_enc256<true><<<cu_grid(a.nb, S_K * S_WARPS), S_CTA, 0, st>>>(x, payload, head, a);
         else
             k_ash_enc256<false><<<cu_grid(a.nb, S_K * S_WARPS), S_CTA, 0, st>>>(x, payload, head, a);
