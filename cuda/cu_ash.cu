@@ -297,6 +297,8 @@ __global__ void __launch_bounds__(256) k_ash_dec_warp(const uint8_t *__restrict_
 #define S_K 4u        // blocks per warp iteration (n = 256)
 #define S_PAD 264u    // floats per staged block
 #define S_WARPS (S_CTA / 32u)
+#define S_ENC_CTA 128u // k_ash_enc256's CTA (see the comment above it)
+#define S_ENC_WARPS (S_ENC_CTA / 32u)
 
 // The Hadamard of a block of 256 on the split layout: h = 1, 2 in each run of 4
 // registers, h = 4..64 across lanes, h = 128 between the runs; the CPU's butterflies in
@@ -331,6 +333,21 @@ __device__ __forceinline__ void d_fwht32h(float v[8], uint32_t lane)
     }
 }
 
+// The bits of max |v[r]|, NaN-propagating (max.NaN: a NaN anywhere gives the canonical
+// NaN 0x7fffffff): for the rest the same as the integer max of the |v| bits, in 7
+// instructions (|.| is an operand modifier) instead of 8 masks and 4 maxima.
+__device__ __forceinline__ uint32_t d_absbits_max8_nan(const float v[8])
+{
+    float m[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+        asm("max.NaN.f32 %0, %1, %2;" : "=f"(m[r]) : "f"(fabsf(v[r])), "f"(fabsf(v[r + 4])));
+    asm("max.NaN.f32 %0, %0, %1;" : "+f"(m[0]) : "f"(m[1]));
+    asm("max.NaN.f32 %0, %0, %1;" : "+f"(m[2]) : "f"(m[3]));
+    asm("max.NaN.f32 %0, %0, %1;" : "+f"(m[0]) : "f"(m[2]));
+    return __float_as_uint(m[0]);
+}
+
 __device__ __forceinline__ uint32_t d_absbits_max8(const float v[8])
 {
     uint32_t am = 0;
@@ -340,7 +357,9 @@ __device__ __forceinline__ uint32_t d_absbits_max8(const float v[8])
     return am;
 }
 
-// 80 registers, 3 CTAs per SM (capped at 64 for 4 CTAs it spills and measured 2.5 points slower)
+// Round 11: CTAs of 4 warps, FULL at 72 registers and 7 CTAs per SM (28 warps; round 10's
+// 8-warp CTAs at 80 registers fit 3, 24 warps; capped at 64 for 32 warps it spills and
+// measured 2.5 points slower); the general form at 6 CTAs (85 registers, no spill).
 // FULL (round 10): every block whole, x 16-byte aligned, the payload 4-byte aligned and
 // fewer than 2^31 elements: 32-bit offsets from per-warp base pointers (the loads and
 // stores take immediate offsets), no partial-block branches, 4-byte code stores. Round 11:
@@ -348,11 +367,11 @@ __device__ __forceinline__ uint32_t d_absbits_max8(const float v[8])
 // warp-uniform test per iteration for the common case (below) instead of a zero-block and
 // a 1/s test per block.
 template <bool FULL>
-__global__ void __launch_bounds__(256, 3) k_ash_enc256(const float *__restrict__ x, uint8_t *__restrict__ p,
+__global__ void __launch_bounds__(S_ENC_CTA, FULL ? 7 : 6) k_ash_enc256(const float *__restrict__ x, uint8_t *__restrict__ p,
                                                     cu_hp head, s_ap a)
 {
     d_mark(head);
-    __shared__ __align__(16) float stage[S_WARPS][S_K * S_PAD];
+    __shared__ __align__(16) float stage[S_ENC_WARPS][S_K * S_PAD];
     const uint32_t lane = threadIdx.x & 31u, w = threadIdx.x >> 5;
     const uint32_t cb = lane >> 3, k = lane & 7u; // chain lane: block cb, chain k
     float *sb = stage[w];
@@ -428,7 +447,7 @@ __global__ void __launch_bounds__(256, 3) k_ash_enc256(const float *__restrict__
 #pragma unroll
             for (int r = 0; r < 8; r++)
                 v[b][r] = __fmul_rn(v[b][r], a.norm);
-            am[b] = __reduce_max_sync(CU_FULL, d_absbits_max8(v[b]));
+            am[b] = __reduce_max_sync(CU_FULL, d_absbits_max8_nan(v[b]));
             range |= (uint32_t)((FULL || base + b < a.nb) && am[b] >= 0x7f800000u);
         }
         // the chain lanes of block cb: its scale s and 1/s
@@ -886,9 +905,9 @@ int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t 
     const s_ap a = s_params(spec, n, x);
     if (a.n == 256) {
         if (s_full(a, payload) && a.nb % S_K == 0) // FULL encode: whole warp iterations
-            k_ash_enc256<true><<<cu_grid(a.nb, S_K * S_WARPS), S_CTA, 0, st>>>(x, payload, head, a);
+            k_ash_enc256<true><<<cu_grid(a.nb, S_K * S_ENC_WARPS), S_ENC_CTA, 0, st>>>(x, payload, head, a);
         else
-            k_ash_enc256<false><<<cu_grid(a.nb, S_K * S_WARPS), S_CTA, 0, st>>>(x, payload, head, a);
+            k_ash_enc256<false><<<cu_grid(a.nb, S_K * S_ENC_WARPS), S_ENC_CTA, 0, st>>>(x, payload, head, a);
         CU_CHECK_LAUNCH("k_ash_enc256");
     } else if (a.n <= 256) {
         const uint64_t per_block = 8u * (32u / a.tpg);
