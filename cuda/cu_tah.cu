@@ -1721,8 +1721,8 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
 //     loads from the 8-aligned tile start 8 (3 tile + H); low codes spread to nibbles
 //     so one dequant loop serves both widths; the code floats by byte permutes), meta,
 //     min + code * step, the inverse rotation of the warp's rotated tiles on their
-//     shared-memory rows (below); a round's flag, meta and code words are fetched one
-//     round ahead;
+//     shared-memory rows (below); a round's code words are fetched one round ahead, its
+//     flag and meta words two (round 11);
 //   - the 64 floats through shared memory, then per warp 8 stores of 512 contiguous
 //     bytes. A row of 17 float4 holds a tile: a quarter warp's 16-byte stores (8 tiles)
 //     and loads (8 chunks of one row) hit 8 bank groups.
@@ -1764,8 +1764,9 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
         f = v ? fs[t0 + lt] : 0u;
         meta = v ? mw[t0 + lt] : 0u;
     };
-    uint32_t f0, m0;
+    uint32_t f0, m0, f1, m1; // rounds 0 and 1
     flag_meta(w0, f0, m0);
+    flag_meta(w0 + 16u, f1, m1);
     uint32_t own = 0;
     for (uint32_t t = w0 + lane; t < w1; t += 32u)
         own += fs[t] & 1u;
@@ -1810,9 +1811,13 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
     for (uint32_t t0 = w0; t0 < w1; t0 += 16u) { // rounds of 16 tiles, uniform per warp
         s_fetch nxt = cur;
         if (t0 + 16u < w1) { // uniform
-            uint32_t f1, m1;
-            flag_meta(t0 + 16u, f1, m1);
+            // the flag and meta words two rounds ahead, so the next round's ballot does not
+            // wait for a load issued in this round
+            uint32_t f2, m2;
+            flag_meta(t0 + 32u, f2, m2);
             nxt = fetch(t0 + 16u, f1, m1);
+            f1 = f2;
+            m1 = m2;
         }
         const uint32_t f = cur.f, meta = cur.meta;
         const bool in = cur.in, hi = f & 1u;
