@@ -67,6 +67,23 @@ __device__ __forceinline__ uint64_t d_mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
+// fixpt.c's stochastic code of t (|t| <= qmax < 2^15): fl = floor(t) as (int)t - ((float)fl > t),
+// frac = t - (float)fl, plus 1 when the element's uniform u < frac. The floor without
+// conversions (round 11): s = t + 1.5 * 2^23 holds n = rint(t) in its low mantissa bits and
+// s - 1.5 * 2^23 = n exactly (|t| < 2^22), so fl = n - (n > t) and (float)fl = that float
+// less (n > t), both exact: the same fl and frac, two fewer conversions per element.
+__device__ __forceinline__ int32_t d_stoch_code(float t, uint64_t key, uint64_t idx, int32_t qmax)
+{
+    const float s = __fadd_rn(t, 12582912.0f);
+    const float r = __fsub_rn(s, 12582912.0f);
+    const bool up = r > t;
+    const int32_t fl = (int32_t)(__float_as_uint(s) - 0x4b400000u) - (int32_t)up;
+    const float frac = __fsub_rn(t, up ? __fsub_rn(r, 1.0f) : r);
+    const uint64_t h = d_mix64(key + (idx + 1u) * S_GAMMA);
+    const float u = __fmul_rn((float)(uint32_t)(h >> 40), 0x1p-24f);
+    return fl + (int32_t)(u < frac) + qmax;
+}
+
 // Frame exponent of intq.c: e = clamp(ceil(log2 amax) - 14, -126, 114), 0 for 0.
 __device__ __forceinline__ int32_t d_int_exp(uint32_t amax_bits)
 {
@@ -240,12 +257,7 @@ __device__ __forceinline__ int32_t d_group_code(const s_gp &g, const s_gq &q, fl
         t = __fmul_rn(__fmul_rn(g.c, xv), q.inv);
         t = t < -qmaxf ? -qmaxf : t;
         t = t > qmaxf ? qmaxf : t;
-        int32_t fl = (int32_t)t;
-        fl -= (int32_t)((float)fl > t);
-        const float frac = __fsub_rn(t, (float)fl);
-        const uint64_t h = d_mix64(g.key + (idx + 1u) * S_GAMMA);
-        const float u = __fmul_rn((float)(uint32_t)(h >> 40), 0x1p-24f);
-        return fl + (int32_t)(u < frac) + g.qmax;
+        return d_stoch_code(t, g.key, idx, g.qmax);
     } else if (MODE == M_INT_ASYM) {
         const float Lf = (float)g.L;
         t = __fmul_rn(__fsub_rn(__fmul_rn(xv, q.pdown), q.mn), q.inv);
@@ -1320,13 +1332,7 @@ __device__ __forceinline__ void d_fix_iter(uint8_t *__restrict__ p, const s_gp &
                 if (MODE == M_FIX_NEAR) {
                     c = (int32_t)rintf(t) + g.qmax;
                 } else {
-                    int32_t fl = (int32_t)t;
-                    fl -= (int32_t)((float)fl > t);
-                    const float frac = __fsub_rn(t, (float)fl);
-                    const uint64_t idx = (uint64_t)(off + 8u * tl + (uint32_t)r);
-                    const uint64_t h = d_mix64(g.key + (idx + 1u) * S_GAMMA);
-                    const float uu = __fmul_rn((float)(uint32_t)(h >> 40), 0x1p-24f);
-                    c = fl + (int32_t)(uu < frac) + g.qmax;
+                    c = d_stoch_code(t, g.key, (uint64_t)(off + 8u * tl + (uint32_t)r), g.qmax);
                 }
                 code[r] = (uint32_t)r < m ? ((uint32_t)c & mask) : 0u;
             }
