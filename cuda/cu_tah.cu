@@ -2087,28 +2087,19 @@ int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *
         CU_CHECK_LAUNCH("k_tah_dw64");
         return 0;
     }
-    // round 7: one launch when every quant tile is an allocation tile of 8-bit flags
-    if (g.k == 1 && g.fbits == 8 && g.S * g.Q < 65536u && CH % 16u == 0) {
-        if (g.bh == 4 && g.bl == 3)
-            k_tah_dchunk<4, 3, 8, true><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
-                                                                                (uint32_t)cps);
-        else
-            k_tah_dchunk<0, 0, 8, true><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
-                                                                                (uint32_t)cps);
-        CU_CHECK_LAUNCH("k_tah_dchunk");
-        return 0;
+    // round 7: one launch (SELF) when every quant tile is an allocation tile of 8-bit flags;
+    // otherwise k_tah_dcount first
+    const bool self = g.k == 1 && g.fbits == 8 && g.S * g.Q < 65536u && CH % 16u == 0;
+    const bool b43 = g.bh == 4 && g.bl == 3;
+    void (*chunk)(const uint8_t *, const unsigned long long *, float *, cu_hp, s_tg, uint32_t, uint32_t) =
+        self ? (b43 ? k_tah_dchunk<4, 3, 8, true> : k_tah_dchunk<0, 0, 8, true>)
+             : (b43 ? (g.G == 64 ? k_tah_dchunk<4, 3, 8, false> : k_tah_dchunk<4, 3, 0, false>)
+                    : k_tah_dchunk<0, 0, 0, false>);
+    if (!self) {
+        k_tah_dcount<<<cu_grid(g.B * cps, 8), 256, 0, st>>>(payload, t.cnt, head, g, CH, (uint32_t)cps);
+        CU_CHECK_LAUNCH("k_tah_dcount");
     }
-    k_tah_dcount<<<cu_grid(g.B * cps, 8), 256, 0, st>>>(payload, t.cnt, head, g, CH, (uint32_t)cps);
-    CU_CHECK_LAUNCH("k_tah_dcount");
-    if (g.bh == 4 && g.bl == 3 && g.G == 64)
-        k_tah_dchunk<4, 3, 8, false><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
-                                                                             (uint32_t)cps);
-    else if (g.bh == 4 && g.bl == 3)
-        k_tah_dchunk<4, 3, 0, false><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
-                                                                             (uint32_t)cps);
-    else
-        k_tah_dchunk<0, 0, 0, false><<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH,
-                                                                             (uint32_t)cps);
+    chunk<<<(unsigned int)(g.B * cps), 256, 0, st>>>(payload, t.cnt, out, head, g, CH, (uint32_t)cps);
     CU_CHECK_LAUNCH("k_tah_dchunk");
     return 0;
 }
