@@ -837,11 +837,22 @@ __device__ __forceinline__ void d_slot_put(uint32_t warp_max, uint32_t *ws, uint
         slot_amax[blockIdx.x] = m;
 }
 
-__device__ __forceinline__ uint32_t d_slots_max(const uint32_t *slot_amax, uint32_t *ws, uint32_t *out)
+// the max of slots [0, nslots) (8 independent loads per thread), to every thread
+__device__ __forceinline__ uint32_t d_slots_max(const uint32_t *slot_amax, uint32_t nslots, uint32_t *ws,
+                                                uint32_t *out)
 {
     uint32_t m = 0;
-    for (uint32_t c = threadIdx.x; c < gridDim.x; c += blockDim.x)
-        m = max(m, __ldcg(&slot_amax[c]));
+    for (uint32_t c0 = 0; c0 < nslots; c0 += 8u * blockDim.x) {
+        uint32_t r[8];
+#pragma unroll
+        for (uint32_t k = 0; k < 8u; k++) {
+            const uint32_t c = c0 + k * blockDim.x + threadIdx.x;
+            r[k] = c < nslots ? __ldcg(&slot_amax[c]) : 0u;
+        }
+#pragma unroll
+        for (uint32_t k = 0; k < 8u; k++)
+            m = max(m, r[k]);
+    }
     __syncthreads(); // ws free
     m = d_cta_max(__reduce_max_sync(CU_FULL, m), ws);
     if (threadIdx.x == 0)
@@ -1016,7 +1027,7 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict
         d_flag(head, CU_ST_NONFINITE);
     d_slot_put(amax, ws, slot_amax);
     grid.sync(); // every group's statistics and every CTA's absmax written
-    const int32_t e = d_int_exp(d_slots_max(slot_amax, ws, &sh_amax));
+    const int32_t e = d_int_exp(d_slots_max(slot_amax, gridDim.x, ws, &sh_amax));
     if (blockIdx.x == 0 && threadIdx.x == 0)
         d_put_u32(p, (uint32_t)e);
     d_int_codes<MODE, BITS, U>(x, st, p, g, d_pow2f(-e), warp, nwarps);
@@ -1194,23 +1205,7 @@ __global__ void __launch_bounds__(256) k_int_row_b(const float *__restrict__ x, 
     const uint32_t base = blockIdx.x * blockDim.x + (tid & ~31u), gi = base + lane;
     const bool mvalid = gi < ng;
     const float2 sv = mvalid ? __ldcg(&st[gi]) : make_float2(0.0f, 0.0f); // in flight with the slots
-    uint32_t m = 0;
-    for (uint32_t c0 = 0; c0 < nslots; c0 += 8u * 256u) { // 8 independent loads per thread
-        uint32_t r[8];
-#pragma unroll
-        for (uint32_t k = 0; k < 8u; k++) {
-            const uint32_t c = c0 + 256u * k + tid;
-            r[k] = c < nslots ? __ldcg(&slot_amax[c]) : 0u;
-        }
-#pragma unroll
-        for (uint32_t k = 0; k < 8u; k++)
-            m = max(m, r[k]);
-    }
-    m = d_cta_max(__reduce_max_sync(CU_FULL, m), ws);
-    if (tid == 0)
-        sh_amax = m;
-    __syncthreads();
-    const int32_t e = d_int_exp(sh_amax);
+    const int32_t e = d_int_exp(d_slots_max(slot_amax, nslots, ws, &sh_amax));
     if (blockIdx.x == 0 && tid == 0)
         d_put_u32(p, (uint32_t)e);
     const float pdown = d_pow2f(-e);
