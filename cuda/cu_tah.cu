@@ -2,7 +2,7 @@
 //
 // Encode, round 6 (default when every allocation tile holds k quant tiles): one
 // cooperative launch, k_tah_fused (see the comment above it): stages 1-3 below
-// run in one persistent grid with 5 grid barriers, the select spread over P CTAs
+// run in one persistent grid with 3 grid barriers, the select spread over P CTAs
 // per sample. Other shapes and TAH_CU_FUSE=0: round 5's memset + four launches:
 //   1. k_tah_entropy: entropy of every allocation tile and the frame absmax.
 //      4 lanes per allocation tile, 8 tiles per warp; lane u holds tah.c's
@@ -14,7 +14,7 @@
 //      the 16 accumulators are summed in tah.c's order (lane 0 first) by
 //      every lane from 16 shuffles, so the float sums, the log2 polynomial
 //      and the entropy are bit-identical to the CPU's.
-//   2. k_tah_select: one CTA per sample: radix select on the entropy bits
+//   2. k_tah_select: one CTA per sample: radix select on the entropy keys
 //      (4 rounds of a 256-bin shared-memory histogram, MSB first), exactly
 //      n_hi high tiles with ties to the lower index (a block scan over the
 //      keys equal to the threshold), then a block scan of the high quant
@@ -57,23 +57,24 @@
 #define S_QUANT_U 2 // tiles per segment per k_tah_quant iteration (round 4)
 #define S_FUSE_MAXGRID 1024u // CTAs of k_tah_fused's cooperative grid, at most
 #define S_FUSE_MAXL 8192u    // allocation tiles per CTA (32 KB of keys in shared memory)
+#define S_FUSE_R0 2          // k_tah_fused's first radix round: keys are 12-bit (bits 8..15, then 0..7)
 
 struct s_tg {
     uint32_t C, G, lg, k, Q, nA, r, A, bh, bl, fbits;
     uint64_t S, B, T, n_alloc, n_hi, flags_bytes, meta_bytes, code_bytes;
     uint64_t meta_off, codes_off;
-    float tau, rho, norm;
+    float tau, rho, norm, kscale; // kscale: tah.c's s_key_scale
     uint64_t mQ, mS; // ceil(2^64 / Q), ceil(2^64 / S) for d_div32 (0 when Q, S are 1 or above 32 bits)
     bool vec;
 };
 
 static uint64_t s_magic(uint64_t d) { return d >= 2 && d <= 0xffffffffull ? UINT64_MAX / d + 1 : 0; }
 
-// Scratch past the head: ent f32[B*n_alloc] | pre u32[B*n_alloc] | hi u8[B*n_alloc] (8-aligned) | flagv u16[T]
+// Scratch past the head: key u32[B*n_alloc] | pre u32[B*n_alloc] | hi u8[B*n_alloc] (8-aligned) | flagv u16[T]
 // (8-aligned) | cnt u64[B*cps] (decode: per-chunk high counts, see k_tah_dcount) | k_tah_fused's s_fz:
-// flag u64 | cnt u64[S_FUSE_MAXGRID] | amax u32[S_FUSE_MAXGRID] | hist u32[4*B*256]
+// flag u64 | cnt u64[S_FUSE_MAXGRID] | amax u32[S_FUSE_MAXGRID] | hist u32[(4-S_FUSE_R0)*B*256]
 struct s_tw {
-    float *ent;
+    uint32_t *key; // entropy keys (k_tah_entropy)
     uint32_t *pre;
     uint8_t *hi;
     uint16_t *flagv;
@@ -81,12 +82,12 @@ struct s_tw {
 };
 
 // k_tah_fused's scratch (past cnt): the zeroing flag, per-CTA absmax and (keys > T, keys == T)
-// counts, the 4 rounds' per-sample histograms
+// counts, the radix rounds' per-sample histograms
 struct s_fz {
     unsigned long long *flag; // this call's tag once CTA 0 has zeroed hist
     unsigned long long *cnt;  // [S_FUSE_MAXGRID]
     uint32_t *amax;           // [S_FUSE_MAXGRID]
-    uint32_t *hist;           // [4][B][256]
+    uint32_t *hist;           // [4 - S_FUSE_R0][B][256]
 };
 
 // Decode chunks: one CTA of S_DEC_WARPS warps decodes S_DEC_U passes of
@@ -141,6 +142,10 @@ static s_tg s_geometry(const codec_spec_t *spec, codec_shape_t shape, const void
     g.tau = p->tau;
     g.rho = p->rho;
     g.norm = (float)(1.0 / sqrt((double)g.G));
+    uint32_t c = 0; // tah.c's s_key_scale: 2^(12 - c), 2^c >= ceil(log2 A) + 1
+    while ((1u << c) < s_log2u(g.A) + 1u)
+        c++;
+    g.kscale = ldexpf(1.0f, 12 - (int)c);
     g.vec = ((uintptr_t)xy & 15u) == 0 && g.C % 4 == 0;
     g.mQ = s_magic(g.Q);
     g.mS = s_magic(g.S);
@@ -152,7 +157,7 @@ static s_tw s_carve(void *work, const s_tg &g)
     s_tw t;
     uint8_t *w = (uint8_t *)work;
     const uint64_t na = g.B * g.n_alloc;
-    t.ent = (float *)w;
+    t.key = (uint32_t *)w;
     t.pre = (uint32_t *)(w + 4 * na);
     t.hi = w + 8 * na;
     t.flagv = (uint16_t *)(w + 8 * na + ((na + 7) & ~7ull));
@@ -170,8 +175,8 @@ size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape)
 
 // ---- shared pieces ----
 
-// tah.c's s_log2f, operation for operation (exponent as a float by the 2^23 trick:
-// 2^23 + k - (2^23 + 127) = k - 127 exactly, without an I2F)
+// tah.c's s_log2f (the log2 of a tile's L1 sum), operation for operation (exponent as a
+// float by the 2^23 trick: 2^23 + k - (2^23 + 127) = k - 127 exactly, without an I2F)
 __device__ __forceinline__ float d_log2f(float x)
 {
     const uint32_t u = __float_as_uint(x);
@@ -183,6 +188,14 @@ __device__ __forceinline__ float d_log2f(float x)
     q = __fadd_rn(__fmul_rn(q, f), -0.720519781f);
     q = __fadd_rn(__fmul_rn(q, f), 1.44268477f);
     return __fadd_rn(e, __fmul_rn(f, q));
+}
+
+// tah.c's s_mlog (Mitchell's log2 of v >= 0): k = (v's bits >> 8) - 127 * 2^15 is
+// in [-2^22, 2^22) for finite v, and adding it to the bits of 384 = 1.5 * 2^8 (ulp 2^-15,
+// its binade [256, 512) covers 384 +- 128) gives 384 + k 2^-15 exactly: no I2F
+__device__ __forceinline__ float d_mlog(float v)
+{
+    return __fsub_rn(__uint_as_float((__float_as_uint(v) >> 8) + (0x43c00000u - (127u << 15))), 384.0f);
 }
 
 // ldexpf(x, e): for -126 <= e <= 127 one product with the normal float 2^e, which
@@ -304,15 +317,16 @@ __device__ __forceinline__ void d_ent_load4(const float *src, bool vec, float f[
     }
 }
 
-// tah.c's entropy from S1 = sum |a| and SL = sum |a| log2 |a|: log2(D) S1/D - SL/D,
-// D = S1 + eps, clamped at 0 (0 for an all-zero tile)
-__device__ __forceinline__ float d_ent_final(float S1, float SL)
+// tah.c's entropy key from S1 = sum |a| and SL = sum |a| mlog |a|: h = log2(D) S1/D - SL/D,
+// D = S1 + eps, key floor(h * kscale) for h > 0 (0 for an all-zero tile or a NaN h), at most 4095
+__device__ __forceinline__ uint32_t d_ent_key(float S1, float SL, float kscale)
 {
     if (S1 == 0.0f)
-        return 0.0f;
+        return 0u;
     const float D = __fadd_rn(S1, S_ENT_EPS);
     const float h = __fsub_rn(__fmul_rn(d_log2f(D), __fdiv_rn(S1, D)), __fdiv_rn(SL, D));
-    return h > 0.0f ? h : 0.0f;
+    const float k = h > 0.0f ? __fmul_rn(h, kscale) : 0.0f;
+    return k < 4095.0f ? (uint32_t)k : 4095u;
 }
 
 // one 16-element step of tah.c's 16 accumulators (lane u holds 4u..4u+3).
@@ -326,15 +340,15 @@ __device__ __forceinline__ void d_ent_step(const float f[N], float s1[N], float 
     for (int i = 0; i < N; i++) {
         const float v = fabsf(f[i]);
         s1[i] = __fadd_rn(s1[i], v);
-        sl[i] = __fadd_rn(sl[i], __fmul_rn(v, d_log2f(v)));
+        sl[i] = __fadd_rn(sl[i], __fmul_rn(v, d_mlog(v)));
         mb = max(mb, __float_as_uint(v));
     }
 }
 
-// Entropy of allocation tile `tile` (global index, B*n_alloc of them) by the lane quad
+// Entropy key of allocation tile `tile` (global index, B*n_alloc of them) by the lane quad
 // lane & ~3 .. +3 of the calling warp (every lane of the warp calls: shuffles); folds
-// the max of |x|'s bits into amax. All 4 lanes of the quad return h.
-__device__ __forceinline__ float d_tah_ent_tile(const float *__restrict__ x, const s_tg &g, uint64_t tile, bool valid,
+// the max of |x|'s bits into amax. All 4 lanes of the quad return the key.
+__device__ __forceinline__ uint32_t d_tah_ent_tile(const float *__restrict__ x, const s_tg &g, uint64_t tile, bool valid,
                                                 uint32_t lane, uint32_t &amax)
 {
     const uint32_t u = lane & 3u;
@@ -376,13 +390,13 @@ __device__ __forceinline__ float d_tah_ent_tile(const float *__restrict__ x, con
     for (uint32_t i = 16u * nfull; i < w; i++) { // tail, in order, by every lane of the tile
         const float v = fabsf(row[i]);
         S1 = __fadd_rn(S1, v);
-        SL = __fadd_rn(SL, __fmul_rn(v, d_log2f(v)));
+        SL = __fadd_rn(SL, __fmul_rn(v, d_mlog(v)));
         amax = max(amax, __float_as_uint(v));
     }
-    return d_ent_final(S1, SL);
+    return d_ent_key(S1, SL, g.kscale);
 }
 
-__global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x, float *__restrict__ ent,
+__global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x, uint32_t *__restrict__ key,
                                                      cu_hp head, s_tg g)
 {
     d_mark(head);
@@ -394,9 +408,9 @@ __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x
     for (uint64_t base = warp * 8u; base < ntiles; base += nwarps * 8u) {
         const uint64_t tile = base + sub;
         const bool valid = tile < ntiles;
-        const float h = d_tah_ent_tile(x, g, tile, valid, lane, amax);
+        const uint32_t k = d_tah_ent_tile(x, g, tile, valid, lane, amax);
         if (valid && u == 0)
-            ent[tile] = h;
+            key[tile] = k;
     }
     for (int o = 16; o > 0; o /= 2)
         amax = max(amax, __shfl_xor_sync(CU_FULL, amax, o));
@@ -406,7 +420,7 @@ __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x
         atomicMax(&head.p->absmax_bits, amax);
 }
 
-__global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const float *__restrict__ ent, uint32_t *pre,
+__global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const uint32_t *__restrict__ key, uint32_t *pre,
                                                               uint8_t *p, cu_hp head, s_tg g)
 {
     d_mark(head);
@@ -414,7 +428,7 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const float *__res
     __shared__ uint32_t ws[32];
     __shared__ uint32_t sh_prefix, sh_need;
     const uint64_t b = blockIdx.x, na = g.n_alloc;
-    const uint32_t *keys = (const uint32_t *)(ent + b * na);
+    const uint32_t *keys = key + b * na;
     const bool all = g.n_hi == 0 || g.n_hi == na;
     if (threadIdx.x == 0) {
         sh_prefix = 0;
@@ -541,7 +555,7 @@ __device__ void d_sel_digit(const uint32_t *hist, uint32_t need, uint32_t prefix
 // owning a contiguous run of keys for the final scans (two block scans in
 // all instead of two per 1024 keys). Same results: same radix digits, ties
 // to the lower index, same prefix sums.
-__global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const float *__restrict__ ent,
+__global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const uint32_t *__restrict__ key,
                                                                  uint32_t *__restrict__ pre, uint8_t *p,
                                                                  cu_hp head, s_tg g)
 {
@@ -552,7 +566,7 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const float *__
     __shared__ uint32_t sh_prefix, sh_need, sh_nc;
     const uint64_t b = blockIdx.x;
     const uint32_t na = (uint32_t)g.n_alloc, bd = blockDim.x, tid = threadIdx.x, lane = tid & 31u;
-    const uint32_t *keys = (const uint32_t *)(ent + b * g.n_alloc);
+    const uint32_t *keys = key + b * g.n_alloc;
     uint32_t *cand = sk + na; // round-4 candidates (the prefix area, unused until the scans)
     const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
     for (uint32_t i0 = 0; i0 < na; i0 += 8u * bd) { // 8 independent loads in flight per thread
@@ -927,11 +941,11 @@ __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, 
 __device__ __forceinline__ uint32_t d_pair(uint32_t lane) { return (1u << lane) | (1u << (lane ^ 16u)); }
 __device__ __forceinline__ uint32_t d_half(uint32_t lane) { return lane >> 4; }
 
-// tah.c's s_entropy of a full 64-element tile (a staged row): lane h holds its
+// tah.c's s_entropy_key of a full 64-element tile (a staged row): lane h holds its
 // accumulators 8h..8h+7 (elements 16 st + 8h + c, two 16-byte loads per step), so each
 // accumulator sums in tah.c's order; S1 and SL continue from lane 0's partial sums on
-// lane 1, which returns the entropy (lane 0 returns garbage).
-__device__ __forceinline__ float d_tah_ent_p64(const float *tile, uint32_t lane, uint32_t &amax)
+// lane 1, which returns the key (lane 0 returns garbage).
+__device__ __forceinline__ uint32_t d_tah_ent_p64(const float *tile, uint32_t lane, float kscale, uint32_t &amax)
 {
     const uint32_t h = d_half(lane), pm = d_pair(lane);
     float s1[8], sl[8];
@@ -960,7 +974,7 @@ __device__ __forceinline__ float d_tah_ent_p64(const float *tile, uint32_t lane,
         S1 = __fadd_rn(S1, s1[c]);
         SL = __fadd_rn(SL, sl[c]);
     }
-    return d_ent_final(S1, SL);
+    return d_ent_key(S1, SL, kscale);
 }
 
 // min and max of the pair's tile (lane h: elements 32h..32h+31 in v) as tah.c's 8-lane
@@ -1150,16 +1164,17 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
 //     1. entropies of its tiles (d_tah_ent_tile, 8 tiles per warp) -> keys in
 //        shared memory; its max |x| bits -> amax[cta] (no memset: every slot is
 //        written before the first barrier reads it)
-//     2. radix select, 4 rounds of 8 bits as tah.c's s_select_top: each CTA
+//     2. radix select on the 12-bit keys, 2 rounds of 8 bits (bits 8..15, then
+//        0..7; 4 rounds before the keys were 12-bit): each CTA
 //        histograms its own keys under the round's prefix, adds its non-zero
 //        bins to the sample's histogram of that round (atomics into
 //        hist[round][b], zeroed by CTA 0 at the start, which then stores the
 //        call's tag in `flag`; every CTA waits for the tag before its first
 //        atomic: all are co-resident), grid barrier, every CTA of the sample
 //        reads the same 256 sums and picks the same digit (d_sel_digit).
-//        After round 4: threshold T and `need` (the keys equal to T still to
-//        take, lowest index first); each CTA publishes its (keys > T, keys
-//        == T), a fifth barrier, and the counts of the CTAs before it give
+//        After the last round: threshold T and `need` (the keys equal to T still
+//        to take, lowest index first); each CTA publishes its (keys > T, keys
+//        == T), a third barrier, and the counts of the CTAs before it give
 //          high tiles before a0 = (keys > T before a0) + min(keys == T before a0, need)
 //        then two block scans give each tile's prefix (as k_tah_select_sm).
 //     3. e from the max of all amax slots; quant of its tiles (d_tah_quant_u,
@@ -1189,7 +1204,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     const uint32_t a0 = (uint32_t)((uint64_t)j * na / P), a1 = (uint32_t)((uint64_t)(j + 1) * na / P);
     const uint32_t L = a1 - a0;
     const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
-    const uint32_t nh = 4u * (uint32_t)g.B * 256u; // words of the 4 rounds' sample histograms
+    const uint32_t nh = (4u - S_FUSE_R0) * (uint32_t)g.B * 256u; // words of the rounds' sample histograms
 
     // 0. CTA 0 zeroes the sample histograms, then publishes this call's tag (no memset node;
     //    the other CTAs check the tag before their first atomic, long after, all co-resident)
@@ -1219,18 +1234,18 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
             __syncwarp(); // ... and every lane's
             const uint32_t tl = lane & 15u;
             if (S_ST_UNIT * u + tl < L) { // pair-uniform
-                const float ent = d_tah_ent_p64(wb + (k * S_ST_UNIT + tl) * S_ST_ROWW, lane, amax);
+                const uint32_t key = d_tah_ent_p64(wb + (k * S_ST_UNIT + tl) * S_ST_ROWW, lane, g.kscale, amax);
                 if (d_half(lane))
-                    sk[S_ST_UNIT * u + tl] = __float_as_uint(ent);
+                    sk[S_ST_UNIT * u + tl] = key;
             }
             __syncwarp(); // buffer k read before the copies of unit u + 2 nwarp
         }
     } else for (uint32_t base = a0 + wid * 8u; base < a1; base += nwarp * 8u) { // uniform per warp
         const uint32_t a = base + (lane >> 2);
         const bool valid = a < a1;
-        const float h = d_tah_ent_tile(x, g, (uint64_t)b * na + (valid ? a : a0), valid, lane, amax);
+        const uint32_t key = d_tah_ent_tile(x, g, (uint64_t)b * na + (valid ? a : a0), valid, lane, amax);
         if (valid && (lane & 3u) == 0)
-            sk[a - a0] = __float_as_uint(h);
+            sk[a - a0] = key;
     }
     amax = __reduce_max_sync(CU_FULL, amax);
     if (lane == 0) {
@@ -1262,7 +1277,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     // 2. select
     if (!all) {
         uint32_t mask = 0;
-        for (int r = 0; r < 4; r++) {
+        for (int r = S_FUSE_R0; r < 4; r++) {
             const int shift = 24 - 8 * r;
             lh[tid] = 0; // blockDim.x == 256
             __syncthreads(); // lh zeroed; sh_* current
@@ -1276,7 +1291,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
                     atomicAdd(&lh[bin], (uint32_t)__popc((int)peers));
             }
             __syncthreads();
-            uint32_t *hs = z.hist + ((size_t)r * g.B + b) * 256u; // this round's histogram of sample b
+            uint32_t *hs = z.hist + ((size_t)(r - S_FUSE_R0) * g.B + b) * 256u; // this round's histogram of sample b
             if (lh[tid] != 0)
                 atomicAdd(&hs[tid], lh[tid]);
             grid.sync();
@@ -2028,7 +2043,7 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
     if (stages & CU_TAH_MEMSET) // atomicMax starts at 0
         CUDA_CHECK(cudaMemsetAsync(&head.p->absmax_bits, 0, sizeof head.p->absmax_bits, st));
     if (stages & CU_TAH_ENTROPY) {
-        k_tah_entropy<<<cu_grid(g.B * g.n_alloc, 64), 256, 0, st>>>(x, t.ent, head, g);
+        k_tah_entropy<<<cu_grid(g.B * g.n_alloc, 64), 256, 0, st>>>(x, t.key, head, g);
         CU_CHECK_LAUNCH("k_tah_entropy");
     }
     const size_t sel_smem = 8 * (size_t)g.n_alloc; // keys + packed prefixes
@@ -2036,10 +2051,10 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
         // benchmark split only (cu_codec_encode_stages)
     } else if (g.n_alloc <= 0xffffffffull && sel_smem <= cu_smem_optin(4096)) {
         CUDA_CHECK(cu_smem_allow((const void *)k_tah_select_sm, sel_smem));
-        k_tah_select_sm<<<(unsigned int)g.B, S_SEL_THREADS, sel_smem, st>>>(t.ent, t.pre, payload, head, g);
+        k_tah_select_sm<<<(unsigned int)g.B, S_SEL_THREADS, sel_smem, st>>>(t.key, t.pre, payload, head, g);
         CU_CHECK_LAUNCH("k_tah_select_sm");
     } else {
-        k_tah_select<<<(unsigned int)g.B, S_SEL_THREADS, 0, st>>>(t.ent, t.pre, payload, head, g);
+        k_tah_select<<<(unsigned int)g.B, S_SEL_THREADS, 0, st>>>(t.key, t.pre, payload, head, g);
         CU_CHECK_LAUNCH("k_tah_select");
     }
     const uint64_t per_block = 8u * (32u / (g.G / 8u));

@@ -100,18 +100,26 @@ static double tile_step(const layout_t *L, uint64_t t)
 
 /* ---- float64 reference pieces ---- */
 
+/* tah.c's ranking entropy in float64: -sum p_k lg(p_k) with lg the exact log2
+ * of the sum and Mitchell's log2 of each element (e + f, f cut to 15 bits) */
+static double ref_mitchell(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    return (double)((int32_t)((u & 0x7fffffffu) >> 8) - (127 << 15)) / 32768.0;
+}
+
 static double ref_entropy(const float *a, uint32_t n)
 {
-    double s1 = 0.0, h = 0.0;
-    for (uint32_t i = 0; i < n; i++)
-        s1 += fabs((double)a[i]);
-    double d = s1 + 1e-12;
+    double s1 = 0.0, sl = 0.0;
     for (uint32_t i = 0; i < n; i++) {
-        double p = fabs((double)a[i]) / d;
-        if (p > 0.0)
-            h -= p * log2(p);
+        s1 += fabs((double)a[i]);
+        sl += fabs((double)a[i]) * ref_mitchell(a[i]);
     }
-    return h;
+    if (s1 == 0.0)
+        return 0.0;
+    double d = s1 + 1e-12;
+    return log2(d) * s1 / d - sl / d;
 }
 
 /* orthonormal Hadamard by definition: H[i][j] = (-1)^popcount(i&j) / sqrt(n) */
@@ -139,7 +147,8 @@ static double check_against_reference(const enc_t *enc, const float *x)
     double err2 = 0.0, x2 = 0.0;
     for (uint32_t b = 0; b < B; b++) {
         /* allocation: exactly n_hi high tiles per sample, and they are the
-         * highest-entropy ones (up to the codec's float entropy: 1e-4 bits) */
+         * highest-entropy ones, up to the codec's 12-bit keys (steps of
+         * 2^(c-12) bit, 2^c >= ceil(log2 alloc_tile) + 1) and its float sums */
         uint64_t hi_count = 0;
         double min_hi = INFINITY, max_lo = -INFINITY;
         for (uint32_t s = 0; s < S; s++) {
@@ -160,7 +169,13 @@ static double check_against_reference(const enc_t *enc, const float *x)
             }
         }
         assert_int_equal(hi_count, n_hi);
-        if (hi_count > 0 && hi_count < nalloc && !(min_hi >= max_lo - 1e-4))
+        int lgA = 0, c = 0;
+        while ((1u << lgA) < p->alloc_tile)
+            lgA++;
+        while ((1 << c) < lgA + 1)
+            c++;
+        const double key_step = ldexp(1.0, c - 12);
+        if (hi_count > 0 && hi_count < nalloc && !(min_hi >= max_lo - key_step - 1e-4))
             fail_msg("sample %u: a low tile has entropy %.6f above a high tile's %.6f", b, max_lo, min_hi);
 
         /* per quant tile: outlier test, pivot, and the error bound */
