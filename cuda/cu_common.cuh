@@ -98,10 +98,13 @@ __device__ __forceinline__ bool d_nonfinite(float f) { return (__float_as_uint(f
 // ---- cp.async staging (round 8: TAH and int encoders) ----
 // 16 bytes global -> shared, through L2 only; groups committed and waited on per thread
 // (a warp's copies are all visible after d_cp_wait1 and __syncwarp).
+__device__ __forceinline__ void d_cp16s(uint32_t sa, const float *gmem) // sa: a shared-window address
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void d_cp16(float *smem, const float *gmem)
 {
-    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
+    d_cp16s((uint32_t)__cvta_generic_to_shared(smem), gmem);
 }
 __device__ __forceinline__ void d_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // every group but the newest complete
@@ -124,14 +127,26 @@ __device__ __forceinline__ void d_load32(const float *src, float v[32])
 // Copy n rows of CPR 16-byte chunks, contiguous at src, into buf's rows of ROWW words
 // (CPR * n <= 256: 8 copies per lane at most), then commit the group of copies (also when
 // n = 0, which keeps the wait counts in step).
+// A full unit (CPR * n = 256) takes the first form: both addresses of copy m are a lane's
+// base plus a constant (the general form cost ~20 instructions per copy, ncu: a fifth of
+// TAH encode's first phase).
 template <uint32_t CPR, uint32_t ROWW>
 __device__ __forceinline__ void d_stage_rows(float *buf, const float *src, uint32_t n, uint32_t lane)
 {
+    static_assert(32u % CPR == 0u, "a warp's copy covers whole rows");
+    if (CPR * n == 256u) {
+        const uint32_t sa = (uint32_t)__cvta_generic_to_shared(buf + (lane / CPR) * ROWW + (lane % CPR) * 4u);
+        const float *g = src + 4u * lane;
 #pragma unroll
-    for (uint32_t m = 0; m < 8u; m++) {
-        const uint32_t c = lane + 32u * m; // chunk c: row c / CPR, bytes 16 (c % CPR) ..
-        if (c < CPR * n)
-            d_cp16(buf + (c / CPR) * ROWW + (c % CPR) * 4u, src + (size_t)c * 4u);
+        for (uint32_t m = 0; m < 8u; m++) // copy m: rows (32 / CPR) m + lane / CPR
+            d_cp16s(sa + 4u * ROWW * (32u / CPR) * m, g + 128u * m);
+    } else {
+#pragma unroll
+        for (uint32_t m = 0; m < 8u; m++) {
+            const uint32_t c = lane + 32u * m; // chunk c: row c / CPR, bytes 16 (c % CPR) ..
+            if (c < CPR * n)
+                d_cp16(buf + (c / CPR) * ROWW + (c % CPR) * 4u, src + (size_t)c * 4u);
+        }
     }
     d_cp_commit();
 }
