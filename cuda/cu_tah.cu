@@ -12,16 +12,16 @@
 //        lane u:        |    0    |    1    |    2    |    3     |  0 ...
 //
 //      the 16 accumulators are summed in tah.c's order (lane 0 first) by
-//      every lane from 16 shuffles, so the float sums, the log2 polynomial
-//      and the entropy are bit-identical to the CPU's.
-//   2. k_tah_select: one CTA per sample: radix select on the entropy keys
-//      (4 rounds of a 256-bin shared-memory histogram, MSB first), exactly
+//      every lane from 16 shuffles, so the float sums, the log2s and the
+//      entropy key are bit-identical to the CPU's.
+//   2. k_tah_select: one CTA per sample: radix select on the 12-bit entropy
+//      keys (2 rounds of a 256-bin shared-memory histogram, MSB first), exactly
 //      n_hi high tiles with ties to the lower index (a block scan over the
 //      keys equal to the threshold), then a block scan of the high quant
 //      tile counts: each allocation tile's offset into the sample's code
 //      region. Also zeroes the unused end of that region and writes e.
-//      (k_tah_select_sm, round 4: rounds 3 and 4 histogram only the keys
-//      that share round 2's 16-bit prefix, compacted in shared memory.)
+//      (k_tah_select_sm, round 4: round 2 histograms only the keys that
+//      share round 1's prefix, compacted in shared memory.)
 //   3. k_tah_quant: one segment of G/8 lanes per quant tile (G <= 256),
 //      8 elements per lane in registers; top-2 magnitudes with the pivot,
 //      min/max, the rotation test, pivot swap + Hadamard (registers and
@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const uint32_t *__
     __syncthreads();
     if (!all) {
         uint32_t mask = 0;
-        for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int shift = 8; shift >= 0; shift -= 8) { // keys < 2^12: 2 rounds
             for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x)
                 hist[i] = 0;
             __syncthreads();
@@ -567,7 +567,7 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const uint32_t 
     const uint64_t b = blockIdx.x;
     const uint32_t na = (uint32_t)g.n_alloc, bd = blockDim.x, tid = threadIdx.x, lane = tid & 31u;
     const uint32_t *keys = key + b * g.n_alloc;
-    uint32_t *cand = sk + na; // round-4 candidates (the prefix area, unused until the scans)
+    uint32_t *cand = sk + na; // round-2 candidates (the prefix area, unused until the scans)
     const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
     for (uint32_t i0 = 0; i0 < na; i0 += 8u * bd) { // 8 independent loads in flight per thread
         uint32_t v[8];
@@ -590,9 +590,9 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const uint32_t 
     }
     if (!all) {
         uint32_t mask = 0;
-        const uint32_t *src = sk; // rounds 1-2: every key; rounds 3-4: the keys with round 2's prefix
+        const uint32_t *src = sk; // round 1: every key; round 2: the keys with round 1's prefix
         uint32_t cnt = na;
-        for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int shift = 8; shift >= 0; shift -= 8) { // keys < 2^12: 2 rounds
             for (uint32_t i = tid; i < 256; i += bd)
                 hist[i] = 0;
             __syncthreads(); // keys staged, hist zeroed, sh_prefix/sh_need current
@@ -610,11 +610,10 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const uint32_t 
                 d_sel_digit(hist, need, prefix, shift, &sh_prefix, &sh_need);
             mask |= 0xffu << shift;
             __syncthreads();
-            if (shift == 16) {
-                // Compact the keys with the top-16-bit prefix into cand (any order: a histogram
-                // does not depend on it). Rounds 3 and 4 count exactly the keys they counted over
-                // all of sk, since every key matching their longer prefix is among these; the
-                // entropies share the top byte, so round 2 is the first that filters much.
+            if (shift == 8) {
+                // Compact the keys with round 1's prefix (key >> 8) into cand (any order: a
+                // histogram does not depend on it). Round 2 counts exactly the keys it counted
+                // over all of sk, since every key matching its longer prefix is among these.
                 const uint32_t pf = sh_prefix;
                 for (uint32_t i0 = 0; i0 < na; i0 += bd) {
                     const uint32_t i = i0 + tid;
