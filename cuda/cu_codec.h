@@ -70,6 +70,11 @@ int cu_codec_status(const void *d_scratch, cudaStream_t stream, char *err, size_
  * compare it with codecs/fp8.c on every float. */
 int cu_fp8_e4m3_from_f32_n(const float *d_x, uint8_t *d_q, size_t n, cudaStream_t stream);
 
+/* fp16 bits of n floats rounded down (dir < 0), to nearest even (0) or up
+ * (dir > 0) as the kernels round the codecs' fp16 fields; exposed so the
+ * tests can compare them with codecs/half.c on every float. */
+int cu_half_from_f32_n(const float *d_x, uint16_t *d_h, size_t n, int dir, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

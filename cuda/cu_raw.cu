@@ -152,3 +152,18 @@ int cu_raw_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, 
     CU_CHECK_LAUNCH("k_raw_decode");
     return 0;
 }
+
+__global__ void k_half_dir(const float *__restrict__ x, uint16_t *__restrict__ h, uint64_t n, int dir)
+{
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        h[i] = dir < 0 ? d_half_from_f32_down(x[i]) : (dir > 0 ? d_half_from_f32_up(x[i]) : d_half_from_f32(x[i]));
+}
+
+extern "C" int cu_half_from_f32_n(const float *d_x, uint16_t *d_h, size_t n, int dir, cudaStream_t stream)
+{
+    if (n == 0)
+        return 0;
+    k_half_dir<<<cu_grid(n, 256), 256, 0, stream>>>(d_x, d_h, n, dir);
+    return cudaGetLastError() == cudaSuccess ? 0 : TAH_EDEVICE;
+}

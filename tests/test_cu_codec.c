@@ -31,6 +31,7 @@
 #include "codec.h"
 #include "cu_codec.h"
 #include "fp8.h"   /* fp8_e4m3_from_f32_n: the CPU reference */
+#include "half.h"  /* half_from_f32(_down, _up): the CPU reference */
 #include "synth.h" /* codec_synth_activations, codec_synth_u64, codec_synth_normal */
 
 static int g_fail, g_checks;
@@ -316,6 +317,48 @@ static void s_test_e4m3_exhaustive(s_dev_t *d)
     free(q_gpu);
 }
 
+/* The kernels' fp16 roundings (to nearest even, down, up: the hardware's) against
+ * codecs/half.c on every float but NaN. */
+static void s_test_half_exhaustive(s_dev_t *d)
+{
+    const size_t chunk = (size_t)1 << 24;
+    float *h = malloc(chunk * sizeof *h);
+    uint16_t *q_gpu = malloc(chunk * sizeof *q_gpu);
+    uint16_t *dq = NULL;
+    CU(cudaMalloc((void **)&dq, chunk * sizeof *dq));
+    s_reserve(d, chunk, 0, 0);
+    uint64_t mismatches[3] = { 0, 0, 0 };
+    for (uint64_t base = 0; base < ((uint64_t)1 << 32); base += chunk) {
+        for (size_t i = 0; i < chunk; i++) {
+            uint32_t u = (uint32_t)(base + i);
+            if ((u & 0x7fffffffu) > 0x7f800000u)
+                u = 0; /* NaN: only from non-finite input, whose payload is unspecified */
+            memcpy(&h[i], &u, sizeof u);
+        }
+        CU(cudaMemcpy(d->x, h, chunk * sizeof *h, cudaMemcpyHostToDevice));
+        for (int dir = -1; dir <= 1; dir++) {
+            CHECK(cu_half_from_f32_n(d->x, dq, chunk, dir, 0) == 0, "half launch");
+            CU(cudaMemcpy(q_gpu, dq, chunk * sizeof *dq, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < chunk; i++) {
+                const uint16_t c =
+                    dir < 0 ? half_from_f32_down(h[i]) : (dir > 0 ? half_from_f32_up(h[i]) : half_from_f32(h[i]));
+                if (c != q_gpu[i]) {
+                    if (mismatches[dir + 1] < 5)
+                        fprintf(stderr, "half dir %d: %a (0x%08x): cpu 0x%04x gpu 0x%04x\n", dir, (double)h[i],
+                                (unsigned)(base + i), c, q_gpu[i]);
+                    mismatches[dir + 1]++;
+                }
+            }
+        }
+    }
+    for (int dir = -1; dir <= 1; dir++)
+        CHECK(mismatches[dir + 1] == 0, "fp16 rounding %d differs from codecs/half.c on %llu floats", dir,
+              (unsigned long long)mismatches[dir + 1]);
+    cudaFree(dq);
+    free(h);
+    free(q_gpu);
+}
+
 /* Status codes: non-finite input, corrupt payloads. */
 static void s_test_status(s_dev_t *d)
 {
@@ -578,6 +621,8 @@ int main(int argc, char **argv)
     if (!quick) {
         s_test_e4m3_exhaustive(&d);
         printf("  e4m3 hardware conversion vs codecs/fp8.c (2^32 floats)   done\n");
+        s_test_half_exhaustive(&d);
+        printf("  fp16 roundings (nearest, down, up) vs codecs/half.c (3 x 2^32 floats)   done\n");
     }
 
     cudaFree(d.x);
