@@ -1,6 +1,6 @@
 // cu_common.cuh — what every codec kernel file shares (private to cuda/):
-// error checking with the call site, the status word in scratch, bit-exact
-// device ports of codecs/half.c and codecs/bitpack.c, byte-granular stores
+// error checking with the call site, the status word in scratch, codecs/half.c's
+// fp16 bits (hardware roundings, checked on every float) and a port of codecs/bitpack.c, byte-granular stores
 // that widen when the address allows, and the segmented-warp helpers.
 //
 // Segments: the small-tile kernels (TAH tile <= 256, ash-fp8 block <= 256,
@@ -152,24 +152,9 @@ __device__ __forceinline__ void d_stage_rows(float *buf, const float *src, uint3
     d_cp_commit();
 }
 
-// ---- fp16 (port of codecs/half.c: same bits for every input) ----
-__device__ __forceinline__ uint16_t d_half_from_f32(float f)
-{
-    uint32_t x = __float_as_uint(f);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u)
-        return (uint16_t)(sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u));
-    if (ax >= 0x477ff000u)
-        return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) {
-        float v = __fadd_rn(__uint_as_float(ax), 0.5f);
-        return (uint16_t)(sign | (__float_as_uint(v) - 0x3f000000u));
-    }
-    uint32_t odd = (ax >> 13) & 1u;
-    ax += 0xc8000fffu + odd;
-    return (uint16_t)(sign | (ax >> 13));
-}
+// ---- fp16: codecs/half.c's bits (half_to_f32 ported; the roundings below are the hardware's) ----
+// half_from_f32 is IEEE's round to nearest even (subnormal halves, Inf from 65520 up): cvt.rn
+__device__ __forceinline__ uint16_t d_half_from_f32(float f) { return __half_as_ushort(__float2half_rn(f)); }
 
 __device__ __forceinline__ float d_half_to_f32(uint16_t h)
 {

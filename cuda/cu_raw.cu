@@ -5,7 +5,7 @@
 // Thread -> elements: a flat grid, thread i handles elements [4i, 4i+4):
 // one 16-byte load and one 16- (fp32) or 8-byte (fp16/bf16) store when x
 // and the payload are 16-byte aligned, scalar accesses otherwise.
-#include <cuda_fp16.h> // __float2half_rn, __half2float
+#include <cuda_fp16.h> // __half2float
 
 #include "cu_common.cuh"
 
@@ -44,7 +44,7 @@ __global__ void k_raw_encode(const float *__restrict__ x, uint64_t n, uint8_t *_
             if (MODE == S_FP32) {
                 w[r] = __float_as_uint(v[r]);
             } else if (MODE == S_FP16) {
-                w[r] = __half_as_ushort(__float2half_rn(v[r]));
+                w[r] = d_half_from_f32(v[r]);
                 range |= (uint32_t)((w[r] & 0x7c00u) == 0x7c00u);
             } else {
                 w[r] = d_bf16(v[r]);
