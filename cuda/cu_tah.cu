@@ -4,7 +4,7 @@
 // cooperative launch, k_tah_fused (see the comment above it): stages 1-3 below
 // run in one persistent grid with 3 grid barriers, the select spread over P CTAs
 // per sample. Other shapes and TAH_CU_FUSE=0: round 5's memset + four launches:
-//   1. k_tah_entropy: entropy of every allocation tile and the frame absmax.
+//   1. k_tah_entropy: entropy key of every allocation tile and the frame absmax.
 //      4 lanes per allocation tile, 8 tiles per warp; lane u holds tah.c's
 //      16-lane accumulators 4u..4u+3 (one 16-byte load per 16 elements):
 //
@@ -1159,7 +1159,7 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
 // k_tah_fused replaces memset + k_tah_entropy + k_tah_select(_sm) + k_tah_quant
 // when every allocation tile holds k quant tiles (r == k, the default's C % A == 0):
 // one persistent grid of P CTAs per sample, all co-resident (cooperative launch),
-// five grid barriers in all.
+// three grid barriers in all.
 //
 //   CTA (b, j), j < P: allocation tiles [a0, a1) = [j*na/P, (j+1)*na/P) of sample b
 //     1. entropies of its tiles (d_tah_ent_tile, 8 tiles per warp) -> keys in
