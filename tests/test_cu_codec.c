@@ -21,6 +21,7 @@
  * bit pattern but NaN; status codes for non-finite input and corrupt
  * payloads. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -318,14 +319,36 @@ static void s_test_e4m3_exhaustive(s_dev_t *d)
 }
 
 /* The kernels' fp16 roundings (to nearest even, down, up: the hardware's) against
- * codecs/half.c on every float but NaN. */
+ * codecs/half.c on every float but NaN; the CPU side in S_HALF_THREADS threads. */
+#define S_HALF_THREADS 16
+
+typedef struct s_half_job {
+    const float *h;
+    const uint16_t *q[3]; /* GPU results: down, nearest, up */
+    size_t i0, i1;
+    uint64_t mism[3];
+    size_t first[3]; /* index of the first mismatch per direction */
+} s_half_job_t;
+
+static void *s_half_cmp(void *arg)
+{
+    s_half_job_t *j = arg;
+    for (size_t i = j->i0; i < j->i1; i++) {
+        const uint16_t c[3] = { half_from_f32_down(j->h[i]), half_from_f32(j->h[i]), half_from_f32_up(j->h[i]) };
+        for (int k = 0; k < 3; k++)
+            if (c[k] != j->q[k][i] && j->mism[k]++ == 0)
+                j->first[k] = i;
+    }
+    return NULL;
+}
+
 static void s_test_half_exhaustive(s_dev_t *d)
 {
     const size_t chunk = (size_t)1 << 24;
     float *h = malloc(chunk * sizeof *h);
-    uint16_t *q_gpu = malloc(chunk * sizeof *q_gpu);
+    uint16_t *q = malloc(3 * chunk * sizeof *q);
     uint16_t *dq = NULL;
-    CU(cudaMalloc((void **)&dq, chunk * sizeof *dq));
+    CU(cudaMalloc((void **)&dq, 3 * chunk * sizeof *dq));
     s_reserve(d, chunk, 0, 0);
     uint64_t mismatches[3] = { 0, 0, 0 };
     for (uint64_t base = 0; base < ((uint64_t)1 << 32); base += chunk) {
@@ -336,27 +359,38 @@ static void s_test_half_exhaustive(s_dev_t *d)
             memcpy(&h[i], &u, sizeof u);
         }
         CU(cudaMemcpy(d->x, h, chunk * sizeof *h, cudaMemcpyHostToDevice));
-        for (int dir = -1; dir <= 1; dir++) {
-            CHECK(cu_half_from_f32_n(d->x, dq, chunk, dir, 0) == 0, "half launch");
-            CU(cudaMemcpy(q_gpu, dq, chunk * sizeof *dq, cudaMemcpyDeviceToHost));
-            for (size_t i = 0; i < chunk; i++) {
-                const uint16_t c =
-                    dir < 0 ? half_from_f32_down(h[i]) : (dir > 0 ? half_from_f32_up(h[i]) : half_from_f32(h[i]));
-                if (c != q_gpu[i]) {
-                    if (mismatches[dir + 1] < 5)
-                        fprintf(stderr, "half dir %d: %a (0x%08x): cpu 0x%04x gpu 0x%04x\n", dir, (double)h[i],
-                                (unsigned)(base + i), c, q_gpu[i]);
-                    mismatches[dir + 1]++;
+        for (int k = 0; k < 3; k++)
+            CHECK(cu_half_from_f32_n(d->x, dq + (size_t)k * chunk, chunk, k - 1, 0) == 0, "half launch");
+        CU(cudaMemcpy(q, dq, 3 * chunk * sizeof *dq, cudaMemcpyDeviceToHost));
+        s_half_job_t jobs[S_HALF_THREADS];
+        pthread_t th[S_HALF_THREADS];
+        int started[S_HALF_THREADS];
+        for (int t = 0; t < S_HALF_THREADS; t++) {
+            jobs[t] = (s_half_job_t){ .h = h, .q = { q, q + chunk, q + 2 * chunk }, .i0 = chunk * t / S_HALF_THREADS,
+                                      .i1 = chunk * (t + 1) / S_HALF_THREADS };
+            started[t] = pthread_create(&th[t], NULL, s_half_cmp, &jobs[t]) == 0;
+            if (!started[t])
+                s_half_cmp(&jobs[t]); /* no thread: in this one */
+        }
+        for (int t = 0; t < S_HALF_THREADS; t++) {
+            if (started[t])
+                pthread_join(th[t], NULL);
+            for (int k = 0; k < 3; k++) {
+                if (jobs[t].mism[k] && mismatches[k] < 5) {
+                    const size_t i = jobs[t].first[k];
+                    fprintf(stderr, "half dir %d: %a (0x%08x): cpu differs from gpu 0x%04x\n", k - 1, (double)h[i],
+                            (unsigned)(base + i), q[(size_t)k * chunk + i]);
                 }
+                mismatches[k] += jobs[t].mism[k];
             }
         }
     }
-    for (int dir = -1; dir <= 1; dir++)
-        CHECK(mismatches[dir + 1] == 0, "fp16 rounding %d differs from codecs/half.c on %llu floats", dir,
-              (unsigned long long)mismatches[dir + 1]);
+    for (int k = 0; k < 3; k++)
+        CHECK(mismatches[k] == 0, "fp16 rounding %d differs from codecs/half.c on %llu floats", k - 1,
+              (unsigned long long)mismatches[k]);
     cudaFree(dq);
     free(h);
-    free(q_gpu);
+    free(q);
 }
 
 /* Status codes: non-finite input, corrupt payloads. */
