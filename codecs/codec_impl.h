@@ -60,6 +60,22 @@ static inline uint64_t codec_get_u64(const uint8_t *p)
 static inline uint32_t codec_f32_bits(float f) { union { float f; uint32_t u; } v = { .f = f }; return v.u; }
 static inline float codec_bits_f32(uint32_t u) { union { uint32_t u; float f; } v = { .u = u }; return v.f; }
 static inline void codec_put_f32(uint8_t *p, float f) { codec_put_u32(p, codec_f32_bits(f)); }
+
+/* TAH-Quant's ranking keys (tah.c, and cuda/cu_tah.cu computes the same):
+ * floor(entropy * scale), at most CODEC_TAH_KEY_BINS - 1. The scale is
+ * 2^(12 - c) with 2^c >= ceil(log2 alloc_tile) + 1, so entropies up to
+ * log2(alloc_tile) + 0.09 (Mitchell's log2 reads low, the entropy high) fit:
+ * 512 for alloc_tile <= 128 (steps of 1/512 bit). */
+#define CODEC_TAH_KEY_BINS 4096u
+static inline float codec_tah_key_scale(uint32_t alloc_tile)
+{
+    uint32_t lg = 0, c = 0;
+    while ((1u << lg) < alloc_tile)
+        lg++;
+    while ((1u << c) < lg + 1)
+        c++;
+    return (float)(1u << (12 - c));
+}
 static inline float codec_get_f32(const uint8_t *p) { return codec_bits_f32(codec_get_u32(p)); }
 
 #endif

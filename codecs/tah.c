@@ -148,18 +148,7 @@ static inline float s_log2f(float x)
  * where the polynomial above costs about 15 operations. */
 static inline float s_mlog(float v) { return (float)((int32_t)(codec_f32_bits(v) >> 8) - (127 << 15)) * 0x1p-15f; }
 
-#define S_KEY_BINS 4096u /* entropy keys are 12-bit */
-
-/* The key scale: 2^(12 - c) with 2^c >= log2(A) + 1, so keys of entropies up
- * to log2(A) + 0.09 (Mitchell's log2 reads low, the entropy high) stay below
- * 4096: 512 for A <= 128 (steps of 1/512 bit). */
-static float s_key_scale(uint32_t alloc_tile)
-{
-    uint32_t lgA = s_log2(alloc_tile), c = 0;
-    while ((1u << c) < lgA + 1)
-        c++;
-    return ldexpf(1.0f, 12 - (int)c);
-}
+#define S_KEY_BINS CODEC_TAH_KEY_BINS /* entropy keys are 12-bit (codec_tah_key_scale) */
 
 /* Entropy key (0..4095) of the normalised magnitudes of a[0..n); also folds
  * max|a| into *absmax. H = log2(D) * S1/D - SL/D with S1 = sum |a|,
@@ -341,7 +330,7 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *
     }
 
     /* pass 1: entropy keys of every allocation tile, and the frame's absmax */
-    const float kscale = s_key_scale(A);
+    const float kscale = codec_tah_key_scale(A);
     float absmax = 0.0f;
     for (uint64_t t = 0; t < g.B * g.S; t++) {
         const float *row = x + t * C;

@@ -57,13 +57,17 @@
 #define S_QUANT_U 2 // tiles per segment per k_tah_quant iteration (round 4)
 #define S_FUSE_MAXGRID 1024u // CTAs of k_tah_fused's cooperative grid, at most
 #define S_FUSE_MAXL 8192u    // allocation tiles per CTA (32 KB of keys in shared memory)
-#define S_FUSE_R0 2          // k_tah_fused's first radix round: keys are 12-bit (bits 8..15, then 0..7)
+// The selects' radix rounds of 8 bits over the 12-bit keys (CODEC_TAH_KEY_BINS): bits 8..15,
+// then 0..7; the first round's shift
+#define S_SEL_SHIFT0 8
+#define S_SEL_ROUNDS (S_SEL_SHIFT0 / 8 + 1)
+static_assert(CODEC_TAH_KEY_BINS <= 1u << (S_SEL_SHIFT0 + 8), "the radix rounds cover every key");
 
 struct s_tg {
     uint32_t C, G, lg, k, Q, nA, r, A, bh, bl, fbits;
     uint64_t S, B, T, n_alloc, n_hi, flags_bytes, meta_bytes, code_bytes;
     uint64_t meta_off, codes_off;
-    float tau, rho, norm, kscale; // kscale: tah.c's s_key_scale
+    float tau, rho, norm, kscale; // kscale: codec_tah_key_scale
     uint64_t mQ, mS; // ceil(2^64 / Q), ceil(2^64 / S) for d_div32 (0 when Q, S are 1 or above 32 bits)
     bool vec;
 };
@@ -72,7 +76,7 @@ static uint64_t s_magic(uint64_t d) { return d >= 2 && d <= 0xffffffffull ? UINT
 
 // Scratch past the head: key u32[B*n_alloc] | pre u32[B*n_alloc] | hi u8[B*n_alloc] (8-aligned) | flagv u16[T]
 // (8-aligned) | cnt u64[B*cps] (decode: per-chunk high counts, see k_tah_dcount) | k_tah_fused's s_fz:
-// flag u64 | cnt u64[S_FUSE_MAXGRID] | amax u32[S_FUSE_MAXGRID] | hist u32[(4-S_FUSE_R0)*B*256]
+// flag u64 | cnt u64[S_FUSE_MAXGRID] | amax u32[S_FUSE_MAXGRID] | hist u32[S_SEL_ROUNDS*B*256]
 struct s_tw {
     uint32_t *key; // entropy keys (k_tah_entropy)
     uint32_t *pre;
@@ -87,7 +91,7 @@ struct s_fz {
     unsigned long long *flag; // this call's tag once CTA 0 has zeroed hist
     unsigned long long *cnt;  // [S_FUSE_MAXGRID]
     uint32_t *amax;           // [S_FUSE_MAXGRID]
-    uint32_t *hist;           // [4 - S_FUSE_R0][B][256]
+    uint32_t *hist;           // [S_SEL_ROUNDS][B][256]
 };
 
 // Decode chunks: one CTA of S_DEC_WARPS warps decodes S_DEC_U passes of
@@ -142,10 +146,7 @@ static s_tg s_geometry(const codec_spec_t *spec, codec_shape_t shape, const void
     g.tau = p->tau;
     g.rho = p->rho;
     g.norm = (float)(1.0 / sqrt((double)g.G));
-    uint32_t c = 0; // tah.c's s_key_scale: 2^(12 - c), 2^c >= ceil(log2 A) + 1
-    while ((1u << c) < s_log2u(g.A) + 1u)
-        c++;
-    g.kscale = ldexpf(1.0f, 12 - (int)c);
+    g.kscale = codec_tah_key_scale(g.A);
     g.vec = ((uintptr_t)xy & 15u) == 0 && g.C % 4 == 0;
     g.mQ = s_magic(g.Q);
     g.mS = s_magic(g.S);
@@ -318,7 +319,8 @@ __device__ __forceinline__ void d_ent_load4(const float *src, bool vec, float f[
 }
 
 // tah.c's entropy key from S1 = sum |a| and SL = sum |a| mlog |a|: h = log2(D) S1/D - SL/D,
-// D = S1 + eps, key floor(h * kscale) for h > 0 (0 for an all-zero tile or a NaN h), at most 4095
+// D = S1 + eps, key floor(h * kscale) for h > 0 (0 for an all-zero tile or a NaN h), at most
+// CODEC_TAH_KEY_BINS - 1
 __device__ __forceinline__ uint32_t d_ent_key(float S1, float SL, float kscale)
 {
     if (S1 == 0.0f)
@@ -326,7 +328,7 @@ __device__ __forceinline__ uint32_t d_ent_key(float S1, float SL, float kscale)
     const float D = __fadd_rn(S1, S_ENT_EPS);
     const float h = __fsub_rn(__fmul_rn(d_log2f(D), __fdiv_rn(S1, D)), __fdiv_rn(SL, D));
     const float k = h > 0.0f ? __fmul_rn(h, kscale) : 0.0f;
-    return k < 4095.0f ? (uint32_t)k : 4095u;
+    return k < (float)(CODEC_TAH_KEY_BINS - 1u) ? (uint32_t)k : CODEC_TAH_KEY_BINS - 1u;
 }
 
 // one 16-element step of tah.c's 16 accumulators (lane u holds 4u..4u+3).
@@ -437,7 +439,7 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const uint32_t *__
     __syncthreads();
     if (!all) {
         uint32_t mask = 0;
-        for (int shift = 8; shift >= 0; shift -= 8) { // keys < 2^12: 2 rounds
+        for (int shift = S_SEL_SHIFT0; shift >= 0; shift -= 8) {
             for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x)
                 hist[i] = 0;
             __syncthreads();
@@ -592,7 +594,7 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const uint32_t 
         uint32_t mask = 0;
         const uint32_t *src = sk; // round 1: every key; round 2: the keys with round 1's prefix
         uint32_t cnt = na;
-        for (int shift = 8; shift >= 0; shift -= 8) { // keys < 2^12: 2 rounds
+        for (int shift = S_SEL_SHIFT0; shift >= 0; shift -= 8) {
             for (uint32_t i = tid; i < 256; i += bd)
                 hist[i] = 0;
             __syncthreads(); // keys staged, hist zeroed, sh_prefix/sh_need current
@@ -610,7 +612,7 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const uint32_t 
                 d_sel_digit(hist, need, prefix, shift, &sh_prefix, &sh_need);
             mask |= 0xffu << shift;
             __syncthreads();
-            if (shift == 8) {
+            if (shift == S_SEL_SHIFT0) {
                 // Compact the keys with round 1's prefix (key >> 8) into cand (any order: a
                 // histogram does not depend on it). Round 2 counts exactly the keys it counted
                 // over all of sk, since every key matching its longer prefix is among these.
@@ -1205,7 +1207,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     const uint32_t a0 = (uint32_t)((uint64_t)j * na / P), a1 = (uint32_t)((uint64_t)(j + 1) * na / P);
     const uint32_t L = a1 - a0;
     const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
-    const uint32_t nh = (4u - S_FUSE_R0) * (uint32_t)g.B * 256u; // words of the rounds' sample histograms
+    const uint32_t nh = S_SEL_ROUNDS * (uint32_t)g.B * 256u; // words of the rounds' sample histograms
 
     // 0. CTA 0 zeroes the sample histograms, then publishes this call's tag (no memset node;
     //    the other CTAs check the tag before their first atomic, long after, all co-resident)
@@ -1278,8 +1280,8 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     // 2. select
     if (!all) {
         uint32_t mask = 0;
-        for (int r = S_FUSE_R0; r < 4; r++) {
-            const int shift = 24 - 8 * r;
+        for (int r = 0; r < S_SEL_ROUNDS; r++) {
+            const int shift = S_SEL_SHIFT0 - 8 * r;
             lh[tid] = 0; // blockDim.x == 256
             __syncthreads(); // lh zeroed; sh_* current
             const uint32_t prefix = sh_prefix, need = sh_need;
@@ -1292,7 +1294,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
                     atomicAdd(&lh[bin], (uint32_t)__popc((int)peers));
             }
             __syncthreads();
-            uint32_t *hs = z.hist + ((size_t)(r - S_FUSE_R0) * g.B + b) * 256u; // this round's histogram of sample b
+            uint32_t *hs = z.hist + ((size_t)r * g.B + b) * 256u; // this round's histogram of sample b
             if (lh[tid] != 0)
                 atomicAdd(&hs[tid], lh[tid]);
             grid.sync();
@@ -1313,7 +1315,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
                 s = __reduce_add_sync(CU_FULL, s);
                 if (lane == 0) {
                     sh_gt += s;
-                    if (r == 3)
+                    if (shift == 0)
                         sh_eq = lh[d]; // its keys equal to T
                 }
             }
