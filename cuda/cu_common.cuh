@@ -1,7 +1,7 @@
 // cu_common.cuh — what every codec kernel file shares (private to cuda/):
 // error checking with the call site, the status word in scratch, codecs/half.c's
-// fp16 bits (hardware roundings, checked on every float) and a port of codecs/bitpack.c, byte-granular stores
-// that widen when the address allows, and the segmented-warp helpers.
+// fp16 bits (hardware roundings, checked on every float), a port of codecs/bitpack.c,
+// byte-granular stores that widen when the address allows, and the segmented-warp helpers.
 //
 // Segments: the small-tile kernels (TAH tile <= 256, ash-fp8 block <= 256,
 // fixpt/int group <= 256) give each tile a segment of `tpg` lanes of one

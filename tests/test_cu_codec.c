@@ -283,6 +283,18 @@ out:
 }
 
 /* Hardware E4M3 (cvt.rn.satfinite) against codecs/fp8.c on every float but NaN. */
+/* h[i] = the float of bit pattern base + i, NaNs as 0 (no codec's input: ash-fp8 and the
+ * fp16 fields see a NaN only from non-finite input, whose payload is unspecified) */
+static void s_floats_from(float *h, uint64_t base, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)(base + i);
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            u = 0;
+        memcpy(&h[i], &u, sizeof u);
+    }
+}
+
 static void s_test_e4m3_exhaustive(s_dev_t *d)
 {
     const size_t chunk = (size_t)1 << 24;
@@ -293,12 +305,7 @@ static void s_test_e4m3_exhaustive(s_dev_t *d)
     s_reserve(d, chunk, 0, 0);
     uint64_t mismatches = 0;
     for (uint64_t base = 0; base < ((uint64_t)1 << 32); base += chunk) {
-        for (size_t i = 0; i < chunk; i++) {
-            uint32_t u = (uint32_t)(base + i);
-            if ((u & 0x7fffffffu) > 0x7f800000u)
-                u = 0; /* NaN: not an ash-fp8 input */
-            memcpy(&h[i], &u, sizeof u);
-        }
+        s_floats_from(h, base, chunk);
         CU(cudaMemcpy(d->x, h, chunk * sizeof *h, cudaMemcpyHostToDevice));
         CHECK(cu_fp8_e4m3_from_f32_n(d->x, dq, chunk, 0) == 0, "e4m3 launch");
         CU(cudaMemcpy(q_gpu, dq, chunk, cudaMemcpyDeviceToHost));
@@ -352,12 +359,7 @@ static void s_test_half_exhaustive(s_dev_t *d)
     s_reserve(d, chunk, 0, 0);
     uint64_t mismatches[3] = { 0, 0, 0 };
     for (uint64_t base = 0; base < ((uint64_t)1 << 32); base += chunk) {
-        for (size_t i = 0; i < chunk; i++) {
-            uint32_t u = (uint32_t)(base + i);
-            if ((u & 0x7fffffffu) > 0x7f800000u)
-                u = 0; /* NaN: only from non-finite input, whose payload is unspecified */
-            memcpy(&h[i], &u, sizeof u);
-        }
+        s_floats_from(h, base, chunk);
         CU(cudaMemcpy(d->x, h, chunk * sizeof *h, cudaMemcpyHostToDevice));
         for (int k = 0; k < 3; k++)
             CHECK(cu_half_from_f32_n(d->x, dq + (size_t)k * chunk, chunk, k - 1, 0) == 0, "half launch");
