@@ -2,8 +2,8 @@
 //
 // Encode, round 6 (default when every allocation tile holds k quant tiles): one
 // cooperative launch, k_tah_fused (see the comment above it): stages 1-3 below
-// run in one persistent grid with 3 grid barriers, the select spread over P CTAs
-// per sample. Other shapes and TAH_CU_FUSE=0: round 5's memset + four launches:
+// run in one persistent grid, the select spread over P CTAs per sample. Other
+// shapes and TAH_CU_FUSE=0: round 5's memset + four launches:
 //   1. k_tah_entropy: entropy key of every allocation tile and the frame absmax.
 //      4 lanes per allocation tile, 8 tiles per warp; lane u holds tah.c's
 //      16-lane accumulators 4u..4u+3 (one 16-byte load per 16 elements):
@@ -47,8 +47,6 @@
 // follows tah.c's reduction order; see d_zkey.
 #include <float.h>
 
-#include <cooperative_groups.h> // this_grid().sync() in k_tah_fused
-
 #include "cu_common.cuh"
 
 #define S_SEL_THREADS 1024u
@@ -57,10 +55,10 @@
 #define S_QUANT_U 2 // tiles per segment per k_tah_quant iteration (round 4)
 #define S_FUSE_MAXGRID 1024u // CTAs of k_tah_fused's cooperative grid, at most
 #define S_FUSE_MAXL 8192u    // allocation tiles per CTA (32 KB of keys in shared memory)
-// The selects' radix rounds of 8 bits over the 12-bit keys (CODEC_TAH_KEY_BINS): bits 8..15,
-// then 0..7; the first round's shift
+static_assert(S_FUSE_MAXL < 65536u, "k_tah_fused packs a CTA's two key counts in 16 bits each");
+// k_tah_select(_sm)'s radix rounds of 8 bits over the 12-bit keys (CODEC_TAH_KEY_BINS): bits
+// 8..15, then 0..7; the first round's shift
 #define S_SEL_SHIFT0 8
-#define S_SEL_ROUNDS (S_SEL_SHIFT0 / 8 + 1)
 static_assert(CODEC_TAH_KEY_BINS <= 1u << (S_SEL_SHIFT0 + 8), "the radix rounds cover every key");
 
 struct s_tg {
@@ -76,7 +74,8 @@ static uint64_t s_magic(uint64_t d) { return d >= 2 && d <= 0xffffffffull ? UINT
 
 // Scratch past the head: key u32[B*n_alloc] | pre u32[B*n_alloc] | hi u8[B*n_alloc] (8-aligned) | flagv u16[T]
 // (8-aligned) | cnt u64[B*cps] (decode: per-chunk high counts, see k_tah_dcount) | k_tah_fused's s_fz:
-// flag u64 | cnt u64[S_FUSE_MAXGRID] | amax u32[S_FUSE_MAXGRID] | hist u32[S_SEL_ROUNDS*B*256]
+// flag u64 | cnt u64[S_FUSE_MAXGRID] | ztag u64[S_FUSE_MAXGRID] | (16-aligned) gdone, gamax, 2 unused,
+// sdone[S_FUSE_MAXGRID] u32 | hist u32[B*CODEC_TAH_KEY_BINS]
 struct s_tw {
     uint32_t *key; // entropy keys (k_tah_entropy)
     uint32_t *pre;
@@ -85,14 +84,18 @@ struct s_tw {
     unsigned long long *cnt;
 };
 
-// k_tah_fused's scratch (past cnt): the zeroing flag, per-CTA absmax and (keys > T, keys == T)
-// counts, the radix rounds' per-sample histograms
+// k_tah_fused's scratch (past cnt). A word that carries the call's tag (cu_hp) needs no
+// clearing between calls; the counters and histograms are zeroed by the call itself.
+#define S_FZ_CTR (4u + S_FUSE_MAXGRID) // gdone, gamax, 2 unused, sdone: hist stays 16-byte aligned
 struct s_fz {
-    unsigned long long *flag; // this call's tag once CTA 0 has zeroed hist
-    unsigned long long *cnt;  // [S_FUSE_MAXGRID]
-    uint32_t *amax;           // [S_FUSE_MAXGRID]
-    uint32_t *hist;           // [S_SEL_ROUNDS][B][256]
+    unsigned long long *flag; // the call's tag once CTA 0 has zeroed gdone .. sdone
+    unsigned long long *cnt;  // [S_FUSE_MAXGRID] per CTA: (tag & 0xffffffff) << 32 | keys == T << 16 | keys > T
+    unsigned long long *ztag; // [S_FUSE_MAXGRID] per sample: the call's tag once its histogram is zeroed
+    uint32_t *gdone, *gamax;  // CTAs past phase 1; the frame's max |x| bits (atomicMax)
+    uint32_t *sdone;          // [S_FUSE_MAXGRID] per sample: its CTAs past phase 1
+    uint32_t *hist;           // [B][CODEC_TAH_KEY_BINS] per sample: its keys' histogram
 };
+#define S_LH 512u // k_tah_fused: keys counted in shared memory first, a window of S_LH bins
 
 // Decode chunks: one CTA of S_DEC_WARPS warps decodes S_DEC_U passes of
 // 32/tpg tiles per warp, a run of consecutive quant tiles of one sample.
@@ -171,7 +174,7 @@ size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape)
     const s_tg g = s_geometry(spec, shape, NULL);
     const uint64_t na = g.B * g.n_alloc;
     return (size_t)(8 * na + ((na + 7) & ~7ull) + ((2 * g.T + 7) & ~7ull) + 8 * g.B * s_dec_cps(g) +
-                    8 + 12ull * S_FUSE_MAXGRID + 4096ull * g.B);
+                    8 + 16ull * S_FUSE_MAXGRID + 15 + 4ull * S_FZ_CTR + 4ull * CODEC_TAH_KEY_BINS * g.B);
 }
 
 // ---- shared pieces ----
@@ -1160,32 +1163,29 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
 //
 // k_tah_fused replaces memset + k_tah_entropy + k_tah_select(_sm) + k_tah_quant
 // when every allocation tile holds k quant tiles (r == k, the default's C % A == 0):
-// one persistent grid of P CTAs per sample, all co-resident (cooperative launch),
-// three grid barriers in all.
+// one persistent grid of P CTAs per sample, all co-resident (cooperative launch), so a
+// CTA may wait for others by polling words they write (no grid barrier since round 13).
 //
 //   CTA (b, j), j < P: allocation tiles [a0, a1) = [j*na/P, (j+1)*na/P) of sample b
-//     1. entropies of its tiles (d_tah_ent_tile, 8 tiles per warp) -> keys in
-//        shared memory; its max |x| bits -> amax[cta] (no memset: every slot is
-//        written before the first barrier reads it)
-//     2. radix select on the 12-bit keys, 2 rounds of 8 bits (bits 8..15, then
-//        0..7; 4 rounds before the keys were 12-bit): each CTA
-//        histograms its own keys under the round's prefix, adds its non-zero
-//        bins to the sample's histogram of that round (atomics into
-//        hist[round][b], zeroed by CTA 0 at the start, which then stores the
-//        call's tag in `flag`; every CTA waits for the tag before its first
-//        atomic: all are co-resident), grid barrier, every CTA of the sample
-//        reads the same 256 sums and picks the same digit (d_sel_digit).
-//        After the last round: threshold T and `need` (the keys equal to T still
-//        to take, lowest index first); each CTA publishes its (keys > T, keys
-//        == T), a third barrier, and the counts of the CTAs before it give
+//     0. CTA (b, 0) zeroes sample b's key histogram and tags ztag[b]; CTA 0 also zeroes the
+//        counters and tags `flag` (no memset node: every CTA checks both tags before its
+//        first atomic, long after)
+//     1. entropy keys of its tiles -> shared memory; its max |x| bits -> atomicMax(gamax)
+//     2. select, without a grid barrier: the CTA counts its keys in shared memory (a window
+//        of S_LH bins; keys outside it go straight to global memory), adds the non-zero bins
+//        to sample b's histogram (one atomic per bin), then counts itself in sdone[b] and
+//        gdone. Once sdone[b] == P every CTA of the sample reads the same 4096 bins and finds
+//        the threshold T (the largest key with at least n_hi keys >= T) and `need` (how many
+//        keys == T are high, the lowest indices first); it publishes its (keys > T, keys == T)
+//        in cnt[cta] with the call's tag and sums those of the CTAs before it:
 //          high tiles before a0 = (keys > T before a0) + min(keys == T before a0, need)
-//        then two block scans give each tile's prefix (as k_tah_select_sm).
-//     3. e from the max of all amax slots; quant of its tiles (d_tah_quant_u,
-//        in reverse: the last x this CTA read is still in L2), flag bytes;
-//        1 tile per segment per warp iteration, 4 CTAs per SM (64 registers).
-// The same keys, digits, threshold and prefixes as the multi-kernel path, so
-// the same payload. Round 6 measured the first version (every CTA summing all
-// P CTAs' published histograms, 4 barriers): 0.163 ms; this one 0.116 ms.
+//        and one block scan of the packed (> T, == T) counts gives each thread's prefix.
+//     3. once gdone == P B: e from gamax; quant of its tiles (d_tah_quant_u, in reverse:
+//        the last x this CTA read is still in L2), flag bytes.
+// The same keys, threshold and prefixes as the multi-kernel path, so the same payload.
+// Round 6: 0.116 ms (H200, 5 grid barriers); round 13 replaced round 12's 2 radix
+// rounds and 3 grid barriers (the select 10.5 us after the last CTA's phase 1 on the
+// H100; now ~6 us).
 //
 // U: quant tiles per segment per warp iteration; MINB: CTAs per SM the registers must allow
 // TPT (round 8): phases 1 and 3 with two lanes per tile (d_tah_ent_p64, d_tah_quant_p64; s_pair_ok)
@@ -1194,12 +1194,11 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
                                                       uint8_t *__restrict__ p, s_fz z, cu_hp head, s_tg g,
                                                       uint32_t P, bool flag_bytes, uint32_t lmax)
 {
-    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
     d_mark(head);
     extern __shared__ __align__(16) uint32_t sk[]; // this CTA's keys (entropy bits), later its packed prefixes (in place);
                                      // TPT: then the staging buffers (16-byte aligned)
-    __shared__ uint32_t lh[256], hsum[256], ws[32];
-    __shared__ uint32_t sh_prefix, sh_need, sh_gt, sh_eq, sh_gtb, sh_eqb, sh_amax;
+    __shared__ uint32_t ws[32], lh[S_LH];
+    __shared__ uint32_t sh_prefix, sh_need, sh_gtb, sh_eqb, sh_amax;
     __shared__ float2 s_mm[TPT ? 8 : 1][S_ST_UNIT]; // TPT: a warp's rotated tiles' min, max
     const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, nwarp = blockDim.x >> 5;
     const uint32_t cta = blockIdx.x, b = cta / P, j = cta - b * P;
@@ -1207,17 +1206,22 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     const uint32_t a0 = (uint32_t)((uint64_t)j * na / P), a1 = (uint32_t)((uint64_t)(j + 1) * na / P);
     const uint32_t L = a1 - a0;
     const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
-    const uint32_t nh = S_SEL_ROUNDS * (uint32_t)g.B * 256u; // words of the rounds' sample histograms
-
-    // 0. CTA 0 zeroes the sample histograms, then publishes this call's tag (no memset node;
-    //    the other CTAs check the tag before their first atomic, long after, all co-resident)
-    if (cta == 0) {
-        for (uint32_t i = tid; i < nh; i += blockDim.x)
-            z.hist[i] = 0;
+    uint32_t *H = z.hist + (size_t)b * CODEC_TAH_KEY_BINS; // sample b's key histogram
+    if (j == 0) { // 0. zeroing (see above)
+        if (!all)
+            for (uint32_t i = tid; i < CODEC_TAH_KEY_BINS; i += blockDim.x)
+                H[i] = 0;
+        if (cta == 0)
+            for (uint32_t i = tid; i < S_FZ_CTR; i += blockDim.x)
+                z.gdone[i] = 0;
         __threadfence();
         __syncthreads();
-        if (tid == 0)
-            *(volatile unsigned long long *)z.flag = head.tag;
+        if (tid == 0) {
+            if (cta == 0)
+                *(volatile unsigned long long *)z.flag = head.tag;
+            if (!all)
+                *(volatile unsigned long long *)&z.ztag[b] = head.tag;
+        }
     }
 
     // 1. entropies
@@ -1259,124 +1263,124 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
         ws[wid] = amax;
     }
     if (tid == 0) {
-        sh_prefix = 0;
-        sh_need = (uint32_t)g.n_hi;
-        sh_gt = 0;
-        sh_eq = 0;
         sh_gtb = 0;
         sh_eqb = 0;
         while (*(volatile unsigned long long *)z.flag != head.tag) // CTA 0's zeroing (done long ago)
             ;
+        while (!all && *(volatile unsigned long long *)&z.ztag[b] != head.tag) // and CTA (b, 0)'s
+            ;
         __threadfence();
     }
     __syncthreads();
+    const uint32_t tag32 = (uint32_t)head.tag;
     if (tid == 0) {
         uint32_t m = 0;
         for (uint32_t w = 0; w < nwarp; w++)
             m = max(m, ws[w]);
-        z.amax[cta] = m;
+        atomicMax(z.gamax, m);
     }
 
     // 2. select
-    if (!all) {
-        uint32_t mask = 0;
-        for (int r = 0; r < S_SEL_ROUNDS; r++) {
-            const int shift = S_SEL_SHIFT0 - 8 * r;
-            lh[tid] = 0; // blockDim.x == 256
-            __syncthreads(); // lh zeroed; sh_* current
-            const uint32_t prefix = sh_prefix, need = sh_need;
-            for (uint32_t i0 = 0; i0 < L; i0 += 256u) { // bounds uniform: whole warps iterate together
-                const uint32_t i = i0 + tid;
-                const uint32_t key = i < L ? sk[i] : 0u;
-                const uint32_t bin = (i < L && (key & mask) == prefix) ? (key >> shift) & 0xffu : 0x100u;
-                const uint32_t peers = __match_any_sync(CU_FULL, bin);
-                if (bin != 0x100u && lane == (uint32_t)(__ffs((int)peers) - 1))
-                    atomicAdd(&lh[bin], (uint32_t)__popc((int)peers));
-            }
-            __syncthreads();
-            uint32_t *hs = z.hist + ((size_t)r * g.B + b) * 256u; // this round's histogram of sample b
-            if (lh[tid] != 0)
-                atomicAdd(&hs[tid], lh[tid]);
-            grid.sync();
-            hsum[tid] = __ldcg(&hs[tid]);
-            __syncthreads();
-            if (wid == 0)
-                d_sel_digit(hsum, need, prefix, shift, &sh_prefix, &sh_need);
-            __syncthreads();
-            const uint32_t d = (sh_prefix >> shift) & 0xffu;
-            if (wid == 0) { // this CTA's keys under the prefix with a larger digit are above T
-                uint32_t s = 0;
-#pragma unroll
-                for (uint32_t q = 0; q < 8u; q++) {
-                    const uint32_t bin = 8u * lane + q;
-                    if (bin > d)
-                        s += lh[bin];
-                }
-                s = __reduce_add_sync(CU_FULL, s);
-                if (lane == 0) {
-                    sh_gt += s;
-                    if (shift == 0)
-                        sh_eq = lh[d]; // its keys equal to T
-                }
-            }
-            mask |= 0xffu << shift;
-            __syncthreads(); // lh and hsum read before the next round writes them
+    if (!all) { // lh: a window of S_LH bins around the CTA's first key
+        const uint32_t base = max(sk[0], S_LH / 2u) - S_LH / 2u;
+        for (uint32_t q = tid; q < S_LH; q += blockDim.x)
+            lh[q] = 0;
+        __syncthreads();
+        for (uint32_t i = tid; i < L; i += blockDim.x) {
+            const uint32_t key = sk[i];
+            if (key - base < S_LH)
+                atomicAdd(&lh[key - base], 1u);
+            else
+                atomicAdd(&H[key], 1u);
         }
-        // the keys above T and equal to T in the sample's CTAs before this one
+        __syncthreads();
+        for (uint32_t q = tid; q < S_LH; q += blockDim.x)
+            if (lh[q] != 0u)
+                atomicAdd(&H[base + q], lh[q]);
+    }
+    __threadfence(); // this thread's atomics before the CTA's arrival below
+    __syncthreads();
+    if (tid == 0) {
+        atomicAdd(z.gdone, 1u);
+        atomicAdd(&z.sdone[b], 1u);
+    }
+    // every CTA of sample b, once all have counted their keys: T, the largest key with at least
+    // n_hi keys >= T, and need, how many keys == T are high (the lowest indices); e from the
+    // frame's absmax once every CTA has added its own
+    if (tid == 0 && !all) {
+        while (*(volatile uint32_t *)&z.sdone[b] != P)
+            ;
+        __threadfence();
+    }
+    if (tid == 32) {
+        while (*(volatile uint32_t *)z.gdone != gridDim.x)
+            ;
+        __threadfence();
+        sh_amax = *(volatile uint32_t *)z.gamax;
+    }
+    __syncthreads();
+    const uint32_t per = (L + blockDim.x - 1) / blockDim.x;
+    const uint32_t i0 = min(tid * per, L), i1 = min(i0 + per, L);
+    uint32_t T = 0, need = 0, e = 0, run; // run: the sample's high tiles before key i0
+    if (!all) {
+        constexpr uint32_t nb = CODEC_TAH_KEY_BINS / 256u;
+        const uint32_t hb = (255u - tid) * nb; // thread 0: the top bins
+        uint32_t hv[nb], c = 0;
+#pragma unroll
+        for (uint32_t q = 0; q < nb; q += 4u) {
+            const uint4 v = __ldcg((const uint4 *)&H[hb + q]);
+            hv[q] = v.x;
+            hv[q + 1] = v.y;
+            hv[q + 2] = v.z;
+            hv[q + 3] = v.w;
+            c += v.x + v.y + v.z + v.w;
+        }
+        uint32_t tot;
+        uint32_t above = d_block_scan(c, ws, &tot); // keys above this thread's bins
+        const uint32_t nh = (uint32_t)g.n_hi;
+        if (above < nh && above + c >= nh)
+#pragma unroll
+            for (int q = (int)nb - 1; q >= 0; q--) {
+                if (above + hv[q] >= nh) {
+                    sh_prefix = hb + (uint32_t)q;
+                    sh_need = nh - above;
+                    break;
+                }
+                above += hv[q];
+            }
+        __syncthreads();
+        T = sh_prefix;
+        need = sh_need;
+        // (keys > T, keys == T) of this CTA to the CTAs after it; those of the CTAs before it
+        uint32_t gt = 0, eq = 0;
+        for (uint32_t i = i0; i < i1; i++) {
+            gt += (uint32_t)(sk[i] > T);
+            eq += (uint32_t)(sk[i] == T);
+        }
+        uint32_t tc; // L <= S_FUSE_MAXL < 2^16: (gt, eq) in one word's halves, no carry between them
+        const uint32_t xs = d_block_scan(gt | (eq << 16), ws, &tc);
         if (tid == 0)
-            z.cnt[cta] = (unsigned long long)sh_gt | ((unsigned long long)sh_eq << 32);
-        grid.sync();
-        unsigned long long c = 0;
-        for (uint32_t i = tid; i < j; i += blockDim.x)
-            c += __ldcg(&z.cnt[(size_t)b * P + i]);
-        uint32_t cg = (uint32_t)c, ce = (uint32_t)(c >> 32);
+            *(volatile unsigned long long *)&z.cnt[cta] = ((unsigned long long)tag32 << 32) | tc;
+        uint32_t cg = 0, ce = 0; // (tag32: a slot of an earlier call reads as not yet written)
+        for (uint32_t i = tid; i < j; i += blockDim.x) {
+            unsigned long long v;
+            while (((v = *(volatile unsigned long long *)&z.cnt[(size_t)b * P + i]) >> 32) != tag32)
+                ;
+            cg += (uint32_t)v & 0xffffu;
+            ce += ((uint32_t)v >> 16) & 0xffffu;
+        }
         cg = __reduce_add_sync(CU_FULL, cg);
         ce = __reduce_add_sync(CU_FULL, ce);
-        if (lane == 0) {
+        if (lane == 0 && (cg | ce) != 0) {
             atomicAdd(&sh_gtb, cg);
             atomicAdd(&sh_eqb, ce);
         }
+        __syncthreads();
+        e = sh_eqb + (xs >> 16); // the sample's keys == T before key i0
+        run = sh_gtb + (xs & 0xffffu) + min(e, need);
     } else {
-        grid.sync(); // the amax slots
+        run = g.n_hi != 0 ? a0 + i0 : 0u;
     }
-
-    // e: the frame's absmax over every CTA's slot
-    {
-        uint32_t m = 0;
-        for (uint32_t c = tid; c < gridDim.x; c += blockDim.x)
-            m = max(m, __ldcg(&z.amax[c]));
-        m = __reduce_max_sync(CU_FULL, m);
-        __syncthreads(); // ws free
-        if (lane == 0)
-            ws[wid] = m;
-        __syncthreads();
-        if (tid == 0) {
-            uint32_t mm = 0;
-            for (uint32_t w = 0; w < nwarp; w++)
-                mm = max(mm, ws[w]);
-            sh_amax = mm;
-        }
-        __syncthreads();
-    }
-    const uint32_t T = sh_prefix, need = sh_need;
-    // high allocation tiles of the sample before a0
-    const uint32_t eqb = all ? 0u : sh_eqb;
-    const uint32_t hib = all ? (g.n_hi != 0 ? a0 : 0u) : sh_gtb + min(eqb, need);
-    const uint32_t per = (L + blockDim.x - 1) / blockDim.x;
-    const uint32_t i0 = min(tid * per, L), i1 = min(i0 + per, L);
-    uint32_t eq = 0;
-    if (!all)
-        for (uint32_t i = i0; i < i1; i++)
-            eq += (uint32_t)(sk[i] == T);
-    uint32_t eq_total, hq_total;
-    const uint32_t eq_before = eqb + d_block_scan(eq, ws, &eq_total);
-    uint32_t hq = 0, e = eq_before;
-    for (uint32_t i = i0; i < i1; i++) {
-        const bool hi = d_sel_hi(sk[i], T, need, all, g.n_hi != 0, e);
-        hq += (uint32_t)hi;
-    }
-    uint32_t run = hib + d_block_scan(hq, ws, &hq_total); // its barriers end every read of other runs
-    e = eq_before;
     for (uint32_t i = i0; i < i1; i++) {
         const bool hi = d_sel_hi(sk[i], T, need, all, g.n_hi != 0, e);
         sk[i] = (run * g.k) | ((uint32_t)hi << 31); // high quant tiles before (r == k: k per high tile)
@@ -2011,8 +2015,11 @@ static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp
     s_fz a_z;
     a_z.flag = (unsigned long long *)zb;
     a_z.cnt = (unsigned long long *)(zb + 8);
-    a_z.amax = (uint32_t *)(zb + 8 + 8 * S_FUSE_MAXGRID);
-    a_z.hist = (uint32_t *)(zb + 8 + 12 * S_FUSE_MAXGRID);
+    a_z.ztag = (unsigned long long *)(zb + 8 + 8 * S_FUSE_MAXGRID);
+    a_z.gdone = (uint32_t *)(((uintptr_t)zb + 8 + 16 * S_FUSE_MAXGRID + 15) & ~(uintptr_t)15);
+    a_z.gamax = a_z.gdone + 1;
+    a_z.sdone = a_z.gdone + 4;
+    a_z.hist = a_z.gdone + S_FZ_CTR;
     const float *a_x = x;
     uint16_t *a_flagv = t.flagv;
     uint8_t *a_p = payload;
