@@ -1185,7 +1185,7 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
 // The same keys, threshold and prefixes as the multi-kernel path, so the same payload.
 // Round 6: 0.116 ms (H200, 5 grid barriers); round 13 replaced round 12's 2 radix
 // rounds and 3 grid barriers (the select 10.5 us after the last CTA's phase 1 on the
-// H100; now ~6 us).
+// H100; now ~7 us).
 //
 // U: quant tiles per segment per warp iteration; MINB: CTAs per SM the registers must allow
 // TPT (round 8): phases 1 and 3 with two lanes per tile (d_tah_ent_p64, d_tah_quant_p64; s_pair_ok)
