@@ -55,7 +55,7 @@
 #define S_QUANT_U 2 // tiles per segment per k_tah_quant iteration (round 4)
 #define S_FUSE_MAXGRID 1024u // CTAs of k_tah_fused's cooperative grid, at most
 #define S_FUSE_MAXL 8192u    // allocation tiles per CTA (32 KB of keys in shared memory)
-static_assert(S_FUSE_MAXL < 65536u, "k_tah_fused packs a CTA's two key counts in 16 bits each");
+static_assert(S_FUSE_MAXL < 16384u, "k_tah_fused packs a CTA's two key counts in 14 bits each");
 // k_tah_select(_sm)'s radix rounds of 8 bits over the 12-bit keys (CODEC_TAH_KEY_BINS): bits
 // 8..15, then 0..7; the first round's shift
 #define S_SEL_SHIFT0 8
@@ -89,7 +89,7 @@ struct s_tw {
 #define S_FZ_CTR (4u + S_FUSE_MAXGRID) // gdone, gamax, 2 unused, sdone: hist stays 16-byte aligned
 struct s_fz {
     unsigned long long *flag; // the call's tag once CTA 0 has zeroed gdone .. sdone
-    unsigned long long *cnt;  // [S_FUSE_MAXGRID] per CTA: (tag & 0xffffffff) << 32 | keys == T << 16 | keys > T
+    unsigned long long *cnt;  // [S_FUSE_MAXGRID] per CTA: the tag's low 36 bits << 28 | keys == T << 14 | keys > T
     unsigned long long *ztag; // [S_FUSE_MAXGRID] per sample: the call's tag once its histogram is zeroed
     uint32_t *gdone, *gamax;  // CTAs past phase 1; the frame's max |x| bits (atomicMax)
     uint32_t *sdone;          // [S_FUSE_MAXGRID] per sample: its CTAs past phase 1
@@ -1272,7 +1272,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
         __threadfence();
     }
     __syncthreads();
-    const uint32_t tag32 = (uint32_t)head.tag;
+    const unsigned long long tag36 = head.tag & 0xfffffffffull; // cnt slots: a slot of an earlier call reads as unwritten
     if (tid == 0) {
         uint32_t m = 0;
         for (uint32_t w = 0; w < nwarp; w++)
@@ -1357,17 +1357,17 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
             gt += (uint32_t)(sk[i] > T);
             eq += (uint32_t)(sk[i] == T);
         }
-        uint32_t tc; // L <= S_FUSE_MAXL < 2^16: (gt, eq) in one word's halves, no carry between them
-        const uint32_t xs = d_block_scan(gt | (eq << 16), ws, &tc);
+        uint32_t tc; // L <= S_FUSE_MAXL < 2^14: (gt, eq) in one word, no carry between them
+        const uint32_t xs = d_block_scan(gt | (eq << 14), ws, &tc);
         if (tid == 0)
-            *(volatile unsigned long long *)&z.cnt[cta] = ((unsigned long long)tag32 << 32) | tc;
-        uint32_t cg = 0, ce = 0; // (tag32: a slot of an earlier call reads as not yet written)
+            *(volatile unsigned long long *)&z.cnt[cta] = (tag36 << 28) | tc;
+        uint32_t cg = 0, ce = 0;
         for (uint32_t i = tid; i < j; i += blockDim.x) {
             unsigned long long v;
-            while (((v = *(volatile unsigned long long *)&z.cnt[(size_t)b * P + i]) >> 32) != tag32)
+            while (((v = *(volatile unsigned long long *)&z.cnt[(size_t)b * P + i]) >> 28) != tag36)
                 ;
-            cg += (uint32_t)v & 0xffffu;
-            ce += ((uint32_t)v >> 16) & 0xffffu;
+            cg += (uint32_t)v & 0x3fffu;
+            ce += ((uint32_t)v >> 14) & 0x3fffu;
         }
         cg = __reduce_add_sync(CU_FULL, cg);
         ce = __reduce_add_sync(CU_FULL, ce);
@@ -1376,8 +1376,8 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
             atomicAdd(&sh_eqb, ce);
         }
         __syncthreads();
-        e = sh_eqb + (xs >> 16); // the sample's keys == T before key i0
-        run = sh_gtb + (xs & 0xffffu) + min(e, need);
+        e = sh_eqb + (xs >> 14); // the sample's keys == T before key i0
+        run = sh_gtb + (xs & 0x3fffu) + min(e, need);
     } else {
         run = g.n_hi != 0 ? a0 + i0 : 0u;
     }
