@@ -615,9 +615,9 @@ __global__ void __launch_bounds__(256) k_ash_dec256(const uint8_t *__restrict__ 
             if (!safe)
                 outmax = max(outmax, d_absbits_max8(v));
             if (FULL) {
-                float *o = out + 256u * ((uint32_t)base + b) + 4u * lane;
-                *(float4 *)o = make_float4(v[0], v[1], v[2], v[3]);
-                *(float4 *)(o + 128u) = make_float4(v[4], v[5], v[6], v[7]);
+                float *o = out + 256u * ((uint32_t)base + b) + 4u * lane; // streaming stores (k_tah_dw64)
+                __stcs((float4 *)o, make_float4(v[0], v[1], v[2], v[3]));
+                __stcs((float4 *)(o + 128u), make_float4(v[4], v[5], v[6], v[7]));
             } else {
                 d_store8h(out, (base + b) * 256u, 256u, lane, 32u, a.vec_x, v);
             }

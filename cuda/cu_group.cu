@@ -735,7 +735,7 @@ __global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict
                 bad |= (uint32_t)d_nonfinite(v[r]);
             }
         }
-        *(float4 *)(ow + 128u * u) = make_float4(v[0], v[1], v[2], v[3]);
+        __stcs((float4 *)(ow + 128u * u), make_float4(v[0], v[1], v[2], v[3])); // streaming (k_tah_dw64)
     }
     if (corrupt)
         d_flag(head, CU_ST_CORRUPT);

@@ -1931,18 +1931,19 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
             __syncwarp();
             rm = d_rot_drop(rm);
         }
-        // lane l: float4 l % 16 of rows 2k + l / 16 (a full round without bounds tests)
+        // lane l: float4 l % 16 of rows 2k + l / 16 (a full round without bounds tests); streaming
+        // stores (st.global.cs), as every decoder's output: +0.5 point queued, +1.5 back to back (H100)
         float4 *o4 = (float4 *)(out + (b * SQ + t0) * 64u) + lane;
         const float4 *r4 = rows + (lane / 16u) * S_DT_ROW + lane % 16u;
         if (t0 + 16u <= w1) {
 #pragma unroll
             for (int k = 0; k < 8; k++)
-                o4[32 * k] = r4[2 * S_DT_ROW * k];
+                __stcs(&o4[32 * k], r4[2 * S_DT_ROW * k]);
         } else {
 #pragma unroll
             for (int k = 0; k < 8; k++)
                 if (t0 + 2u * (uint32_t)k + lane / 16u < w1)
-                    o4[32 * k] = r4[2 * S_DT_ROW * k];
+                    __stcs(&o4[32 * k], r4[2 * S_DT_ROW * k]);
         }
         __syncwarp(); // rows read before the next round writes them
         cur = nxt;
