@@ -60,6 +60,7 @@ static inline uint64_t codec_get_u64(const uint8_t *p)
 static inline uint32_t codec_f32_bits(float f) { union { float f; uint32_t u; } v = { .f = f }; return v.u; }
 static inline float codec_bits_f32(uint32_t u) { union { uint32_t u; float f; } v = { .u = u }; return v.f; }
 static inline void codec_put_f32(uint8_t *p, float f) { codec_put_u32(p, codec_f32_bits(f)); }
+static inline float codec_get_f32(const uint8_t *p) { return codec_bits_f32(codec_get_u32(p)); }
 
 /* TAH-Quant's ranking keys (tah.c, and cuda/cu_tah.cu computes the same):
  * floor(entropy * scale), at most CODEC_TAH_KEY_BINS - 1. The scale is
@@ -76,6 +77,5 @@ static inline float codec_tah_key_scale(uint32_t alloc_tile)
         c++;
     return (float)(1u << (12 - c));
 }
-static inline float codec_get_f32(const uint8_t *p) { return codec_bits_f32(codec_get_u32(p)); }
 
 #endif

@@ -1198,7 +1198,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     extern __shared__ __align__(16) uint32_t sk[]; // this CTA's keys (entropy bits), later its packed prefixes (in place);
                                      // TPT: then the staging buffers (16-byte aligned)
     __shared__ uint32_t ws[32], lh[S_LH];
-    __shared__ uint32_t sh_prefix, sh_need, sh_gtb, sh_eqb, sh_amax;
+    __shared__ uint32_t sh_T, sh_need, sh_gtb, sh_eqb, sh_amax;
     __shared__ float2 s_mm[TPT ? 8 : 1][S_ST_UNIT]; // TPT: a warp's rotated tiles' min, max
     const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, nwarp = blockDim.x >> 5;
     const uint32_t cta = blockIdx.x, b = cta / P, j = cta - b * P;
@@ -1342,14 +1342,14 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
 #pragma unroll
             for (int q = (int)nb - 1; q >= 0; q--) {
                 if (above + hv[q] >= nh) {
-                    sh_prefix = hb + (uint32_t)q;
+                    sh_T = hb + (uint32_t)q;
                     sh_need = nh - above;
                     break;
                 }
                 above += hv[q];
             }
         __syncthreads();
-        T = sh_prefix;
+        T = sh_T;
         need = sh_need;
         // (keys > T, keys == T) of this CTA to the CTAs after it; those of the CTAs before it
         uint32_t gt = 0, eq = 0;

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "codec.h"
+#include "codec_impl.h" /* codec_tah_key_scale: the keys' step */
 #include "half.h"  /* half_to_f32: to read the frame's metadata */
 #include "synth.h" /* codec_synth_activations, codec_synth_normal */
 
@@ -169,12 +170,7 @@ static double check_against_reference(const enc_t *enc, const float *x)
             }
         }
         assert_int_equal(hi_count, n_hi);
-        int lgA = 0, c = 0;
-        while ((1u << lgA) < p->alloc_tile)
-            lgA++;
-        while ((1 << c) < lgA + 1)
-            c++;
-        const double key_step = ldexp(1.0, c - 12);
+        const double key_step = 1.0 / codec_tah_key_scale(p->alloc_tile);
         if (hi_count > 0 && hi_count < nalloc && !(min_hi >= max_lo - key_step - 1e-4))
             fail_msg("sample %u: a low tile has entropy %.6f above a high tile's %.6f", b, max_lo, min_hi);
 
