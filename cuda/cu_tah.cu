@@ -758,6 +758,44 @@ __device__ __forceinline__ void d_top2_merge(float &m1, float &m2, uint32_t &i1,
     }
 }
 
+// d_scale_top2 and d_top2_merge without the index (the lane-pair quantiser finds the pivot of
+// its rotated tiles alone, d_first_max): the same m1 >= m2, the same treatment of NaN.
+template <int N>
+__device__ __forceinline__ void d_scale_top2n(float v[N], float down, float &m1, float &m2)
+{
+    m1 = 0.0f;
+    m2 = 0.0f;
+#pragma unroll
+    for (int r = 0; r < N; r++) {
+        v[r] = __fmul_rn(v[r], down);
+        const float m = fabsf(v[r]);
+        m2 = fmaxf(m2, fminf(m, m1));
+        m1 = fmaxf(m1, m);
+    }
+}
+
+__device__ __forceinline__ void d_top2n_merge(float &m1, float &m2, uint32_t mask, uint32_t o)
+{
+    const float b1 = __shfl_xor_sync(mask, m1, (int)o), b2 = __shfl_xor_sync(mask, m2, (int)o);
+    m2 = fmaxf(fmaxf(m2, b2), fminf(m1, b1));
+    m1 = fmaxf(m1, b1);
+}
+
+// The first index of a tile (segment of 8 lanes, lane sl: elements 8sl..8sl+7 in z) whose
+// magnitude is m1, the tile's largest: d_scale_top2's i1 after the merges (64 when none is).
+__device__ __forceinline__ uint32_t d_first_max(const float z[8], float m1, uint32_t sl)
+{
+    uint32_t i = 64u;
+#pragma unroll
+    for (int r = 7; r >= 0; r--)
+        if (fabsf(z[r]) == m1)
+            i = 8u * sl + (uint32_t)r;
+#pragma unroll
+    for (int o = 1; o < 8; o *= 2)
+        i = min(i, (uint32_t)__shfl_xor_sync(CU_FULL, i, o));
+    return i;
+}
+
 // swap element 0 and element piv of the segment's tile (registers of two lanes)
 __device__ __forceinline__ void d_swap0(float z[8], uint32_t lane, uint32_t tl, uint32_t tpg, uint32_t piv)
 {
@@ -1065,18 +1103,18 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
 #pragma unroll
         for (int r = 0; r < 32; r++)
             v[r] = 0.0f;
-    // scale; top-2 magnitudes (a multiset: tah.c's lane order does not matter) and the
-    // first index of the largest, merged across the pair as d_tah_quant_u merges lanes
+    // scale; top-2 magnitudes (a multiset: tah.c's lane order does not matter), merged
+    // across the pair. The pivot (the first index of the largest) only matters for rotated
+    // tiles: their pass finds it (round 14: -0.75 us, H100)
     float m1, m2;
-    uint32_t i1;
-    d_scale_top2<32>(v, down, 32u * h, m1, m2, i1);
-    d_top2_merge(m1, m2, i1, pm, 16u);
-    const uint32_t piv = m1 > 0.0f ? i1 : 0u;
+    d_scale_top2n<32>(v, down, m1, m2);
+    d_top2n_merge(m1, m2, pm, 16u);
+    uint32_t piv = 0; // rotated tiles: the first index of m1, from the pass below
     float mn, mx;
     d_minmax_p64(v, lane, mn, mx);
     const bool rot = valid && __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau; // pair-uniform
     // the rotated tiles (about 3 of 16) on their rows, a segment of 8 lanes each, 4 per
-    // pass (lane sl: elements 8sl..8sl+7): scale, swap element 0 with the pivot, the
+    // pass (lane sl: elements 8sl..8sl+7): scale, the pivot, swap element 0 with it, the
     // transform and its min/max as tah.c (d_swap0, d_fwht_seg, d_tile_minmax, the
     // segment kernels' bit-exact helpers); the transformed floats go back to the row
     uint32_t rm = __ballot_sync(CU_FULL, rot && h == 0); // bit t: tile t rotated
@@ -1090,7 +1128,14 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
 #pragma unroll
         for (int r = 0; r < 8; r++)
             z[r] = __fmul_rn(z[r], down);
-        const uint32_t tp = __shfl_sync(CU_FULL, piv, (int)t);
+        const uint32_t fi = d_first_max(z, __shfl_sync(CU_FULL, m1, (int)t), sl);
+        const uint32_t tp = fi < 64u ? fi : 0u; // 64: every element NaN (the payload is unspecified)
+        // the pair of tile tl takes its pivot from the segment that had it (rank among rm's bits)
+        const uint32_t rank = (uint32_t)__popc((int)(rm & ((1u << tl) - 1u)));
+        const bool mine = ((rm >> tl) & 1u) && rank < 4u;
+        const uint32_t pv = __shfl_sync(CU_FULL, tp, (int)(mine ? 8u * rank : lane));
+        if (mine)
+            piv = pv;
         d_swap0(z, lane, sl, 8u, tp);
         d_fwht_seg(z, lane, 8u);
 #pragma unroll
