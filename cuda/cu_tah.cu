@@ -722,46 +722,12 @@ __device__ __forceinline__ void d_tah_meta(float mn, float mx, float levels, uin
 }
 
 // v[0..N) *= down (exact: a power of two), then the two largest magnitudes m1 >= m2 of
-// the lane's elements (a multiset: equal maxima give m2 = m1) and the first index of m1,
-// counted from i0 (0 when every magnitude is 0).
+// the lane's elements (a multiset: equal maxima give m2 = m1; a NaN element leaves m1 and
+// raises m2 to m1, and non-finite input leaves the payload unspecified); d_top2_merge merges
+// them with those of lane ^ o. The pivot, the first index of m1, matters only for rotated
+// tiles: d_first_max finds it in their pass (round 14; before, every element tracked it).
 template <int N>
-__device__ __forceinline__ void d_scale_top2(float v[N], float down, uint32_t i0, float &m1, float &m2, uint32_t &i1)
-{
-    m1 = 0.0f;
-    m2 = 0.0f;
-    i1 = 0;
-#pragma unroll
-    for (int r = 0; r < N; r++) {
-        v[r] = __fmul_rn(v[r], down);
-        const float m = fabsf(v[r]);
-        m2 = fmaxf(m2, fminf(m, m1));
-        if (m > m1) {
-            m1 = m;
-            i1 = i0 + (uint32_t)r;
-        }
-    }
-}
-
-// Merge a lane's top-2 magnitudes (m1 >= m2, i1 the first index of m1) with those of
-// lane ^ o (mask: the lanes taking part): the larger m1 wins, the lower index on ties;
-// the second is the winner's m2 or the loser's m1. Both lanes end with the same values.
-__device__ __forceinline__ void d_top2_merge(float &m1, float &m2, uint32_t &i1, uint32_t mask, uint32_t o)
-{
-    const float b1 = __shfl_xor_sync(mask, m1, (int)o), b2 = __shfl_xor_sync(mask, m2, (int)o);
-    const uint32_t bi = __shfl_xor_sync(mask, i1, (int)o);
-    if (b1 > m1 || (b1 == m1 && bi < i1)) {
-        m2 = fmaxf(b2, m1);
-        m1 = b1;
-        i1 = bi;
-    } else {
-        m2 = fmaxf(m2, b1);
-    }
-}
-
-// d_scale_top2 and d_top2_merge without the index (the lane-pair quantiser finds the pivot of
-// its rotated tiles alone, d_first_max): the same m1 >= m2, the same treatment of NaN.
-template <int N>
-__device__ __forceinline__ void d_scale_top2n(float v[N], float down, float &m1, float &m2)
+__device__ __forceinline__ void d_scale_top2(float v[N], float down, float &m1, float &m2)
 {
     m1 = 0.0f;
     m2 = 0.0f;
@@ -774,25 +740,24 @@ __device__ __forceinline__ void d_scale_top2n(float v[N], float down, float &m1,
     }
 }
 
-__device__ __forceinline__ void d_top2n_merge(float &m1, float &m2, uint32_t mask, uint32_t o)
+__device__ __forceinline__ void d_top2_merge(float &m1, float &m2, uint32_t mask, uint32_t o)
 {
     const float b1 = __shfl_xor_sync(mask, m1, (int)o), b2 = __shfl_xor_sync(mask, m2, (int)o);
     m2 = fmaxf(fmaxf(m2, b2), fminf(m1, b1));
     m1 = fmaxf(m1, b1);
 }
 
-// The first index of a tile (segment of 8 lanes, lane sl: elements 8sl..8sl+7 in z) whose
-// magnitude is m1, the tile's largest: d_scale_top2's i1 after the merges (64 when none is).
-__device__ __forceinline__ uint32_t d_first_max(const float z[8], float m1, uint32_t sl)
+// The first index of a tile (a segment of tpg lanes, lane tl: elements 8tl..8tl+7 in z) whose
+// magnitude is m1, the tile's largest (8 tpg, past the tile, when none is: every element NaN).
+__device__ __forceinline__ uint32_t d_first_max(const float z[8], float m1, uint32_t tl, uint32_t tpg)
 {
-    uint32_t i = 64u;
+    uint32_t i = 8u * tpg;
 #pragma unroll
     for (int r = 7; r >= 0; r--)
         if (fabsf(z[r]) == m1)
-            i = 8u * sl + (uint32_t)r;
-#pragma unroll
-    for (int o = 1; o < 8; o *= 2)
-        i = min(i, (uint32_t)__shfl_xor_sync(CU_FULL, i, o));
+            i = 8u * tl + (uint32_t)r;
+    for (uint32_t o = 1; o < tpg; o *= 2)
+        i = min(i, (uint32_t)__shfl_xor_sync(CU_FULL, i, (int)o));
     return i;
 }
 
@@ -857,13 +822,12 @@ __device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8
 #pragma unroll
         for (int r = 0; r < 8; r++)
             v[r] = vv[u][r];
-        // scale; top-2 magnitudes (multiset) with the first index of the largest
+        // scale; top-2 magnitudes (multiset)
         float m1, m2;
-        uint32_t i1;
-        d_scale_top2<8>(v, down, 8u * tl, m1, m2, i1);
+        d_scale_top2<8>(v, down, m1, m2);
         for (uint32_t o = 1; o < tpg; o *= 2)
-            d_top2_merge(m1, m2, i1, CU_FULL, o);
-        const uint32_t piv = m1 > 0.0f ? i1 : 0u;
+            d_top2_merge(m1, m2, CU_FULL, o);
+        uint32_t piv = 0; // rotated tiles: the first index of m1
         float mn, mx;
         const bool full = w == G;
         d_tile_minmax(v, tl, tpg, G, full ? G : w, !full, mn, mx);
@@ -873,6 +837,8 @@ __device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8
 #pragma unroll
             for (int r = 0; r < 8; r++)
                 z[r] = v[r];
+            const uint32_t fi = d_first_max(z, m1, tl, tpg);
+            piv = fi < G ? fi : 0u;
             d_swap0(z, lane, tl, tpg, piv);
             d_fwht_seg(z, lane, tpg);
 #pragma unroll
@@ -1107,8 +1073,8 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
     // across the pair. The pivot (the first index of the largest) only matters for rotated
     // tiles: their pass finds it (round 14: -0.75 us, H100)
     float m1, m2;
-    d_scale_top2n<32>(v, down, m1, m2);
-    d_top2n_merge(m1, m2, pm, 16u);
+    d_scale_top2<32>(v, down, m1, m2);
+    d_top2_merge(m1, m2, pm, 16u);
     uint32_t piv = 0; // rotated tiles: the first index of m1, from the pass below
     float mn, mx;
     d_minmax_p64(v, lane, mn, mx);
@@ -1128,8 +1094,8 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
 #pragma unroll
         for (int r = 0; r < 8; r++)
             z[r] = __fmul_rn(z[r], down);
-        const uint32_t fi = d_first_max(z, __shfl_sync(CU_FULL, m1, (int)t), sl);
-        const uint32_t tp = fi < 64u ? fi : 0u; // 64: every element NaN (the payload is unspecified)
+        const uint32_t fi = d_first_max(z, __shfl_sync(CU_FULL, m1, (int)t), sl, 8u);
+        const uint32_t tp = fi < 64u ? fi : 0u;
         // the pair of tile tl takes its pivot from the segment that had it (rank among rm's bits)
         const uint32_t rank = (uint32_t)__popc((int)(rm & ((1u << tl) - 1u)));
         const bool mine = ((rm >> tl) & 1u) && rank < 4u;
