@@ -747,8 +747,9 @@ __device__ __forceinline__ void d_top2_merge(float &m1, float &m2, uint32_t mask
     m1 = fmaxf(m1, b1);
 }
 
-// The first index of a tile (a segment of tpg lanes, lane tl: elements 8tl..8tl+7 in z) whose
-// magnitude is m1, the tile's largest (8 tpg, past the tile, when none is: every element NaN).
+// The pivot of a tile (a segment of tpg lanes, lane tl: elements 8tl..8tl+7 in z): the first
+// index whose magnitude is m1, the tile's largest (0 when none is: every element NaN, whose
+// payload is unspecified).
 __device__ __forceinline__ uint32_t d_first_max(const float z[8], float m1, uint32_t tl, uint32_t tpg)
 {
     uint32_t i = 8u * tpg;
@@ -758,7 +759,7 @@ __device__ __forceinline__ uint32_t d_first_max(const float z[8], float m1, uint
             i = 8u * tl + (uint32_t)r;
     for (uint32_t o = 1; o < tpg; o *= 2)
         i = min(i, (uint32_t)__shfl_xor_sync(CU_FULL, i, (int)o));
-    return i;
+    return i < 8u * tpg ? i : 0u;
 }
 
 // swap element 0 and element piv of the segment's tile (registers of two lanes)
@@ -837,8 +838,7 @@ __device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8
 #pragma unroll
             for (int r = 0; r < 8; r++)
                 z[r] = v[r];
-            const uint32_t fi = d_first_max(z, m1, tl, tpg);
-            piv = fi < G ? fi : 0u;
+            piv = d_first_max(z, m1, tl, tpg);
             d_swap0(z, lane, tl, tpg, piv);
             d_fwht_seg(z, lane, tpg);
 #pragma unroll
@@ -1094,8 +1094,7 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
 #pragma unroll
         for (int r = 0; r < 8; r++)
             z[r] = __fmul_rn(z[r], down);
-        const uint32_t fi = d_first_max(z, __shfl_sync(CU_FULL, m1, (int)t), sl, 8u);
-        const uint32_t tp = fi < 64u ? fi : 0u;
+        const uint32_t tp = d_first_max(z, __shfl_sync(CU_FULL, m1, (int)t), sl, 8u);
         // the pair of tile tl takes its pivot from the segment that had it (rank among rm's bits)
         const uint32_t rank = (uint32_t)__popc((int)(rm & ((1u << tl) - 1u)));
         const bool mine = ((rm >> tl) & 1u) && rank < 4u;
@@ -1206,7 +1205,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
                                                       uint32_t P, bool flag_bytes, uint32_t lmax)
 {
     d_mark(head);
-    extern __shared__ __align__(16) uint32_t sk[]; // this CTA's keys (entropy bits), later its packed prefixes (in place);
+    extern __shared__ __align__(16) uint32_t sk[]; // this CTA's entropy keys, later its packed prefixes (in place);
                                      // TPT: then the staging buffers (16-byte aligned)
     __shared__ uint32_t ws[32], lh[S_LH];
     __shared__ uint32_t sh_T, sh_need, sh_gtb, sh_eqb, sh_amax;
