@@ -3,15 +3,17 @@
  * The tensor is N = B*S*C contiguous floats in groups of `group` elements
  * (the last group may be shorter); b = `bits` in {2,3,4,5,6,8}.
  *
- * Frame exponent: fp16 metadata cannot describe |x| > 65504, and loses
- * precision on tiny frames, so every frame carries one power-of-two
- * exponent e and all metadata is stored relative to 2^e:
- *   e = clamp(ceil(log2(absmax)) - 14, -126, 114)   (e = 0 for an all-zero frame)
+ * Block exponents: fp16 metadata cannot describe |x| > 65504, and loses
+ * precision on tiny values, so every block of S_BLOCK (64) consecutive groups
+ * carries one power-of-two exponent e and its groups' metadata is stored
+ * relative to 2^e:
+ *   e = clamp(ceil(log2(absmax of the block)) - 14, -126, 114)   (0 for an all-zero block)
  * so absmax * 2^-e <= 2^14 and both 2^e and 2^-e are normal floats. The
  * encoder works on xs = x * 2^-e (exact unless xs is a float subnormal,
- * i.e. x is 2^-140 below the frame's absmax). Any finite float32 tensor is
- * encodable.
- *
+ * i.e. x is 2^-140 below its block's absmax). Any finite float32 tensor is
+ * encodable. A block's exponent depends on that block alone, so the encoder
+ * reads x once, block by block (until November 2026 one exponent served the
+ * whole frame, which took a pass over all of x first; frame version 1).
  * Asymmetric (default), L = 2^b - 1:
  *   mn   = min(xs) rounded DOWN to fp16
  *   step = (max(xs) - mn) / L rounded UP to fp16, so [mn, mn + L*step]
@@ -27,17 +29,17 @@
  * can step past the largest float when |x| is within 2^-10 of it).
  *
  * Payload (little-endian):
- *   i32 e
+ *   per block: i8 e; zero bytes up to a multiple of 4
  *   per group: asymmetric u16 fp16 mn, u16 fp16 step; symmetric u16 fp16 step
  *   then each group's codes, b bits each, packed with bitpack_pack (LSB
  *   first), every group starting on a byte boundary: a full group takes
  *   ceil(group*b/8) bytes, the last ceil(len*b/8); padding bits are 0.
- * At b = 4, group = 128 asymmetric: 4 + 32/128 = 4.25 bits per element,
- * plus 4 bytes and the header.
+ * At b = 4, group = 128 asymmetric: 4 + 32/128 + 8/8192 = 4.251 bits per
+ * element, plus the header.
  *
- * Decode rejects (TAH_ECORRUPT) e outside [-126, 114], a non-finite mn, a
- * negative or non-finite step, an invalid symmetric code and non-zero
- * padding bits. */
+ * Decode rejects (TAH_ECORRUPT) an e outside [-126, 114], non-zero bytes
+ * after the exponents, a non-finite mn, a negative or non-finite step, an
+ * invalid symmetric code and non-zero padding bits. */
 #include <float.h>
 #include <math.h>
 
@@ -49,9 +51,12 @@
 #define S_ROUND 12582912.0f /* 1.5 * 2^23: (t + S_ROUND) - S_ROUND rounds |t| < 2^22 to nearest even */
 #define S_EXP_MIN (-126)
 #define S_EXP_MAX 114
+#define S_BLOCK 64u /* groups per exponent */
 
 static uint64_t s_ngroups(uint64_t n, uint32_t group) { return (n + group - 1) / group; }
 static uint32_t s_meta_bytes(const codec_int_params_t *p) { return p->symmetric ? 2u : 4u; }
+/* bytes of the exponents and their padding: the metadata's offset */
+static uint64_t s_exp_bytes(uint64_t ng) { return ((ng + S_BLOCK - 1) / S_BLOCK + 3) & ~(uint64_t)3; }
 
 static uint64_t s_payload_size(const codec_spec_t *spec, codec_shape_t shape)
 {
@@ -59,7 +64,7 @@ static uint64_t s_payload_size(const codec_spec_t *spec, codec_shape_t shape)
     uint64_t n = codec_shape_elems(shape);
     uint64_t full = n / p->group, rem = n % p->group;
     uint64_t codes = full * bitpack_bytes(p->group, p->bits) + (rem ? bitpack_bytes(rem, p->bits) : 0);
-    return 4 + s_meta_bytes(p) * s_ngroups(n, p->group) + codes;
+    return s_exp_bytes(s_ngroups(n, p->group)) + s_meta_bytes(p) * s_ngroups(n, p->group) + codes;
 }
 
 /* min and max of x[0..m) (vectorises: independent lanes) */
@@ -88,12 +93,9 @@ static void s_minmax(const float *x, uint64_t m, float *mn, float *mx)
     *mx = b;
 }
 
-/* e = clamp(ceil(log2(absmax)) - 14, S_EXP_MIN, S_EXP_MAX); 0 for absmax = 0 */
-static int32_t s_frame_exp(const float *x, uint64_t n)
+/* e = clamp(ceil(log2(amax)) - 14, S_EXP_MIN, S_EXP_MAX); 0 for amax = 0 */
+static int32_t s_block_exp(float amax)
 {
-    float mn, mx;
-    s_minmax(x, n, &mn, &mx);
-    float amax = fabsf(mn) > fabsf(mx) ? fabsf(mn) : fabsf(mx);
     if (amax == 0.0f)
         return 0;
     int ex;
@@ -139,45 +141,56 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *
     const uint32_t bits = p->bits, group = p->group, mb = s_meta_bytes(p);
     const uint32_t L = (1u << bits) - 1u;
     const int32_t qmax = (1 << (bits - 1)) - 1;
-    const uint64_t n = codec_shape_elems(shape), ng = s_ngroups(n, group);
-    const uint64_t gbytes = bitpack_bytes(group, bits);
-    const int32_t e = s_frame_exp(x, n);
-    const float pdown = ldexpf(1.0f, -e);
-    uint8_t *meta = payload + 4, *code_base = payload + 4 + (uint64_t)mb * ng;
+    const uint64_t n = codec_shape_elems(shape), ng = s_ngroups(n, group), nblk = (ng + S_BLOCK - 1) / S_BLOCK;
+    const uint64_t gbytes = bitpack_bytes(group, bits), eb = s_exp_bytes(ng);
+    uint8_t *meta = payload + eb, *code_base = payload + eb + (uint64_t)mb * ng;
     uint16_t codes[S_CHUNK];
-    codec_put_u32(payload, (uint32_t)e);
-    for (uint64_t g = 0; g < ng; g++) {
-        const uint64_t off = g * group;
-        const uint32_t len = (uint32_t)(n - off < group ? n - off : group);
-        const float *gx = x + off;
-        float lo, hi;
-        s_minmax(gx, len, &lo, &hi);
-        lo *= pdown;
-        hi *= pdown;
-        float mn = 0.0f, inv;
-        if (p->symmetric) {
-            float amax = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
-            uint16_t sh = s_step_up((double)amax, (uint32_t)qmax);
-            codec_put_u16(meta + 2 * g, sh);
-            float step = half_to_f32(sh);
-            inv = step > 0.0f ? 1.0f / step : 0.0f;
-        } else {
-            uint16_t mh = half_from_f32_down(lo);
-            mn = half_to_f32(mh);
-            uint16_t sh = s_step_up((double)hi - (double)mn, L);
-            codec_put_u16(meta + 4 * g, mh);
-            codec_put_u16(meta + 4 * g + 2, sh);
-            float step = half_to_f32(sh);
-            inv = step > 0.0f ? 1.0f / step : 0.0f;
+    float glo[S_BLOCK], ghi[S_BLOCK]; /* the block's groups' min and max */
+    for (uint64_t k = nblk; k < eb; k++)
+        payload[k] = 0;
+    for (uint64_t blk = 0; blk < nblk; blk++) {
+        const uint64_t g0 = blk * S_BLOCK, g1 = ng - g0 < S_BLOCK ? ng : g0 + S_BLOCK;
+        float amax = 0.0f;
+        for (uint64_t g = g0; g < g1; g++) {
+            const uint64_t off = g * group;
+            const uint32_t len = (uint32_t)(n - off < group ? n - off : group);
+            s_minmax(x + off, len, &glo[g - g0], &ghi[g - g0]);
+            const float a = fabsf(glo[g - g0]) > fabsf(ghi[g - g0]) ? fabsf(glo[g - g0]) : fabsf(ghi[g - g0]);
+            amax = a > amax ? a : amax;
         }
-        uint8_t *dst = code_base + g * gbytes;
-        for (uint32_t k = 0; k < len; k += S_CHUNK) {
-            uint32_t m = len - k < S_CHUNK ? len - k : S_CHUNK;
-            if (p->symmetric)
-                s_quant_sym(codes, gx + k, m, pdown, inv, (float)qmax, qmax);
-            else
-                s_quant_asym(codes, gx + k, m, pdown, mn, inv, (float)L);
-            bitpack_pack(dst + (size_t)k / 8 * bits, codes, m, bits);
+        const int32_t e = s_block_exp(amax);
+        const float pdown = ldexpf(1.0f, -e);
+        payload[blk] = (uint8_t)(int8_t)e;
+        for (uint64_t g = g0; g < g1; g++) {
+            const uint64_t off = g * group;
+            const uint32_t len = (uint32_t)(n - off < group ? n - off : group);
+            const float *gx = x + off;
+            const float lo = glo[g - g0] * pdown, hi = ghi[g - g0] * pdown;
+            float mn = 0.0f, inv;
+            if (p->symmetric) {
+                float amax_g = fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi);
+                uint16_t sh = s_step_up((double)amax_g, (uint32_t)qmax);
+                codec_put_u16(meta + 2 * g, sh);
+                float step = half_to_f32(sh);
+                inv = step > 0.0f ? 1.0f / step : 0.0f;
+            } else {
+                uint16_t mh = half_from_f32_down(lo);
+                mn = half_to_f32(mh);
+                uint16_t sh = s_step_up((double)hi - (double)mn, L);
+                codec_put_u16(meta + 4 * g, mh);
+                codec_put_u16(meta + 4 * g + 2, sh);
+                float step = half_to_f32(sh);
+                inv = step > 0.0f ? 1.0f / step : 0.0f;
+            }
+            uint8_t *dst = code_base + g * gbytes;
+            for (uint32_t k = 0; k < len; k += S_CHUNK) {
+                uint32_t m = len - k < S_CHUNK ? len - k : S_CHUNK;
+                if (p->symmetric)
+                    s_quant_sym(codes, gx + k, m, pdown, inv, (float)qmax, qmax);
+                else
+                    s_quant_asym(codes, gx + k, m, pdown, mn, inv, (float)L);
+                bitpack_pack(dst + (size_t)k / 8 * bits, codes, m, bits);
+            }
         }
     }
     return 0;
@@ -189,17 +202,22 @@ static int s_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t
     const uint32_t bits = p->bits, group = p->group, mb = s_meta_bytes(p);
     const int32_t qmax = (1 << (bits - 1)) - 1;
     const uint32_t bad_code = p->symmetric ? (1u << bits) - 1u : (1u << bits); /* asymmetric: all valid */
-    const uint64_t n = codec_shape_elems(shape), ng = s_ngroups(n, group);
-    const uint64_t gbytes = bitpack_bytes(group, bits);
-    const int32_t e = (int32_t)codec_get_u32(payload);
-    if (e < S_EXP_MIN || e > S_EXP_MAX)
-        return TAH_ECORRUPT;
-    const float pup = ldexpf(1.0f, e);
-    const uint8_t *meta = payload + 4, *code_base = payload + 4 + (uint64_t)mb * ng;
+    const uint64_t n = codec_shape_elems(shape), ng = s_ngroups(n, group), nblk = (ng + S_BLOCK - 1) / S_BLOCK;
+    const uint64_t gbytes = bitpack_bytes(group, bits), eb = s_exp_bytes(ng);
+    for (uint64_t k = 0; k < nblk; k++) {
+        const int32_t e = (int8_t)payload[k];
+        if (e < S_EXP_MIN || e > S_EXP_MAX)
+            return TAH_ECORRUPT;
+    }
+    for (uint64_t k = nblk; k < eb; k++)
+        if (payload[k] != 0)
+            return TAH_ECORRUPT;
+    const uint8_t *meta = payload + eb, *code_base = payload + eb + (uint64_t)mb * ng;
     uint16_t codes[S_CHUNK];
     for (uint64_t g = 0; g < ng; g++) {
         const uint64_t off = g * group;
         const uint32_t len = (uint32_t)(n - off < group ? n - off : group);
+        const float pup = ldexpf(1.0f, (int8_t)payload[g / S_BLOCK]);
         float mn = 0.0f, step;
         uint16_t sh;
         if (p->symmetric) {

@@ -3,9 +3,9 @@
 // symmetric). Same payloads as codecs/fixpt.c and codecs/intq.c.
 //
 // Encode, one launch (fixpt; int since round 6: k_int_fused, a cooperative
-// launch with one grid barrier between the statistics and the codes, since the
-// per-frame exponent e scales every group's metadata; before, and with
-// TAH_CU_FUSE=0: a memset and two launches):
+// launch with one grid barrier between the statistics and the codes, since an
+// exponent per block of S_IBLK groups scales the metadata of the block's groups;
+// with TAH_CU_FUSE=0: two launches):
 //
 //   group <= 256: a segment of tpg = pow2ceil(ceil(group/8)) lanes per
 //   group, lane l holds elements [8l, 8l+8) of it in registers:
@@ -21,16 +21,18 @@
 // are segment reductions, then every lane computes the step in the CPU's
 // float/double operations, so the metadata is bit-identical. The int
 // encoder walks groups in reverse order so its second read of x finds the
-// end of the tensor, read last by the absmax pass, still in L2.
+// end of the tensor, read last by the first pass, still in L2.
 // int with 4 <= tpg <= 32 (round 4): pass 1
-// (k_int_stats) writes every group's (min, max) to scratch with the frame
-// absmax, pass 2 (k_int_codes) computes each group's metadata on one lane
-// and only quantises (see the comment above k_int_stats). fixpt with
-// 4 <= tpg <= 32: k_fix_enc, the step once per group on one lane.
+// (k_int_stats) writes every group's (min, max) to scratch, pass 2
+// (k_int_codes) takes its blocks' exponents from them, computes each group's
+// metadata on one lane and only quantises (see the comment above
+// k_int_stats); other int groups: k_absmax (each block's max |x|), then
+// k_group_encode / k_group_enc_seg. fixpt with 4 <= tpg <= 32: k_fix_enc,
+// the step once per group on one lane.
 // Round 10: the default specs (fixpt 8 bits, int 4 bits, group 128) on whole groups go
-// through warp-per-group kernels instead (k_fix_enc_row, k_int_row_a/_b,
-// k_group_dec_row: lane l on elements 4l..4l+3 of a group); int encode reads x once,
-// quantising each group at its own exponent (round 9, comment above k_int_row_a).
+// through warp-per-group kernels instead (k_fix_enc_row, k_int_row, k_group_dec_row:
+// lane l on elements 4l..4l+3 of a group); int encode reads x once (round 15: a CTA
+// per exponent block, comment above k_int_row).
 // TAH_CU_TPT=0 keeps the segment kernels (a same-binary comparison).
 //
 // Decode: a flat grid, one thread per 8-code chunk (b bytes in, 8 floats
@@ -46,10 +48,12 @@ enum { M_FIX_NEAR = 0, M_FIX_STOCH = 1, M_INT_ASYM = 2, M_INT_SYM = 3 };
 #define S_GAMMA 0x9e3779b97f4a7c15ull
 #define S_CTA 256u
 #define S_ROWS 4 // rows of groups per warp iteration in the segment kernels
+#define S_IBLK 64u // int: groups per exponent (intq.c's S_BLOCK)
 
 struct s_gp {
     uint64_t n, ng;      // elements, groups
-    uint64_t meta_off;   // payload offset of the per-group metadata
+    uint64_t nblk;       // int: exponent blocks of S_IBLK groups (0 for fixpt)
+    uint64_t meta_off;   // payload offset of the per-group metadata (int: after the exponents)
     uint64_t codes_off;  // payload offset of the first group's codes
     uint64_t key;        // fixpt stochastic: mix64(seed)
     uint32_t group, bits, tpg, gbytes, cpg; // cpg: 8-code chunks per full group
@@ -84,7 +88,7 @@ __device__ __forceinline__ int32_t d_stoch_code(float t, uint64_t key, uint64_t 
     return fl + (int32_t)(u < frac) + qmax;
 }
 
-// Frame exponent of intq.c: e = clamp(ceil(log2 amax) - 14, -126, 114), 0 for 0.
+// Block exponent of intq.c: e = clamp(ceil(log2 amax) - 14, -126, 114), 0 for 0.
 __device__ __forceinline__ int32_t d_int_exp(uint32_t amax_bits)
 {
     if (amax_bits == 0)
@@ -105,13 +109,32 @@ __device__ __forceinline__ int32_t d_int_exp(uint32_t amax_bits)
 
 __device__ __forceinline__ float d_pow2f(int32_t e) { return __uint_as_float((uint32_t)(127 + e) << 23); }
 
-// An int frame's 2^e from its exponent word (1, and corrupt, outside intq.c's range).
-__device__ __forceinline__ float d_int_pup(const uint8_t *p, uint32_t &corrupt)
+// 2^e of group gi's block exponent (1, and corrupt, outside intq.c's range).
+__device__ __forceinline__ float d_int_pup(const uint8_t *p, uint64_t gi, uint32_t &corrupt)
 {
-    const int32_t e = (int32_t)d_get_u32(p);
+    const int32_t e = (int8_t)p[gi / S_IBLK];
     const bool ok = e >= -126 && e <= 114;
     corrupt |= (uint32_t)!ok;
     return ok ? d_pow2f(e) : 1.0f;
+}
+
+// Whether the bytes between the exponents and the metadata (at most 3) are not all zero.
+__device__ __forceinline__ bool d_int_pad_bad(const uint8_t *p, const s_gp &g)
+{
+    uint32_t b = 0;
+    for (uint64_t k = g.nblk; k < g.meta_off; k++)
+        b |= p[k];
+    return b != 0;
+}
+
+// An int encoder's write of block blk's exponent; block 0's writer also zeroes the bytes
+// after the exponents.
+__device__ __forceinline__ void d_int_put_exp(uint8_t *p, const s_gp &g, uint64_t blk, int32_t e)
+{
+    p[blk] = (uint8_t)(int8_t)e;
+    if (blk == 0)
+        for (uint64_t k = g.nblk; k < g.meta_off; k++)
+            p[k] = 0;
 }
 
 // intq.c's s_step_up: fp16 value >= v / L (v >= 0, below 2^17 here). intq.c takes
@@ -294,27 +317,27 @@ __device__ __forceinline__ void d_group_stats(const float v[8], uint32_t len, ui
 }
 
 // group > 256: one CTA of S_CTA threads per group (thread tl takes chunks tl, tl + S_CTA, ..)
+// (int: blk_amax holds each exponent block's max |x| bits, from k_absmax)
 template <int MODE>
 __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ x, uint8_t *__restrict__ p,
-                                                      cu_hp head, s_gp g)
+                                                      const uint32_t *__restrict__ blk_amax, cu_hp head, s_gp g)
 {
     d_mark(head);
     __shared__ s_gs red[S_CTA / 32];
     const uint32_t lane = threadIdx.x & 31u;
     const uint32_t tpg = S_CTA, tl = threadIdx.x;
     const uint32_t mask = (1u << g.bits) - 1u;
-    int32_t e = 0;
-    float pdown = 1.0f;
-    if (MODE >= M_INT_ASYM) {
-        e = d_int_exp(head.p->absmax_bits);
-        pdown = d_pow2f(-e);
-    }
     uint32_t bad = 0, range = 0;
-    if (MODE >= M_INT_ASYM && blockIdx.x == 0 && threadIdx.x == 0)
-        d_put_u32(p, (uint32_t)e); // i32 e heads the int payload
 
     for (uint64_t gi_raw = blockIdx.x; gi_raw < g.ng; gi_raw += gridDim.x) { // uniform per CTA
         const uint64_t gi = MODE >= M_INT_ASYM ? g.ng - 1 - gi_raw : gi_raw; // int: reverse order
+        float pdown = 1.0f;
+        if (MODE >= M_INT_ASYM) {
+            const int32_t e = d_int_exp(blk_amax[gi / S_IBLK]);
+            pdown = d_pow2f(-e);
+            if (gi % S_IBLK == 0 && tl == 0)
+                d_int_put_exp(p, g, gi / S_IBLK, e);
+        }
         const uint64_t off = gi * g.group;
         const uint32_t len = (uint32_t)(g.n - off < g.group ? g.n - off : g.group);
         const uint32_t nch = (len + 7u) / 8u;
@@ -384,7 +407,7 @@ __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ 
 
 template <int MODE, int BITS, int U>
 __global__ void __launch_bounds__(256) k_group_enc_seg(const float *__restrict__ x, uint8_t *__restrict__ p,
-                                                       cu_hp head, s_gp g)
+                                                       const uint32_t *__restrict__ blk_amax, cu_hp head, s_gp g)
 {
     d_mark(head);
     const uint32_t lane = threadIdx.x & 31u;
@@ -393,15 +416,7 @@ __global__ void __launch_bounds__(256) k_group_enc_seg(const float *__restrict__
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
     const uint32_t mask = (1u << bits) - 1u;
-    int32_t e = 0;
-    float pdown = 1.0f;
-    if (MODE >= M_INT_ASYM) {
-        e = d_int_exp(head.p->absmax_bits);
-        pdown = d_pow2f(-e);
-    }
     uint32_t bad = 0, range = 0;
-    if (MODE >= M_INT_ASYM && blockIdx.x == 0 && threadIdx.x == 0)
-        d_put_u32(p, (uint32_t)e);
     const uint64_t rows_per_it = (uint64_t)U * spw;
     for (uint64_t base = warp * rows_per_it; base < g.ng; base += nwarps * rows_per_it) { // uniform per warp
         float v[U][8];
@@ -425,6 +440,13 @@ __global__ void __launch_bounds__(256) k_group_enc_seg(const float *__restrict__
             for (uint32_t o = 1; o < tpg; o *= 2)
                 d_gs_merge<MODE>(s, d_gs_shfl<MODE>(s, o));
             const bool ok = valid[u];
+            float pdown = 1.0f;
+            if (MODE >= M_INT_ASYM) {
+                const int32_t e = d_int_exp(blk_amax[gi[u] / S_IBLK]);
+                pdown = d_pow2f(-e);
+                if (ok && gi[u] % S_IBLK == 0 && tl == 0)
+                    d_int_put_exp(p, g, gi[u] / S_IBLK, e);
+            }
             const s_gq q = d_group_step<MODE>(g, s, pdown, ok, tl, gi[u], p, range);
             if (!ok || 8u * tl >= len[u])
                 continue;
@@ -467,6 +489,7 @@ template <int U>
 struct s_dbuf {
     uint64_t lo[U], hi[U];
     uint32_t meta;
+    int32_t e; // int: the exponent of slot `lane`'s block
 };
 
 // n <= 8 bytes at src, little-endian: one 8-, 4- or 2-byte load when aligned.
@@ -509,8 +532,12 @@ __device__ __forceinline__ void d_dec_load(const uint8_t *__restrict__ p, const 
     }
     const uint32_t mg = base + lane;
     b.meta = 0;
-    if (lane < (uint32_t)U * spw && mg < (uint32_t)g.ng)
+    b.e = 0;
+    if (lane < (uint32_t)U * spw && mg < (uint32_t)g.ng) {
         b.meta = MODE == M_INT_ASYM ? d_get_u32(p + g.meta_off + 4 * mg) : d_get_u16(p + g.meta_off + 2 * mg);
+        if (MODE >= M_INT_ASYM)
+            b.e = (int8_t)p[mg / S_IBLK];
+    }
 }
 
 // A group's metadata word (fixpt: fp16 dh; int symmetric: fp16 step; asymmetric: fp16 min |
@@ -550,13 +577,19 @@ __device__ __forceinline__ bool d_dec_meta(uint32_t meta, const s_gp &g, float p
 
 template <int MODE, int BITS, int U>
 __device__ __forceinline__ void d_dec_iter(float *__restrict__ out, const s_gp &g, uint32_t base, uint32_t lane,
-                                           const s_dbuf<U> &b, float pup, uint32_t &corrupt, uint32_t &bad)
+                                           const s_dbuf<U> &b, uint32_t &corrupt, uint32_t &bad)
 {
     const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
     const uint32_t bits = BITS > 0 ? (uint32_t)BITS : g.bits;
     const uint32_t bad_code = (1u << bits) - 1u;
     // slot `lane`'s metadata: checked once, k (fixpt) or step and bias (int)
     const bool mvalid = lane < (uint32_t)U * spw && base + lane < (uint32_t)g.ng;
+    float pup = 1.0f; // int: 2^e of the slot's block
+    if (MODE >= M_INT_ASYM) {
+        const bool eok = b.e >= -126 && b.e <= 114;
+        corrupt |= (uint32_t)(mvalid && !eok);
+        pup = eok ? d_pow2f(b.e) : 1.0f;
+    }
     float ka, kb;
     const bool wide = d_dec_meta<MODE>(b.meta, g, pup, mvalid, ka, kb, corrupt);
     const bool slow = __any_sync(CU_FULL, wide); // warp-uniform
@@ -565,6 +598,7 @@ __device__ __forceinline__ void d_dec_iter(float *__restrict__ out, const s_gp &
         const int src = (int)((uint32_t)u * spw + lane / tpg);
         const float q_k = __shfl_sync(CU_FULL, ka, src), q_step = q_k; // k (fixpt) or the step (int)
         const float q_bias = __shfl_sync(CU_FULL, kb, src);
+        const float q_pup = __shfl_sync(CU_FULL, pup, src);
         const uint32_t gi = base + (uint32_t)src;
         const uint32_t off = gi * g.group;
         const uint32_t len = gi < (uint32_t)g.ng ? min((uint32_t)g.n - off, g.group) : 0u;
@@ -593,7 +627,7 @@ __device__ __forceinline__ void d_dec_iter(float *__restrict__ out, const s_gp &
 #pragma unroll
             for (int r = 0; r < 8; r++) {
                 const float c = __fsub_rn(__uint_as_float(((w >> (4 * r)) & 0xfu) | 0x4b000000u), 8388608.0f);
-                v[r] = __fmul_rn(__fadd_rn(__fmul_rn(c, q_step), q_bias), pup);
+                v[r] = __fmul_rn(__fadd_rn(__fmul_rn(c, q_step), q_bias), q_pup);
             }
         } else {
             uint32_t code[8];
@@ -603,7 +637,7 @@ __device__ __forceinline__ void d_dec_iter(float *__restrict__ out, const s_gp &
                 if (MODE <= M_FIX_STOCH)
                     v[r] = __fmul_rn((float)((int32_t)code[r] - g.qmax), q_k);
                 else
-                    v[r] = __fmul_rn(__fadd_rn(__fmul_rn((float)code[r], q_step), q_bias), pup);
+                    v[r] = __fmul_rn(__fadd_rn(__fmul_rn((float)code[r], q_step), q_bias), q_pup);
                 if (MODE != M_INT_ASYM && (uint32_t)r < m)
                     corrupt |= (uint32_t)(code[r] == bad_code);
             }
@@ -636,14 +670,13 @@ __global__ void __launch_bounds__(256, MINB) k_group_dec_seg(const uint8_t *__re
     const uint32_t nslot = (uint32_t)U * (32u / g.tpg);
     const uint32_t stride = nwarps * nslot, ng = (uint32_t)g.ng; // B*S*C <= 2^31
     uint32_t corrupt = 0, bad = 0;
-    float pup = 1.0f;
-    if (MODE >= M_INT_ASYM)
-        pup = d_int_pup(p, corrupt);
     s_dbuf<U> b;
     for (uint32_t base = warp * nslot; base < ng; base += stride) { // uniform per warp
         d_dec_load<MODE, BITS, U>(p, g, base, lane, b);
-        d_dec_iter<MODE, BITS, U>(out, g, base, lane, b, pup, corrupt, bad);
+        d_dec_iter<MODE, BITS, U>(out, g, base, lane, b, corrupt, bad);
     }
+    if (MODE >= M_INT_ASYM && warp == 0 && lane == 0)
+        corrupt |= (uint32_t)d_int_pad_bad(p, g);
     if (corrupt)
         d_flag(head, CU_ST_CORRUPT);
     if (bad)
@@ -676,9 +709,6 @@ __global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict
     if (g0 >= ng)
         return; // warp-uniform
     uint32_t corrupt = 0, bad = 0;
-    float pup = 1.0f;
-    if (MODE >= M_INT_ASYM)
-        pup = d_int_pup(p, corrupt);
     const uint32_t cpg = MODE <= M_FIX_STOCH ? 128u : 64u, mpg = MODE == M_INT_ASYM ? 4u : 2u; // bytes per group
     const uint8_t *cw = p + g.codes_off + cpg * (uint64_t)g0 + (cpg / 32u) * lane;
     const uint8_t *mw = p + g.meta_off + mpg * (uint64_t)g0;
@@ -693,6 +723,9 @@ __global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict
     const bool mvalid = lane < S_ROW_DEC && g0 + lane < ng;
     const uint32_t mt =
         mvalid ? (MODE == M_INT_ASYM ? *(const uint32_t *)(mw + mpg * lane) : *(const uint16_t *)(mw + mpg * lane)) : 0u;
+    float pup = 1.0f; // int: the warp's S_ROW_DEC groups share a block (S_ROW_DEC divides S_IBLK)
+    if (MODE >= M_INT_ASYM)
+        pup = d_int_pup(p, g0, corrupt);
     float ka, kb; // fixpt: k; int: step, bias
     // (metadata 0 on the other lanes checks clean and does not overflow: no need to pass mvalid)
     const bool wide_l = d_dec_meta<MODE>(mt, g, pup, true, ka, kb, corrupt);
@@ -737,38 +770,54 @@ __global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict
         }
         __stcs((float4 *)(ow + 128u * u), make_float4(v[0], v[1], v[2], v[3])); // streaming (k_tah_dw64)
     }
+    if (MODE >= M_INT_ASYM && g0 == 0 && lane == 0) // at the end: before the loads it cost 2 % (H100)
+        corrupt |= (uint32_t)d_int_pad_bad(p, g);
     if (corrupt)
         d_flag(head, CU_ST_CORRUPT);
     if (bad)
         d_flag(head, CU_ST_NONFINITE);
 }
 
-// Frame absmax (int pass 1) and the finite check, as float bits.
-__global__ void __launch_bounds__(256) k_absmax(const float *__restrict__ x, uint64_t n, bool vec, cu_hp head)
+// int pass 1 of the generic paths: each exponent block's max |x| bits into blk_amax (zeroed
+// by the host; a block is S_IBLK groups, blk_elems elements, a multiple of 8, so no 8-element
+// chunk straddles two blocks) and the finite check. A warp takes 32 consecutive chunks per
+// step, 4 steps' loads first; per step one atomicMax per block its chunks touch.
+__global__ void __launch_bounds__(256) k_absmax(const float *__restrict__ x, uint64_t n, bool vec,
+                                                uint32_t *__restrict__ blk_amax, uint64_t blk_elems, cu_hp head)
 {
     d_mark(head);
-    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
-    uint32_t mx = 0, bad = 0;
-    // 4 chunks of 8 per thread per iteration, all 8 16-byte loads issued first
-    for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c * 8 < n; c += 4 * stride) {
-        float v[4][8];
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x; // chunks per step, a multiple of 32
+    uint32_t bad = 0;
+    for (uint64_t w0 = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) & ~31ull; w0 * 8 < n; w0 += 4 * stride) {
+        float v[4][8]; // uniform per warp: w0 is the warp's first chunk
 #pragma unroll
         for (int u = 0; u < 4; u++)
-            d_load8(x, (c + (uint64_t)u * stride) * 8, n, vec, v[u]); // past n: zeros, nothing read
+            d_load8(x, (w0 + (uint64_t)u * stride + lane) * 8, n, vec, v[u]); // past n: zeros, nothing read
 #pragma unroll
         for (int u = 0; u < 4; u++) {
+            const uint64_t c = w0 + (uint64_t)u * stride + lane;
+            uint32_t mx = 0;
 #pragma unroll
             for (int r = 0; r < 8; r++) {
-                uint32_t a = __float_as_uint(v[u][r]) & 0x7fffffffu;
+                const uint32_t a = __float_as_uint(v[u][r]) & 0x7fffffffu;
                 bad |= (uint32_t)(a >= 0x7f800000u);
                 mx = max(mx, a);
             }
+            const bool in = c * 8 < n;
+            const uint64_t blk = c * 8 / blk_elems;
+            uint32_t live = __ballot_sync(CU_FULL, in);
+            while (live) { // warp-uniform; the lanes of one block are consecutive
+                const int lead = __ffs((int)live) - 1;
+                const uint64_t b0 = __shfl_sync(CU_FULL, blk, lead);
+                const bool mine = in && blk == b0;
+                const uint32_t m = __reduce_max_sync(CU_FULL, mine ? mx : 0u);
+                if (lane == (uint32_t)lead && m != 0)
+                    atomicMax(&blk_amax[b0], m);
+                live &= ~__ballot_sync(CU_FULL, mine);
+            }
         }
     }
-    for (int o = 16; o > 0; o /= 2)
-        mx = max(mx, __shfl_xor_sync(CU_FULL, mx, o));
-    if ((threadIdx.x & 31u) == 0 && mx != 0)
-        atomicMax(&head.p->absmax_bits, mx);
     if (bad)
         d_flag(head, CU_ST_NONFINITE);
 }
@@ -776,17 +825,17 @@ __global__ void __launch_bounds__(256) k_absmax(const float *__restrict__ x, uin
 // ---- int encode, round 4: statistics pass + codes pass (4 <= tpg <= 32) ----
 // Pass 1 (k_int_stats) reads x once in enc_seg's segments and writes each
 // group's (min, max) as a float2 to scratch, the min's zero sign already
-// resolved as the CPU's s_minmax picks it (d_int_zkey), and the frame absmax
-// (max of |min|, |max| bits: the same value as k_absmax for finite x) by
-// one atomicMax per warp; it replaces k_absmax. Pass 2 (k_int_codes) no
-// longer reduces anything: per warp iteration it handles U*spw <= 32 groups
-// (slot k = u*spw + segment, group base + k, reverse order as before) and
-// lane k alone computes slot k's metadata (the double division of
-// d_step_up once per group, not on all tpg lanes of the segment) and stores
-// it as one u32 (asym) / u16 (sym); each row's lanes fetch (mn, 1/step) by
-// two shuffles. Per element the float operations are enc_seg's, in the same
-// order, on the same metadata values, so the frame is unchanged.
-// A group's metadata from its statistics sv = (min, max) and the frame scale pdown, as
+// resolved as the CPU's s_minmax picks it (d_int_zkey). Pass 2 (k_int_codes)
+// handles U*spw <= 32 groups per warp iteration (slot k = u*spw + segment,
+// group base + k, reverse order as before): the exponents of the (at most
+// two) blocks the slots fall in from the blocks' statistics (max of |min|,
+// |max| bits: the block's max |x| for finite x), then lane k alone computes
+// slot k's metadata (the double division of d_step_up once per group, not on
+// all tpg lanes of the segment) and stores it as one u32 (asym) / u16 (sym);
+// each row's lanes fetch (2^-e, mn, 1/step) by shuffles. Per element the
+// float operations are enc_seg's, in the same order, on the same metadata
+// values, so the frame is the same.
+// A group's metadata from its statistics sv = (min, max) and its block's scale pdown, as
 // intq.c computes it: mn (0 when symmetric) and 1/step; stored when `store`. Returns the
 // step's fp16 bits.
 template <int MODE>
@@ -814,62 +863,13 @@ __device__ __forceinline__ uint16_t d_int_meta(float2 sv, float pdown, const s_g
     return sh;
 }
 
-// The cooperative int encoders' frame absmax: before the grid barrier each CTA stores the
-// max of its warps' values (ws: a word per warp) in its slot, which no one reads before
-// the barrier (no memset); after it, d_slots_max gives every thread the max of all slots.
-// the max over the CTA of each warp's warp_max (ws: a word per warp), on thread 0
-__device__ __forceinline__ uint32_t d_cta_max(uint32_t warp_max, uint32_t *ws)
-{
-    if ((threadIdx.x & 31u) == 0)
-        ws[threadIdx.x >> 5] = warp_max;
-    __syncthreads();
-    uint32_t m = 0;
-    if (threadIdx.x == 0)
-        for (uint32_t w = 0; w < blockDim.x / 32u; w++)
-            m = max(m, ws[w]);
-    return m;
-}
-
-__device__ __forceinline__ void d_slot_put(uint32_t warp_max, uint32_t *ws, uint32_t *slot_amax)
-{
-    const uint32_t m = d_cta_max(warp_max, ws);
-    if (threadIdx.x == 0)
-        slot_amax[blockIdx.x] = m;
-}
-
-// the max of slots [0, nslots) (8 independent loads per thread), to every thread
-__device__ __forceinline__ uint32_t d_slots_max(const uint32_t *slot_amax, uint32_t nslots, uint32_t *ws,
-                                                uint32_t *out)
-{
-    uint32_t m = 0;
-    for (uint32_t c0 = 0; c0 < nslots; c0 += 8u * blockDim.x) {
-        uint32_t r[8];
-#pragma unroll
-        for (uint32_t k = 0; k < 8u; k++) {
-            const uint32_t c = c0 + k * blockDim.x + threadIdx.x;
-            r[k] = c < nslots ? __ldcg(&slot_amax[c]) : 0u;
-        }
-#pragma unroll
-        for (uint32_t k = 0; k < 8u; k++)
-            m = max(m, r[k]);
-    }
-    __syncthreads(); // ws free
-    m = d_cta_max(__reduce_max_sync(CU_FULL, m), ws);
-    if (threadIdx.x == 0)
-        *out = m;
-    __syncthreads();
-    return *out;
-}
-
-// k_int_stats' work for warp `warp` of `nwarps`: returns the max |min|, |max| bits of its
-// groups (warp-reduced), non-finite x in bad.
+// k_int_stats' work for warp `warp` of `nwarps`; non-finite x in bad.
 template <int MODE, int U>
-__device__ __forceinline__ uint32_t d_int_stats(const float *__restrict__ x, float2 *__restrict__ st, const s_gp &g,
+__device__ __forceinline__ void d_int_stats(const float *__restrict__ x, float2 *__restrict__ st, const s_gp &g,
                                                 uint64_t warp, uint64_t nwarps, uint32_t &bad)
 {
     const uint32_t lane = threadIdx.x & 31u;
     const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
-    uint32_t amax = 0;
     const uint64_t rows_per_it = (uint64_t)U * spw;
     for (uint64_t base = warp * rows_per_it; base < g.ng; base += nwarps * rows_per_it) { // uniform per warp
         float v[U][8];
@@ -894,17 +894,29 @@ __device__ __forceinline__ uint32_t d_int_stats(const float *__restrict__ x, flo
             d_group_stats<MODE>(v[u], len[u], tl, s, bad);
             for (uint32_t o = 1; o < tpg; o *= 2)
                 d_gs_merge<MODE>(s, d_gs_shfl<MODE>(s, o));
-            if (len[u] != 0) {
+            if (len[u] != 0 && tl == 0) {
                 float lo = s.a;
                 if (lo == 0.0f) // which zero: the CPU's (sign of the winning zero key)
                     lo = (s.z & 1u) ? -0.0f : 0.0f;
-                amax = max(amax, max(__float_as_uint(lo) & 0x7fffffffu, __float_as_uint(s.b) & 0x7fffffffu));
-                if (tl == 0)
-                    st[gi[u]] = make_float2(lo, s.b);
+                st[gi[u]] = make_float2(lo, s.b);
             }
         }
     }
-    return __reduce_max_sync(CU_FULL, amax);
+}
+
+// The exponent of block blk from its groups' statistics (a warp, two loads per lane).
+__device__ __forceinline__ int32_t d_blk_exp(const float2 *st, const s_gp &g, uint64_t blk, uint32_t lane)
+{
+    uint32_t m = 0;
+#pragma unroll
+    for (uint32_t k = 0; k < S_IBLK; k += 32u) {
+        const uint64_t gi = blk * S_IBLK + k + lane;
+        if (gi < g.ng) {
+            const float2 sv = st[gi];
+            m = max(m, max(__float_as_uint(sv.x) & 0x7fffffffu, __float_as_uint(sv.y) & 0x7fffffffu));
+        }
+    }
+    return d_int_exp(__reduce_max_sync(CU_FULL, m));
 }
 
 template <int MODE, int U>
@@ -915,19 +927,16 @@ __global__ void __launch_bounds__(256) k_int_stats(const float *__restrict__ x, 
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
     uint32_t bad = 0;
-    const uint32_t amax = d_int_stats<MODE, U>(x, st, g, warp, nwarps, bad);
-    if ((threadIdx.x & 31u) == 0 && amax != 0)
-        atomicMax(&head.p->absmax_bits, amax);
+    d_int_stats<MODE, U>(x, st, g, warp, nwarps, bad);
     if (bad)
         d_flag(head, CU_ST_NONFINITE);
 }
 
-// k_int_codes' work for warp `warp` of `nwarps`, the frame scale 2^-e = pdown.
+// k_int_codes' work for warp `warp` of `nwarps`.
 template <int MODE, int BITS, int U>
 // (st without __restrict__: in k_int_fused other CTAs wrote it in this launch.)
 __device__ __forceinline__ void d_int_codes(const float *__restrict__ x, const float2 *st,
-                                            uint8_t *__restrict__ p, const s_gp &g, float pdown, uint64_t warp,
-                                            uint64_t nwarps)
+                                            uint8_t *__restrict__ p, const s_gp &g, uint64_t warp, uint64_t nwarps)
 {
     const uint32_t lane = threadIdx.x & 31u;
     const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
@@ -941,6 +950,16 @@ __device__ __forceinline__ void d_int_codes(const float *__restrict__ x, const f
         const bool mvalid = lane < nslot && mraw < g.ng;
         const uint64_t mgi = g.ng - 1 - (mvalid ? mraw : 0);
         const float2 sv = mvalid ? st[mgi] : make_float2(0.0f, 0.0f);
+        // the slots' blocks: slot 0's group is the highest, the last valid slot's the lowest, and
+        // nslot <= 32 < S_IBLK, so at most two
+        const uint64_t b_hi = (g.ng - 1 - base) / S_IBLK;
+        const uint64_t b_lo = (g.ng - 1 - min(base + nslot - 1u, g.ng - 1)) / S_IBLK;
+        const int32_t e_hi = d_blk_exp(st, g, b_hi, lane);
+        const int32_t e_lo = b_lo == b_hi ? e_hi : d_blk_exp(st, g, b_lo, lane);
+        const int32_t e = mgi / S_IBLK == b_hi ? e_hi : e_lo;
+        const float pdown = d_pow2f(-e);
+        if (mvalid && mgi % S_IBLK == 0)
+            d_int_put_exp(p, g, mgi / S_IBLK, e);
         float v[U][8];
         uint64_t gi[U];
         uint32_t len[U];
@@ -963,6 +982,7 @@ __device__ __forceinline__ void d_int_codes(const float *__restrict__ x, const f
             const int slot = (int)((uint32_t)u * spw + lane / tpg);
             const float q_inv = __shfl_sync(CU_FULL, inv, slot);
             const float q_mn = MODE == M_INT_SYM ? 0.0f : __shfl_sync(CU_FULL, mn, slot);
+            const float q_pd = __shfl_sync(CU_FULL, pdown, slot);
             if (!valid[u] || 8u * tl >= len[u])
                 continue;
             const uint32_t m = len[u] - 8u * tl < 8u ? len[u] - 8u * tl : 8u;
@@ -972,12 +992,12 @@ __device__ __forceinline__ void d_int_codes(const float *__restrict__ x, const f
                 float t;
                 int32_t c;
                 if (MODE == M_INT_ASYM) {
-                    t = __fmul_rn(__fsub_rn(__fmul_rn(v[u][r], pdown), q_mn), q_inv);
+                    t = __fmul_rn(__fsub_rn(__fmul_rn(v[u][r], q_pd), q_mn), q_inv);
                     t = t < 0.0f ? 0.0f : t;
                     t = t > Lf ? Lf : t;
                     c = (int32_t)rintf(t);
                 } else {
-                    t = __fmul_rn(__fmul_rn(v[u][r], pdown), q_inv);
+                    t = __fmul_rn(__fmul_rn(v[u][r], q_pd), q_inv);
                     t = t < -qmaxf ? -qmaxf : t;
                     t = t > qmaxf ? qmaxf : t;
                     c = (int32_t)rintf(t) + g.qmax;
@@ -998,65 +1018,34 @@ __global__ void __launch_bounds__(256) k_int_codes(const float *__restrict__ x, 
     d_mark(head);
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
-    const int32_t e = d_int_exp(head.p->absmax_bits);
-    if (blockIdx.x == 0 && threadIdx.x == 0)
-        d_put_u32(p, (uint32_t)e);
-    d_int_codes<MODE, BITS, U>(x, st, p, g, d_pow2f(-e), warp, nwarps);
+    d_int_codes<MODE, BITS, U>(x, st, p, g, warp, nwarps);
 }
 
-// int encode in one cooperative launch (round 6, 4 <= tpg <= 32): k_int_stats' pass,
-// each CTA's absmax to amax[cta] (every slot written, so no memset), one grid
-// barrier, the frame absmax as the max of the slots, then k_int_codes' pass (groups
-// in reverse: the end of x, read last, is still in L2). Replaces memset +
-// k_int_stats + k_int_codes: the same statistics, exponent and codes.
+// int encode in one cooperative launch (round 6, 4 <= tpg <= 32): k_int_stats' pass, one
+// grid barrier, then k_int_codes' pass (groups in reverse: the end of x, read last, is
+// still in L2). Replaces k_int_stats + k_int_codes: the same statistics, exponents and
+// codes.
 #define S_INT_MAXGRID 1024u
 template <int MODE, int BITS, int U, int MINB>
 __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict__ x, float2 *st,
-                                                      uint8_t *__restrict__ p, uint32_t *slot_amax,
-                                                      cu_hp head, s_gp g)
+                                                      uint8_t *__restrict__ p, cu_hp head, s_gp g)
 {
     cooperative_groups::grid_group grid = cooperative_groups::this_grid();
     d_mark(head);
-    __shared__ uint32_t ws[32];
-    __shared__ uint32_t sh_amax;
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
     uint32_t bad = 0;
-    const uint32_t amax = d_int_stats<MODE, U>(x, st, g, warp, nwarps, bad);
+    d_int_stats<MODE, U>(x, st, g, warp, nwarps, bad);
     if (bad)
         d_flag(head, CU_ST_NONFINITE);
-    d_slot_put(amax, ws, slot_amax);
-    grid.sync(); // every group's statistics and every CTA's absmax written
-    const int32_t e = d_int_exp(d_slots_max(slot_amax, gridDim.x, ws, &sh_amax));
-    if (blockIdx.x == 0 && threadIdx.x == 0)
-        d_put_u32(p, (uint32_t)e);
-    d_int_codes<MODE, BITS, U>(x, st, p, g, d_pow2f(-e), warp, nwarps);
+    grid.sync(); // every group's statistics written
+    d_int_codes<MODE, BITS, U>(x, st, p, g, warp, nwarps);
 }
 
 // int encode, the default int specs (4 bits, group 128, asymmetric or symmetric) on whole
-// groups (n % 128 == 0): x read once (round 9's argument, kept by round 10's kernels).
+// groups (n % 128 == 0): x read once, one launch (k_int_row, below).
 //
-// The frame exponent e (from the frame's absmax) scales every group's metadata, so
-// round 8 read x twice around a grid barrier. But a group's codes do not depend on e
-// as long as its scaled metadata stays in fp16's normal range: x * 2^-e, the fp16
-// roundings of mn and step, 1/step and t = (xs - mn) / step all scale exactly by
-// powers of two, and t does not scale at all. So the first pass quantises each group at
-// its own exponent e_g = the frame exponent of the group alone (e_g <= e: the frame's
-// absmax is at least the group's), and the second only writes each group's metadata at
-// e, checking that the scaled values the codes depend on are fp16-normal at e (then also
-// at e_g, where they are larger and still below 2^15):
-//   asymmetric: lo == 0 or |lo 2^-e| >= 2^-14 (mn is lo rounded down to fp16), and
-//               step == 0 (max == mn) or step > 2^-14 (step rounded up: step > 2^-14
-//               implies (max - mn) / L > 2^-14 before the rounding);
-//   symmetric:  step == 0 (all zeros) or step > 2^-14.
-// Elements whose x 2^-e is a float subnormal then sit below 2^-112 of the group's
-// step: they are absorbed by mn in xs - mn (|mn| >= 2^-14) or give t < 2^-100, the
-// same code at both exponents. A group that fails the check (a range about 2^-24 of the
-// frame's absmax or less: a huge spike elsewhere, a nearly constant or tiny group) is
-// quantised again at e from x in the second pass (rare on activations; test_cu_codec's
-// "scales" and "big-spike" inputs exercise it).
-//
-// Round 10: the codes without intq.c's clamp of t to [0, L] (symmetric [-qmax, qmax]),
+// Round 10's codes without intq.c's clamp of t to [0, L] (symmetric [-qmax, qmax]),
 // which never changes a code here (finite x; eps = 2^-24):
 //   asymmetric: mn <= lo <= xs (roundings down and monotonic), so xs - mn >= +0 and t >= +0;
 //     xs <= hi, step * L >= (double)(hi - mn) >= (hi - mn)(1 - 2^-53) (the test in
@@ -1064,33 +1053,20 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict
 //   symmetric: |xs| <= max(|lo|, |hi|) <= step * qmax likewise, so |t| < qmax + 1/2;
 //   step == 0: inv = 0 and t = 0. A subnormal xs - mn is exact, inv is a normal float
 //   (2^-24 <= step <= 65504). So rint(t) is already in range, as the clamped t's.
-
-// Whether a group's codes at exponent e equal those at any e' <= e (comment above):
-// its statistics sv = (min, max) and its step at e (fp16 bits sh).
-template <int MODE>
-__device__ __forceinline__ bool d_iq_exp_free(float2 sv, float pdown, uint16_t sh)
-{
-    const float step = d_half_to_f32(sh), tiny = 6.103515625e-05f; // 2^-14
-    const bool step_ok = step == 0.0f || step > tiny;
-    if (MODE == M_INT_SYM)
-        return step_ok;
-    return step_ok && (sv.x == 0.0f || fabsf(__fmul_rn(sv.x, pdown)) >= tiny);
-}
-
-// int encode, round 10: the default int specs on whole groups of 128 with a warp per
-// group (lane l on elements 4l..4l+3, as k_group_dec_row), in two launches:
-//   k_int_row_a (a full grid, one iteration per warp): S_ROW_INT groups' loads in flight
-//     per lane; each group's min and max by a local min / max and one redux each (on
-//     order-preserving integer keys; the zero key, d_int_zkey, only when the minimum is
-//     zero); lane u computes group u's metadata at the group's own exponent (d_int_meta),
-//     every lane its 4 codes of each group (one 64-byte store per group); the groups'
-//     (min, max) and the CTA's absmax go to scratch;
-//   k_int_row_b (a thread per group, a programmatic dependent launch of _a: 2 points faster
-//     than a plain launch, H100): the frame exponent from the CTA slots, every group's
-//     metadata at e, and the groups whose codes depend on e (the argument above)
-//     quantised again from x by their warp.
-// Frames identical to k_int_fused's (round 6, TAH_CU_TPT=0).
-#define S_ROW_INT 8u // groups per warp of k_int_row_a
+//
+// k_int_row (round 15): a CTA of 16 warps takes one exponent block (S_IBLK = 64 groups), a
+// warp 4 groups with lane l on elements 4l..4l+3 of each (as k_group_dec_row): S_ROW_INT
+// groups' loads in flight per lane (8 groups per warp in 8 warps, 52 registers and 4 CTAs
+// per SM, measured 2.7 % slower on the H100: 40 registers, 3 CTAs of 512 threads now); each group's min and max by a local min / max and one
+// redux each (on order-preserving integer keys; the zero key, d_int_zkey, only when the
+// minimum is zero); the block's max |x| through shared memory and one CTA barrier, its
+// exponent; lane u computes group u's metadata (d_int_meta), every lane its 4 codes of
+// each group (one 64-byte store per group). Until round 14 the frame had one exponent, and
+// the default path was two launches: each group quantised at its own exponent, then every
+// group's metadata rewritten (and the rare group whose codes depended on it quantised
+// again) once the frame's absmax was known.
+#define S_ROW_INT 4u                              // groups per warp of k_int_row
+#define S_INT_CTA (32u * S_IBLK / S_ROW_INT)       // its threads: 16 warps, S_IBLK groups
 
 // order-preserving unsigned key of a float (-0 < +0) and back
 __device__ __forceinline__ uint32_t d_fkey(float f)
@@ -1125,29 +1101,30 @@ __device__ __forceinline__ uint32_t d_int_codes4(float4 f, float pdown, float mn
 }
 
 template <int MODE>
-__global__ void __launch_bounds__(256) k_int_row_a(const float *__restrict__ x, float2 *__restrict__ st,
-                                                   uint8_t *__restrict__ p, uint32_t *__restrict__ slot_amax,
-                                                   cu_hp head, s_gp g)
+__global__ void __launch_bounds__(S_INT_CTA) k_int_row(const float *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
+                                                       s_gp g)
 {
     d_mark(head);
-    __shared__ uint32_t ws[8];
-    const uint32_t lane = threadIdx.x & 31u, ng = (uint32_t)g.ng; // B*S*C <= 2^31
-    const uint32_t g0 = (blockIdx.x * blockDim.x + threadIdx.x) / 32u * S_ROW_INT;
+    constexpr uint32_t NW = S_IBLK / S_ROW_INT; // warps
+    __shared__ uint32_t ws[NW];
+    const uint32_t lane = threadIdx.x & 31u, wid = threadIdx.x / 32u, ng = (uint32_t)g.ng; // B*S*C <= 2^31
+    const uint32_t g0 = blockIdx.x * S_IBLK + wid * S_ROW_INT;
+    const bool live = g0 < ng; // warp-uniform
+    float4 v[S_ROW_INT];
+    float2 sv = make_float2(0.0f, 0.0f); // lane u: group g0 + u's (min, max)
     uint32_t amax = 0;
-    if (g0 < ng) { // warp-uniform
+    if (live) {
         const float *xw = x + 128u * (uint64_t)g0 + 4u * lane;
-        float4 v[S_ROW_INT];
 #pragma unroll
         for (uint32_t u = 0; u < S_ROW_INT; u++)
             v[u] = g0 + u < ng ? *(const float4 *)(xw + 128u * u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        float2 sv = make_float2(0.0f, 0.0f); // lane u: group g0 + u's (min, max)
 #pragma unroll
         for (uint32_t u = 0; u < S_ROW_INT; u++) {
             const float4 f = v[u];
             float a = d_fkey_inv(__reduce_min_sync(CU_FULL, d_fkey(fminf(fminf(f.x, f.y), fminf(f.z, f.w)))));
             float b = d_fkey_inv(__reduce_max_sync(CU_FULL, d_fkey(fmaxf(fmaxf(f.x, f.y), fmaxf(f.z, f.w)))));
             // the lane's max |x| bits (zeros past the end change nothing): Inf and NaN show as
-            // >= 0x7f800000; for finite x the warp's max is the max of the groups' |min|, |max|
+            // >= 0x7f800000; for finite x the block's max is the max of the groups' |min|, |max|
             amax = max(amax, d_absbits_max4(f));
             if (a == 0.0f) { // warp-uniform; which zero is the minimum: intq.c's (d_int_zkey)
                 const float e4[4] = { f.x, f.y, f.z, f.w };
@@ -1164,63 +1141,36 @@ __global__ void __launch_bounds__(256) k_int_row_a(const float *__restrict__ x, 
             if (lane == u)
                 sv = make_float2(a, b);
         }
-        // lanes u < S_ROW_INT: group u's metadata at its own exponent; the other lanes compute
-        // a copy of lane u % S_ROW_INT's (unused), so the warp takes one path through the
-        // fp16 conversions instead of a second one for zeros
-        sv.x = __shfl_sync(CU_FULL, sv.x, (int)(lane % S_ROW_INT));
-        sv.y = __shfl_sync(CU_FULL, sv.y, (int)(lane % S_ROW_INT));
-        const float pd_g = d_pow2f(-d_int_exp(max(__float_as_uint(sv.x) & 0x7fffffffu, __float_as_uint(sv.y) & 0x7fffffffu)));
-        float mn, inv;
-        d_int_meta<MODE>(sv, pd_g, g, p, 0, false, mn, inv);
-        if (lane < S_ROW_INT && g0 + lane < ng)
-            st[g0 + lane] = sv;
-        uint8_t *cw = p + g.codes_off + 64u * (uint64_t)g0 + 2u * lane;
-#pragma unroll
-        for (uint32_t u = 0; u < S_ROW_INT; u++) {
-            const float q_pd = __shfl_sync(CU_FULL, pd_g, (int)u), q_mn = __shfl_sync(CU_FULL, mn, (int)u),
-                        q_inv = __shfl_sync(CU_FULL, inv, (int)u);
-            if (g0 + u >= ng)
-                break; // warp-uniform
-            *(uint16_t *)(cw + 64u * u) = (uint16_t)d_int_codes4<MODE>(v[u], q_pd, q_mn, q_inv);
-        }
     }
     amax = __reduce_max_sync(CU_FULL, amax);
-    if (amax >= 0x7f800000u && lane == 0)
-        d_flag(head, CU_ST_NONFINITE);
-    d_slot_put(amax, ws, slot_amax);
-}
-
-template <int MODE>
-__global__ void __launch_bounds__(256) k_int_row_b(const float *__restrict__ x, const float2 *__restrict__ st,
-                                                   uint8_t *__restrict__ p, const uint32_t *__restrict__ slot_amax,
-                                                   uint32_t nslots, cu_hp head, s_gp g)
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory"); // k_int_row_a complete, its writes visible
-#endif
-    d_mark(head);
-    __shared__ uint32_t ws[8];
-    __shared__ uint32_t sh_amax;
-    const uint32_t tid = threadIdx.x, lane = tid & 31u, ng = (uint32_t)g.ng;
-    const uint32_t base = blockIdx.x * blockDim.x + (tid & ~31u), gi = base + lane;
-    const bool mvalid = gi < ng;
-    const float2 sv = mvalid ? __ldcg(&st[gi]) : make_float2(0.0f, 0.0f); // in flight with the slots
-    const int32_t e = d_int_exp(d_slots_max(slot_amax, nslots, ws, &sh_amax));
-    if (blockIdx.x == 0 && tid == 0)
-        d_put_u32(p, (uint32_t)e);
+    if (lane == 0)
+        ws[wid] = amax;
+    __syncthreads();
+    uint32_t bmax = 0;
+#pragma unroll
+    for (uint32_t w = 0; w < NW; w++)
+        bmax = max(bmax, ws[w]);
+    if (bmax >= 0x7f800000u && threadIdx.x == 0)
+        d_flag(head, CU_ST_NONFINITE); // the payload is then unspecified
+    const int32_t e = d_int_exp(bmax);
+    if (threadIdx.x == 0)
+        d_int_put_exp(p, g, blockIdx.x, e);
+    if (!live)
+        return; // warp-uniform, after the barrier
     const float pdown = d_pow2f(-e);
-    if (base >= ng)
-        return; // warp-uniform
+    // lanes u < S_ROW_INT: group u's metadata; the other lanes compute a copy of lane
+    // u % S_ROW_INT's (unused), so the warp takes one path through the fp16 conversions
+    sv.x = __shfl_sync(CU_FULL, sv.x, (int)(lane % S_ROW_INT));
+    sv.y = __shfl_sync(CU_FULL, sv.y, (int)(lane % S_ROW_INT));
     float mn, inv;
-    const uint16_t sh = d_int_meta<MODE>(sv, pdown, g, p, gi, mvalid, mn, inv);
-    uint32_t redo = __ballot_sync(CU_FULL, mvalid && !d_iq_exp_free<MODE>(sv, pdown, sh));
-    while (redo) { // rare: the warp re-quantises one group per pass
-        const uint32_t j = (uint32_t)__ffs((int)redo) - 1u;
-        redo &= redo - 1u;
-        const float q_mn = __shfl_sync(CU_FULL, mn, (int)j), q_inv = __shfl_sync(CU_FULL, inv, (int)j);
-        const float4 f = *(const float4 *)(x + 128u * (uint64_t)(base + j) + 4u * lane);
-        *(uint16_t *)(p + g.codes_off + 64u * (uint64_t)(base + j) + 2u * lane) =
-            (uint16_t)d_int_codes4<MODE>(f, pdown, q_mn, q_inv);
+    d_int_meta<MODE>(sv, pdown, g, p, g0 + lane, lane < S_ROW_INT && g0 + lane < ng, mn, inv);
+    uint8_t *cw = p + g.codes_off + 64u * (uint64_t)g0 + 2u * lane;
+#pragma unroll
+    for (uint32_t u = 0; u < S_ROW_INT; u++) {
+        const float q_mn = __shfl_sync(CU_FULL, mn, (int)u), q_inv = __shfl_sync(CU_FULL, inv, (int)u);
+        if (g0 + u >= ng)
+            break; // warp-uniform
+        *(uint16_t *)(cw + 64u * u) = (uint16_t)d_int_codes4<MODE>(v[u], pdown, q_mn, q_inv);
     }
 }
 
@@ -1385,7 +1335,7 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const float *__restrict__ x
         if (lane == u)
             slot_bits = a;
     }
-    slot_bits = __shfl_sync(CU_FULL, slot_bits, (int)(lane % S_ROW_ENC)); // copies: one path (k_int_row_a)
+    slot_bits = __shfl_sync(CU_FULL, slot_bits, (int)(lane % S_ROW_ENC)); // copies: one path (k_int_row)
     const bool mvalid = lane < S_ROW_ENC && g0 + lane < ng;
     uint32_t range = 0;
     float inv;
@@ -1420,9 +1370,6 @@ __global__ void __launch_bounds__(256) k_group_decode(const uint8_t *__restrict_
     const uint64_t nchunks = g.ng * g.cpg, stride = (uint64_t)gridDim.x * blockDim.x;
     const uint32_t bad_code = (1u << g.bits) - 1u;
     uint32_t corrupt = 0, bad = 0;
-    float pup = 1.0f;
-    if (MODE >= M_INT_ASYM)
-        pup = d_int_pup(p, corrupt);
     for (uint64_t id = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; id < nchunks; id += stride) {
         const uint64_t gi = id / g.cpg;
         const uint32_t j = (uint32_t)(id - gi * g.cpg);
@@ -1431,7 +1378,7 @@ __global__ void __launch_bounds__(256) k_group_decode(const uint8_t *__restrict_
         if (8u * j >= len)
             continue;
         const uint32_t m = len - 8u * j < 8u ? len - 8u * j : 8u;
-        float k = 0.0f, step = 0.0f, bias = 0.0f;
+        float k = 0.0f, step = 0.0f, bias = 0.0f, pup = 1.0f;
         if (MODE <= M_FIX_STOCH) {
             const uint16_t dh = d_get_u16(p + g.meta_off + 2 * gi);
             corrupt |= (uint32_t)((dh & 0x8000u) || (dh & 0x7c00u) == 0x7c00u);
@@ -1450,6 +1397,7 @@ __global__ void __launch_bounds__(256) k_group_decode(const uint8_t *__restrict_
             corrupt |= (uint32_t)((sh & 0x8000u) || (sh & 0x7c00u) == 0x7c00u);
             step = d_half_to_f32(sh);
             bias = MODE == M_INT_SYM ? __fmul_rn(-(float)g.qmax, step) : mn;
+            pup = d_int_pup(p, gi, corrupt);
         }
         const uint32_t nbytes = (m * g.bits + 7u) / 8u, pb = m * g.bits;
         uint64_t lo, hi;
@@ -1478,6 +1426,8 @@ __global__ void __launch_bounds__(256) k_group_decode(const uint8_t *__restrict_
         }
         d_store8(out, off + 8u * j, m, g.vec, v);
     }
+    if (MODE >= M_INT_ASYM && blockIdx.x == 0 && threadIdx.x == 0)
+        corrupt |= (uint32_t)d_int_pad_bad(p, g);
     if (corrupt)
         d_flag(head, CU_ST_CORRUPT);
     if (bad)
@@ -1523,7 +1473,8 @@ static s_gp s_params(const codec_spec_t *spec, uint64_t n, const void *xy)
     g.inv_l = fix ? 0.0 : 1.0 / (double)(spec->p.intq.symmetric ? (uint32_t)g.qmax : g.L);
     g.key = fix ? s_mix64_host(spec->p.fixpt.seed) : 0;
     const uint64_t mb = fix ? 2u : (spec->p.intq.symmetric ? 2u : 4u);
-    g.meta_off = fix ? 0 : 4;
+    g.nblk = fix ? 0 : (g.ng + S_IBLK - 1) / S_IBLK;
+    g.meta_off = (g.nblk + 3) & ~3ull; // intq.c: the exponents, padded to 4 bytes
     g.codes_off = g.meta_off + mb * g.ng;
     g.vec = ((uintptr_t)xy & 15u) == 0 && g.group % 4 == 0;
     return g;
@@ -1549,9 +1500,8 @@ size_t cu_group_scratch(const codec_spec_t *spec, uint64_t n)
     if (spec->id != CODEC_INT)
         return 0;
     const uint64_t group = spec->p.intq.group, ng = (n + group - 1) / group;
-    const uint64_t row_ctas = (ng + 8u * S_ROW_INT - 1u) / (8u * S_ROW_INT); // k_int_row_a's grid
-    return (size_t)ng * sizeof(float2)                                     // per-group (min, max)
-           + 4u * (row_ctas > S_INT_MAXGRID ? row_ctas : S_INT_MAXGRID);   // per-CTA absmax
+    return (size_t)ng * sizeof(float2)                             // per-group (min, max): the stats paths
+           + 4u * (size_t)((ng + S_IBLK - 1) / S_IBLK);            // per-block max |x| bits: the generic paths
 }
 
 template <int MODE>
@@ -1560,22 +1510,8 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
 {
     if constexpr (MODE >= M_INT_ASYM) {
         if (s_row_ok(g, MODE, payload, x)) {
-            float2 *stats = (float2 *)work;
-            uint32_t *slots = (uint32_t *)(stats + g.ng);
-            const unsigned int grid_a = cu_grid(g.ng, 8u * S_ROW_INT), grid_b = cu_grid(g.ng, 256);
-            k_int_row_a<MODE><<<grid_a, 256, 0, st>>>(x, stats, payload, slots, head, g);
-            CU_CHECK_LAUNCH("k_int_row_a");
-            cudaLaunchConfig_t cfg = {};
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            at[0].val.programmaticStreamSerializationAllowed = 1;
-            cfg.gridDim = dim3(grid_b);
-            cfg.blockDim = dim3(256);
-            cfg.stream = st;
-            cfg.attrs = at;
-            cfg.numAttrs = cu_pdl() ? 1 : 0;
-            CUDA_CHECK(cudaLaunchKernelEx(&cfg, k_int_row_b<MODE>, x, (const float2 *)stats, payload,
-                                          (const uint32_t *)slots, grid_a, head, g));
+            k_int_row<MODE><<<(unsigned int)g.nblk, S_INT_CTA, 0, st>>>(x, payload, head, g);
+            CU_CHECK_LAUNCH("k_int_row");
             return 0;
         }
         if (s_int_split(g)) {
@@ -1593,15 +1529,13 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
                     const float *a_x = x;
                     float2 *a_st = stats;
                     uint8_t *a_p = payload;
-                    uint32_t *a_slot = (uint32_t *)(stats + g.ng);
                     cu_hp a_head = head;
                     s_gp a_g = g;
-                    void *args[] = { &a_x, &a_st, &a_p, &a_slot, &a_head, &a_g };
+                    void *args[] = { &a_x, &a_st, &a_p, &a_head, &a_g };
                     CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)blocks), dim3(256), args, 0, st));
                     return 0;
                 }
             }
-            CUDA_CHECK(cudaMemsetAsync(&head.p->absmax_bits, 0, sizeof head.p->absmax_bits, st)); // atomicMax from 0
             k_int_stats<MODE, S_ROWS><<<grid, 256, 0, st>>>(x, stats, head, g);
             CU_CHECK_LAUNCH("k_int_stats");
             if (g.bits == s_fast_bits(MODE))
@@ -1632,21 +1566,24 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
             return 0;
         }
     }
-    if (MODE >= M_INT_ASYM) {
-        CUDA_CHECK(cudaMemsetAsync(&head.p->absmax_bits, 0, sizeof head.p->absmax_bits, st)); // atomicMax from 0
+    uint32_t *blk_amax = nullptr;
+    if (MODE >= M_INT_ASYM) { // each block's max |x| (work: cu_group_scratch's per-block words)
+        blk_amax = (uint32_t *)((float2 *)work + g.ng);
+        CUDA_CHECK(cudaMemsetAsync(blk_amax, 0, 4u * g.nblk, st)); // atomicMax from 0
         const bool vec = ((uintptr_t)x & 15u) == 0;
-        k_absmax<<<cu_grid((g.n + 7) / 8, 256 * 4), 256, 0, st>>>(x, g.n, vec, head);
+        k_absmax<<<cu_grid((g.n + 7) / 8, 256 * 4), 256, 0, st>>>(x, g.n, vec, blk_amax, (uint64_t)S_IBLK * g.group,
+                                                                   head);
         CU_CHECK_LAUNCH("k_absmax");
     }
     if (g.tpg == S_CTA) {
-        k_group_encode<MODE><<<cu_grid(g.ng, 1), S_CTA, 0, st>>>(x, payload, head, g);
+        k_group_encode<MODE><<<cu_grid(g.ng, 1), S_CTA, 0, st>>>(x, payload, blk_amax, head, g);
     } else {
         const uint64_t per_block = (uint64_t)(256 / 32) * S_ROWS * (32 / g.tpg); // groups per CTA iteration
         const unsigned int grid = cu_grid(g.ng, per_block);
         if (g.bits == s_fast_bits(MODE))
-            k_group_enc_seg<MODE, s_fast_bits(MODE), S_ROWS><<<grid, 256, 0, st>>>(x, payload, head, g);
+            k_group_enc_seg<MODE, s_fast_bits(MODE), S_ROWS><<<grid, 256, 0, st>>>(x, payload, blk_amax, head, g);
         else
-            k_group_enc_seg<MODE, 0, S_ROWS><<<grid, 256, 0, st>>>(x, payload, head, g);
+            k_group_enc_seg<MODE, 0, S_ROWS><<<grid, 256, 0, st>>>(x, payload, blk_amax, head, g);
     }
     CU_CHECK_LAUNCH("k_group_encode");
     return 0;

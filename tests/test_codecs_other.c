@@ -1002,12 +1002,18 @@ static void s_check_int(const char *spec_str, codec_shape_t shape, const float *
     size_t len = 0;
     uint8_t *frame = s_roundtrip(spec_str, shape, x, out, &len);
     const uint8_t *pay = frame + CODEC_HEADER_SIZE;
-    const int32_t e = (int32_t)codec_get_u32(pay);
-    assert_int_equal(e, s_int_exp_ref(x, N));
-    uint64_t code_off = 4 + mb * ng;
+    const uint64_t nblk = (ng + 63) / 64, eb = (nblk + 3) / 4 * 4;
+    for (uint64_t k = nblk; k < eb; k++)
+        assert_int_equal(pay[k], 0);
+    uint64_t code_off = eb + mb * ng;
     for (uint64_t g = 0; g < ng; g++) {
         const uint64_t off = g * G;
         const uint32_t m = (uint32_t)(N - off < G ? N - off : G);
+        const int32_t e = (int8_t)pay[g / 64];
+        if (g % 64 == 0) {
+            const uint64_t b0 = g * G, b1 = (g + 64) * G < N ? (g + 64) * G : N;
+            assert_int_equal(e, s_int_exp_ref(x + b0, b1 - b0));
+        }
         double lo = INFINITY, hi = -INFINITY;
         for (uint32_t j = 0; j < m; j++) {
             lo = fmin(lo, ldexp(x[off + j], -e));
@@ -1015,11 +1021,11 @@ static void s_check_int(const char *spec_str, codec_shape_t shape, const float *
         }
         double mn = 0, step;
         if (p->symmetric) {
-            step = s_h16_decode(codec_get_u16(pay + 4 + 2 * g));
+            step = s_h16_decode(codec_get_u16(pay + eb + 2 * g));
             assert_true(step == s_h16_up(fmax(fabs(lo), fabs(hi)) / qmax));
         } else {
-            mn = s_h16_decode(codec_get_u16(pay + 4 + 4 * g));
-            step = s_h16_decode(codec_get_u16(pay + 4 + 4 * g + 2));
+            mn = s_h16_decode(codec_get_u16(pay + eb + 4 * g));
+            step = s_h16_decode(codec_get_u16(pay + eb + 4 * g + 2));
             assert_true(mn == s_h16_down(lo));
             assert_true(step == s_h16_up((hi - mn) / L));
             assert_true(mn <= lo && mn + L * step >= hi); /* covers the group */
@@ -1099,9 +1105,18 @@ static void test_int_edges(void **state)
         s_check_int("int", s_shape(1, 1, N), x);
         s_check_int("int:bits=8,symmetric=1,group=64", s_shape(1, 1, N), x);
     }
+    /* blocks of 64 groups far apart in magnitude: each keeps its own exponent, so the small
+       block's error is relative to its own values (one exponent for the frame would flush it) */
+    for (int i = 0; i < N; i++)
+        x[i] = (float)s_rng_normal() * (i < 512 ? 1e-30f : 1e30f);
+    s_check_int("int:group=8", s_shape(1, 1, N), x);           /* 125 groups: blocks of 512 and 488 */
+    s_check_int("int:group=8,symmetric=1", s_shape(1, 1, N), x);
+    for (int i = 0; i < N; i++)
+        x[i] = (float)s_rng_normal() * (i >= 512 ? 1e-30f : 1e30f);
+    s_check_int("int:group=8", s_shape(1, 1, N), x);
     /* the extremes of float32 */
     for (int i = 0; i < N; i++)
-        x[i] = (i % 4 == 0) ? FLT_MAX : (i % 4 == 1 ? -FLT_MAX : (float)s_rng_normal() * 1e38f);
+        x[i] = (i % 4 == 0) ? FLT_MAX : (i % 4 == 1 ? -FLT_MAX : fmaxf(-3.0f, fminf(3.0f, (float)s_rng_normal())) * 1e38f); /* |x| < FLT_MAX */
     x[N - 1] = FLT_TRUE_MIN;
     s_check_int("int", s_shape(1, 1, N), x);
     s_check_int("int:bits=2,symmetric=1", s_shape(1, 1, N), x);
@@ -1122,12 +1137,20 @@ static void test_int_rejects_corrupt(void **state)
     uint8_t good[32], bad[32];
     assert_int_equal(codec_int_ops.encode(&spec, sh, x, good), 0);
     assert_int_equal(codec_int_ops.decode(&spec, sh, good, out), 0);
-    const int32_t exps[] = { -127, 115, 1000, INT32_MIN };
+    const int8_t exps[] = { -127, -128, 115, 127 }; /* the block exponent, i8 at byte 0 */
     for (size_t k = 0; k < 4; k++) {
         memcpy(bad, good, ps);
-        codec_put_u32(bad, (uint32_t)exps[k]);
+        bad[0] = (uint8_t)exps[k];
         assert_int_equal(codec_int_ops.decode(&spec, sh, bad, out), TAH_ECORRUPT);
     }
+    for (size_t k = 1; k < 4; k++) { /* the zero bytes after the exponents */
+        memcpy(bad, good, ps);
+        bad[k] = 1;
+        assert_int_equal(codec_int_ops.decode(&spec, sh, bad, out), TAH_ECORRUPT);
+    }
+    memcpy(bad, good, ps); /* any exponent in range decodes */
+    bad[0] = (uint8_t)(int8_t)-126;
+    assert_int_equal(codec_int_ops.decode(&spec, sh, bad, out), 0);
     const struct { size_t off; uint16_t v; } metas[] = {
         { 4, 0x7c00 }, { 4, 0xfe00 }, /* min Inf / NaN */
         { 10, 0x7c00 }, { 10, 0x8001 }, { 10, 0xbc00 }, /* step Inf / negative */
@@ -1156,7 +1179,7 @@ static void test_int_rejects_corrupt(void **state)
     int rc = 0;
     uint8_t *frame = s_encode("int:bits=3,group=5", sh, x, &len, &rc);
     assert_non_null(frame);
-    codec_put_u32(frame + CODEC_HEADER_SIZE, 500);
+    frame[CODEC_HEADER_SIZE] = 120; /* exponent out of range */
     s_reseal(frame, len);
     char err[CODEC_ERRLEN];
     assert_int_equal(codec_decode(frame, len, out, 13, NULL, err, sizeof err), TAH_ECORRUPT);
@@ -1182,10 +1205,10 @@ static void test_bits_per_element(void **state)
         { "ash-fp8:block=4096", 8.0 + 64.0 / 4096, 0 },
         { "fixpt", 8.0 + 16.0 / 128, 0 },               /* fp16 step per 128 */
         { "fixpt:bits=4,stochastic=1", 4.0 + 16.0 / 128, 0 },
-        { "int", 4.0 + 32.0 / 128, 4 },                 /* fp16 min + step per 128, i32 exponent */
-        { "int:bits=4,symmetric=1", 4.0 + 16.0 / 128, 4 },
-        { "int:bits=8", 8.0 + 32.0 / 128, 4 },
-        { "int:bits=3,group=64", 3.0 + 32.0 / 64, 4 },
+        { "int", 4.0 + 32.0 / 128, 192 },               /* fp16 min + step per 128, i8 exponent per 64 groups */
+        { "int:bits=4,symmetric=1", 4.0 + 16.0 / 128, 192 }, /* 12288 groups: 192 blocks */
+        { "int:bits=8", 8.0 + 32.0 / 128, 192 },
+        { "int:bits=3,group=64", 3.0 + 32.0 / 64, 384 },
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         codec_spec_t spec;

@@ -77,9 +77,9 @@ static const codec_shape_t k_shapes[] = {
 #define N_SHAPES (sizeof k_shapes / sizeof k_shapes[0])
 
 enum { IN_SYNTH, IN_ZEROS, IN_SPIKE, IN_HUGE, IN_TINY, IN_SUBNORMAL, IN_SIGNED_ZEROS, IN_CONST, IN_SCALES, IN_BIGSPIKE,
-       IN_NORMAL, N_INPUTS };
-static const char *const k_input_names[] = { "synth", "zeros", "spike", "huge", "tiny",
-                                             "subnormal", "signed-zeros", "const", "scales", "big-spike", "normal" };
+       IN_BLOCKS, IN_NORMAL, N_INPUTS };
+static const char *const k_input_names[] = { "synth", "zeros", "spike", "huge", "tiny", "subnormal", "signed-zeros",
+                                             "const", "scales", "big-spike", "blocks", "normal" };
 
 static void s_fill(float *x, codec_shape_t shape, int kind, uint64_t seed)
 {
@@ -119,15 +119,20 @@ static void s_fill(float *x, codec_shape_t shape, int kind, uint64_t seed)
         for (uint64_t i = 0; i < n; i++)
             x[i] = -0.125f;
         break;
-    case IN_SCALES: /* each run of 128 at its own scale 10^0 .. 10^-11: groups far below the
-                       frame's absmax (the int encoder's re-quantised groups, cu_group.cu) */
+    case IN_SCALES: /* each run of 128 at its own scale 10^0 .. 10^-11: groups far below their
+                       int exponent block's absmax (fp16-subnormal metadata) */
         for (uint64_t i = 0; i < n; i++)
             x[i] = (float)(pow(10.0, -(double)((i / 128 + seed) % 12)) * codec_synth_normal(seed, i));
         break;
-    case IN_BIGSPIKE: /* ordinary values and one 1e30: all groups but the spike's re-quantised */
+    case IN_BIGSPIKE: /* ordinary values and one 1e30 (tah: the frame exponent; int: one block's) */
         for (uint64_t i = 0; i < n; i++)
             x[i] = (float)(0.02 * codec_synth_normal(seed, i));
         x[codec_synth_u64(seed, 0) % n] = 1e30f;
+        break;
+    case IN_BLOCKS: /* each run of 4096 at its own scale 10^0 .. 10^-36: int exponent blocks
+                       (64 groups) far apart, each quantised at its own exponent */
+        for (uint64_t i = 0; i < n; i++)
+            x[i] = (float)(pow(10.0, -3.0 * (double)((i / 4096 + seed) % 13)) * codec_synth_normal(seed, i));
         break;
     default:
         for (uint64_t i = 0; i < n; i++)
@@ -470,6 +475,9 @@ static void s_test_status(s_dev_t *d)
         { "tah", 8, 0x00 },                /* a high tile turned low: count wrong */
         { "tah", 0, 0x00 },                /* e out of range (written below) */
         { "tah", 8 + 3, 0x00 },            /* tile 3: a pivot without rotation (written below) */
+        { "int", 0, 120 },                 /* block exponent above 114 */
+        { "int:symmetric=1", 0, 0x80 },    /* block exponent -128 */
+        { "int", 2, 0x01 },                /* a byte after the exponents (16 groups: 1 block) */
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         codec_spec_t spec;
@@ -525,7 +533,7 @@ static void s_test_wide(s_dev_t *d)
     static const struct {
         const char *spec;
         size_t meta;     /* payload offset of group 3's metadata */
-        int e114;        /* set the int frame exponent to 114 */
+        int e114;        /* set the int block exponent to 114 */
         uint16_t m0, m1; /* metadata words written there (int asym: min, step) */
         int code0;       /* fixpt: group 3's first code set to 0 (-127 steps) */
         int clamps;      /* the CPU decode succeeds with values clamped to +-FLT_MAX */

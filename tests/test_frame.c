@@ -168,7 +168,8 @@ static void test_forged_headers(void **state)
             fail_msg("%s: got %d (%s), want %d", #stmt, rc_, err, expect); \
     } while (0)
     FORGE(g[0] = 'X', TAH_EMAGIC);
-    FORGE(g[4] = 2, TAH_EVERSION);
+    FORGE(g[4] = 1, TAH_EVERSION); /* version 1: int frames with one exponent */
+    FORGE(g[4] = 3, TAH_EVERSION);
     FORGE(g[6] = 99, TAH_ECODEC);
     FORGE(g[6] = 0, TAH_ECODEC);
     FORGE(g[7] = 1, TAH_ECORRUPT);
