@@ -214,10 +214,12 @@ static int s_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t
             return TAH_ECORRUPT;
     const uint8_t *meta = payload + eb, *code_base = payload + eb + (uint64_t)mb * ng;
     uint16_t codes[S_CHUNK];
+    float pup = 1.0f;
     for (uint64_t g = 0; g < ng; g++) {
         const uint64_t off = g * group;
         const uint32_t len = (uint32_t)(n - off < group ? n - off : group);
-        const float pup = ldexpf(1.0f, (int8_t)payload[g / S_BLOCK]);
+        if (g % S_BLOCK == 0)
+            pup = ldexpf(1.0f, (int8_t)payload[g / S_BLOCK]);
         float mn = 0.0f, step;
         uint16_t sh;
         if (p->symmetric) {

@@ -43,17 +43,6 @@ bool cu_tpt(void)
     return v != 0;
 }
 
-bool cu_pdl(void)
-{
-    static int v = -1; // benign race, as cu_fuse
-    if (v < 0) {
-        int dev = 0, major = 0;
-        v = s_env_on("TAH_CU_PDL") && cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
-    }
-    return v != 0;
-}
-
 size_t cu_smem_optin(size_t reserve)
 {
     int dev = 0, bytes = 0;

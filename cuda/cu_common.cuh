@@ -485,10 +485,6 @@ bool cu_fuse(void);
 // comparison): round 8's lane pairs per TAH tile (encode and decode), round 10's warp per
 // group (fixpt and int, groups of 128) and ASH-FP8's FULL block-256 form.
 bool cu_tpt(void);
-// Programmatic dependent launches (a kernel's launch overlapping the previous one's tail;
-// it waits with griddepcontrol.wait before touching its inputs): Hopper and later, unless
-// TAH_CU_PDL=0.
-bool cu_pdl(void);
 // Dynamic shared memory a block of the current device may opt in to, less
 // `reserve` bytes for the kernel's static shared memory (0 on error).
 size_t cu_smem_optin(size_t reserve);
