@@ -520,7 +520,9 @@ static void s_test_status(s_dev_t *d)
 /* Valid frames whose metadata decode beyond FLT_MAX: int clamps to +-FLT_MAX (no
  * error), fixpt with a tiny scale gives TAH_ENONFINITE. The GPU decoders take a
  * per-element clamp / check path only where a group's extreme codes overflow
- * (round 7); both outcomes must match the CPU's, bit for bit. */
+ * (round 7); both outcomes must match the CPU's, bit for bit. TAH: a tile whose
+ * c * step overflows while min + c * step would not (a decoder that fused the two
+ * roundings into one fma would return finite values there). */
 static void s_test_wide(s_dev_t *d)
 {
     char err[CODEC_ERRLEN];
@@ -533,17 +535,23 @@ static void s_test_wide(s_dev_t *d)
     static const struct {
         const char *spec;
         size_t meta;     /* payload offset of group 3's metadata */
-        int e114;        /* set the int block exponent to 114 */
-        uint16_t m0, m1; /* metadata words written there (int asym: min, step) */
-        int code0;       /* fixpt: group 3's first code set to 0 (-127 steps) */
+        int e;           /* non-zero: payload bytes 0..3 set to e (int: block 0's i8 and its zero
+                            bytes; tah: the frame's i32) */
+        uint16_t m0, m1; /* metadata words written there (int asym, tah: min, step) */
+        int code0;       /* the CPU decode gives TAH_ENONFINITE (fixpt: group 3's first code set to 0,
+                            -127 steps) */
         int clamps;      /* the CPU decode succeeds with values clamped to +-FLT_MAX */
     } cases[] = {
-        { "int", 4 + 4 * 3, 1, 0xfbffu, 0x7bffu, 0, 1 },    /* min -65504, step 65504, e 114 */
-        { "int:symmetric=1", 4 + 2 * 3, 1, 0x7bffu, 0, 0, 1 }, /* step 65504, e 114 */
-        { "int", 4 + 4 * 3, 1, 0x0000u, 0x7bffu, 0, 1 },    /* min 0: only codes >= 1 overflow */
+        { "int", 4 + 4 * 3, 114, 0xfbffu, 0x7bffu, 0, 1 },    /* min -65504, step 65504, e 114 */
+        { "int:symmetric=1", 4 + 2 * 3, 114, 0x7bffu, 0, 0, 1 }, /* step 65504, e 114 */
+        { "int", 4 + 4 * 3, 114, 0x0000u, 0x7bffu, 0, 1 },    /* min 0: only codes >= 1 overflow */
         { "fixpt:scale=1e-36", 2 * 3, 0, 0x7bffu, 0, 1, 0 }, /* k = step / scale = Inf */
         { "fixpt:scale=1e-33", 2 * 3, 0, 0x7bffu, 0, 1, 0 }, /* k finite, 127 k overflows */
         { "fixpt:scale=1e-33", 2 * 3, 0, 0x7bffu, 0, 0, 0 }, /* 127 k overflows, every code 127: 0 */
+        /* tah, the first high unrotated tile (meta: below): min -65504 2^111, step 10784 2^111:
+           c * step overflows for the codes >= 13 a 4-bit tile's largest element gets, while
+           min + 15 step does not, so only the two roundings give Inf there */
+        { "tah", 0, 111, 0xfbffu, 0x7144u, 1, 0 },
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         codec_spec_t spec;
@@ -556,16 +564,23 @@ static void s_test_wide(s_dev_t *d)
         CHECK(codec_encode(&spec, shape, x, f, (size_t)fsize, NULL, err, sizeof err) == 0, "%s: encode: %s",
               cases[k].spec, err);
         uint8_t *p = f + CODEC_HEADER_SIZE;
-        if (cases[k].e114) {
-            p[0] = 114; p[1] = 0; p[2] = 0; p[3] = 0;
+        size_t meta = cases[k].meta;
+        if (spec.id == CODEC_TAH) { /* 32 tiles of 64: a flag byte each at 8, meta at 40 */
+            size_t t = 0;
+            while (t < 31 && (p[8 + t] & 3u) != 1u)
+                t++;
+            meta = 40 + 4 * t;
         }
-        p[cases[k].meta] = (uint8_t)cases[k].m0;
-        p[cases[k].meta + 1] = (uint8_t)(cases[k].m0 >> 8);
-        if (spec.id == CODEC_INT && !spec.p.intq.symmetric) {
-            p[cases[k].meta + 2] = (uint8_t)cases[k].m1;
-            p[cases[k].meta + 3] = (uint8_t)(cases[k].m1 >> 8);
+        if (cases[k].e) {
+            p[0] = (uint8_t)cases[k].e; p[1] = 0; p[2] = 0; p[3] = 0;
         }
-        if (cases[k].code0) /* fixpt, 8 bits, group 128: codes start at 2 * 16 groups */
+        p[meta] = (uint8_t)cases[k].m0;
+        p[meta + 1] = (uint8_t)(cases[k].m0 >> 8);
+        if ((spec.id == CODEC_INT && !spec.p.intq.symmetric) || spec.id == CODEC_TAH) {
+            p[meta + 2] = (uint8_t)cases[k].m1;
+            p[meta + 3] = (uint8_t)(cases[k].m1 >> 8);
+        }
+        if (cases[k].code0 && spec.id == CODEC_FIXPT) /* 8 bits, group 128: codes start at 2 * 16 groups */
             p[2 * 16 + 3 * 128] = 0;
         codec_frame_seal(&spec, shape, f, (size_t)fsize, err, sizeof err);
         const int rc_cpu = codec_decode(f, (size_t)fsize, y_cpu, n, NULL, err, sizeof err);
