@@ -251,7 +251,9 @@ int codec_frame_info(const uint8_t *frame, size_t len, codec_frame_info_t *info,
                CODEC_FRAME_MAGIC);
     uint16_t version = codec_get_u16(frame + S_OFF_VERSION);
     if (version != CODEC_FRAME_VERSION)
-        S_FAIL(TAH_EVERSION, "frame: version %u, this build reads version %u; HINT: written by a different tah version (both ends need the same frame version)",
+        S_FAIL(TAH_EVERSION,
+               "frame: version %u, this build reads version %u; HINT: written by another tah release (both ends "
+               "need the same frame version)",
                version, CODEC_FRAME_VERSION);
     codec_id_t id = (codec_id_t)frame[S_OFF_CODEC];
     if (!codec_name(id))

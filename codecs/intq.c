@@ -14,6 +14,7 @@
  * encodable. A block's exponent depends on that block alone, so the encoder
  * reads x once, block by block (until November 2026 one exponent served the
  * whole frame, which took a pass over all of x first; frame version 1).
+ *
  * Asymmetric (default), L = 2^b - 1:
  *   mn   = min(xs) rounded DOWN to fp16
  *   step = (max(xs) - mn) / L rounded UP to fp16, so [mn, mn + L*step]

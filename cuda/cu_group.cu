@@ -1056,17 +1056,17 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict
 //
 // k_int_row (round 15): a CTA of 16 warps takes one exponent block (S_IBLK = 64 groups), a
 // warp 4 groups with lane l on elements 4l..4l+3 of each (as k_group_dec_row): S_ROW_INT
-// groups' loads in flight per lane (8 groups per warp in 8 warps, 52 registers and 4 CTAs
-// per SM, measured 2.7 % slower on the H100: 40 registers, 3 CTAs of 512 threads now); each group's min and max by a local min / max and one
-// redux each (on order-preserving integer keys; the zero key, d_int_zkey, only when the
-// minimum is zero); the block's max |x| through shared memory and one CTA barrier, its
-// exponent; lane u computes group u's metadata (d_int_meta), every lane its 4 codes of
-// each group (one 64-byte store per group). Until round 14 the frame had one exponent, and
-// the default path was two launches: each group quantised at its own exponent, then every
-// group's metadata rewritten (and the rare group whose codes depended on it quantised
-// again) once the frame's absmax was known.
-#define S_ROW_INT 4u                              // groups per warp of k_int_row
-#define S_INT_CTA (32u * S_IBLK / S_ROW_INT)       // its threads: 16 warps, S_IBLK groups
+// groups' loads in flight per lane (40 registers, 3 CTAs of 512 threads per SM; 8 warps of 8
+// groups, 52 registers and 4 CTAs of 256, measured 2.7 % slower on the H100); each group's
+// min and max by a local min / max and one redux each (on order-preserving integer keys; the
+// zero key, d_int_zkey, only when the minimum is zero); the block's max |x| through shared
+// memory and one CTA barrier, its exponent; lane u computes group u's metadata
+// (d_int_meta), every lane its 4 codes of each group (one 64-byte store per group). Until
+// round 14 the frame had one exponent, and the default path was two launches: each group
+// quantised at its own exponent, then every group's metadata rewritten (and the rare group
+// whose codes depended on it quantised again) once the frame's absmax was known.
+#define S_ROW_INT 4u                        // groups per warp of k_int_row
+#define S_INT_CTA (32u * S_IBLK / S_ROW_INT) // its threads: 16 warps, S_IBLK groups
 
 // order-preserving unsigned key of a float (-0 < +0) and back
 __device__ __forceinline__ uint32_t d_fkey(float f)

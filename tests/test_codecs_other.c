@@ -1115,8 +1115,9 @@ static void test_int_edges(void **state)
         x[i] = (float)s_rng_normal() * (i >= 512 ? 1e-30f : 1e30f);
     s_check_int("int:group=8", s_shape(1, 1, N), x);
     /* the extremes of float32 */
-    for (int i = 0; i < N; i++)
-        x[i] = (i % 4 == 0) ? FLT_MAX : (i % 4 == 1 ? -FLT_MAX : fmaxf(-3.0f, fminf(3.0f, (float)s_rng_normal())) * 1e38f); /* |x| < FLT_MAX */
+    for (int i = 0; i < N; i++) /* normals clamped to +-3: 3e38 < FLT_MAX */
+        x[i] = (i % 4 == 0) ? FLT_MAX
+                            : (i % 4 == 1 ? -FLT_MAX : fmaxf(-3.0f, fminf(3.0f, (float)s_rng_normal())) * 1e38f);
     x[N - 1] = FLT_TRUE_MIN;
     s_check_int("int", s_shape(1, 1, N), x);
     s_check_int("int:bits=2,symmetric=1", s_shape(1, 1, N), x);
