@@ -109,13 +109,18 @@ __device__ __forceinline__ int32_t d_int_exp(uint32_t amax_bits)
 
 __device__ __forceinline__ float d_pow2f(int32_t e) { return __uint_as_float((uint32_t)(127 + e) << 23); }
 
-// 2^e of group gi's block exponent (1, and corrupt, outside intq.c's range).
+// 2^e of a block exponent e (1, and corrupt when `valid`, outside intq.c's range).
+__device__ __forceinline__ float d_int_pow2e(int32_t e, bool valid, uint32_t &corrupt)
+{
+    const bool ok = e >= -126 && e <= 114;
+    corrupt |= (uint32_t)(valid && !ok);
+    return ok ? d_pow2f(e) : 1.0f;
+}
+
+// 2^e of group gi's block exponent, read from the payload.
 __device__ __forceinline__ float d_int_pup(const uint8_t *p, uint64_t gi, uint32_t &corrupt)
 {
-    const int32_t e = (int8_t)p[gi / S_IBLK];
-    const bool ok = e >= -126 && e <= 114;
-    corrupt |= (uint32_t)!ok;
-    return ok ? d_pow2f(e) : 1.0f;
+    return d_int_pow2e((int8_t)p[gi / S_IBLK], true, corrupt);
 }
 
 // Whether the bytes between the exponents and the metadata (at most 3) are not all zero.
@@ -584,12 +589,7 @@ __device__ __forceinline__ void d_dec_iter(float *__restrict__ out, const s_gp &
     const uint32_t bad_code = (1u << bits) - 1u;
     // slot `lane`'s metadata: checked once, k (fixpt) or step and bias (int)
     const bool mvalid = lane < (uint32_t)U * spw && base + lane < (uint32_t)g.ng;
-    float pup = 1.0f; // int: 2^e of the slot's block
-    if (MODE >= M_INT_ASYM) {
-        const bool eok = b.e >= -126 && b.e <= 114;
-        corrupt |= (uint32_t)(mvalid && !eok);
-        pup = eok ? d_pow2f(b.e) : 1.0f;
-    }
+    const float pup = MODE >= M_INT_ASYM ? d_int_pow2e(b.e, mvalid, corrupt) : 1.0f; // int: the slot's block
     float ka, kb;
     const bool wide = d_dec_meta<MODE>(b.meta, g, pup, mvalid, ka, kb, corrupt);
     const bool slow = __any_sync(CU_FULL, wide); // warp-uniform
