@@ -1199,6 +1199,12 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
 //
 // U: quant tiles per segment per warp iteration; MINB: CTAs per SM the registers must allow
 // TPT (round 8): phases 1 and 3 with two lanes per tile (d_tah_ent_p64, d_tah_quant_p64; s_pair_ok)
+// k_tah_fused's ordering around the words CTAs poll: a release/acquire fence at GPU scope (round 16;
+// __threadfence is fence.sc, which also orders against every other SC fence), and S_POLL_NS between
+// polls, so that the polls do not queue at the L2 slice of the word ahead of the atomics they wait for
+__device__ __forceinline__ void d_fence_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+#define S_POLL_NS 100
+
 template <int U, int MINB, uint32_t TPG, uint32_t BH, uint32_t BL, bool TPT>
 __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict__ x, uint16_t *__restrict__ flagv,
                                                       uint8_t *__restrict__ p, s_fz z, cu_hp head, s_tg g,
@@ -1224,7 +1230,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
         if (cta == 0)
             for (uint32_t i = tid; i < S_FZ_CTR; i += blockDim.x)
                 z.gdone[i] = 0;
-        __threadfence();
+        d_fence_gpu();
         __syncthreads();
         if (tid == 0) {
             if (cta == 0)
@@ -1276,10 +1282,10 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
         sh_gtb = 0;
         sh_eqb = 0;
         while (*(volatile unsigned long long *)z.flag != head.tag) // CTA 0's zeroing (done long ago)
-            ;
+            __nanosleep(S_POLL_NS);
         while (!all && *(volatile unsigned long long *)&z.ztag[b] != head.tag) // and CTA (b, 0)'s
-            ;
-        __threadfence();
+            __nanosleep(S_POLL_NS);
+        d_fence_gpu();
     }
     __syncthreads();
     const unsigned long long tag36 = head.tag & 0xfffffffffull; // cnt slots: a slot of an earlier call reads as unwritten
@@ -1308,7 +1314,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
             if (lh[q] != 0u)
                 atomicAdd(&H[base + q], lh[q]);
     }
-    __threadfence(); // this thread's atomics before the CTA's arrival below
+    d_fence_gpu(); // this thread's atomics before the CTA's arrival below
     __syncthreads();
     if (tid == 0) {
         atomicAdd(z.gdone, 1u);
@@ -1319,13 +1325,13 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     // frame's absmax once every CTA has added its own
     if (tid == 0 && !all) {
         while (*(volatile uint32_t *)&z.sdone[b] != P)
-            ;
-        __threadfence();
+            __nanosleep(S_POLL_NS);
+        d_fence_gpu();
     }
     if (tid == 32) {
         while (*(volatile uint32_t *)z.gdone != gridDim.x)
-            ;
-        __threadfence();
+            __nanosleep(S_POLL_NS);
+        d_fence_gpu();
         sh_amax = *(volatile uint32_t *)z.gamax;
     }
     __syncthreads();
@@ -1375,7 +1381,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
         for (uint32_t i = tid; i < j; i += blockDim.x) {
             unsigned long long v;
             while (((v = *(volatile unsigned long long *)&z.cnt[(size_t)b * P + i]) >> 28) != tag36)
-                ;
+                __nanosleep(S_POLL_NS);
             cg += (uint32_t)v & 0x3fffu;
             ce += ((uint32_t)v >> 14) & 0x3fffu;
         }
