@@ -714,10 +714,10 @@ __device__ __forceinline__ void d_tah_meta(float mn, float mx, float levels, uin
                                            float &minf, float &inv, uint32_t &range)
 {
     min16 = d_half_from_f32_down(mn);
-    minf = d_half_to_f32(min16);
-    step16 = d_half_from_f32_up(__fdiv_rn(__fsub_rn(mx, minf), levels));
-    const float step = d_half_to_f32(step16);
-    inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+    minf = __half2float(__ushort_as_half(min16)); // cvt.f32.f16: half.c's value for every half but NaN,
+    step16 = d_half_from_f32_up(__fdiv_rn(__fsub_rn(mx, minf), levels)); // which these never are
+    const float step = __half2float(__ushort_as_half(step16));
+    inv = step > 0.0f ? __frcp_rn(step) : 0.0f; // 1 / step rounded once, as __fdiv_rn(1, step)
     range |= (uint32_t)((step16 & 0x7c00u) == 0x7c00u || (min16 & 0x7c00u) == 0x7c00u);
 }
 
