@@ -1143,12 +1143,12 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
     for (int r = 0; r < 32; r++) {
         const uint32_t c = (uint32_t)__fadd_rn(__fmul_rn(__fsub_rn(v[r], minf), inv), 0.5f);
         const int bh = (int)BH * r, bl = (int)BL * r;
-        wh[bh / 32] |= c << (bh % 32);
-        if (bh % 32 + (int)BH > 32)
-            wh[bh / 32 + 1] |= c >> (32 - bh % 32);
-        wl[bl / 32] |= c << (bl % 32);
+        wh[bh / 32] += c << (bh % 32); // + for |: one shift-add (LEA) per field; the fields of
+        if (bh % 32 + (int)BH > 32)    // the tile's own width do not overlap, and the other
+            wh[bh / 32 + 1] += c >> (32 - bh % 32); // packing is not stored
+        wl[bl / 32] += c << (bl % 32);
         if (bl % 32 + (int)BL > 32)
-            wl[bl / 32 + 1] |= c >> (32 - bl % 32);
+            wl[bl / 32 + 1] += c >> (32 - bl % 32);
     }
     const uint32_t hiq = ph & 0x7fffffffu;
     uint8_t *dst = p + g.codes_off + b * g.code_bytes + 8ull * ((uint64_t)BL * qidx + (uint64_t)(BH - BL) * hiq);
