@@ -714,10 +714,12 @@ __device__ __forceinline__ void d_tah_meta(float mn, float mx, float levels, uin
                                            float &minf, float &inv, uint32_t &range)
 {
     min16 = d_half_from_f32_down(mn);
-    minf = __half2float(__ushort_as_half(min16)); // cvt.f32.f16: half.c's value for every half but NaN,
-    step16 = d_half_from_f32_up(__fdiv_rn(__fsub_rn(mx, minf), levels)); // which these never are
+    // the fields widened by cvt.f32.f16 (half.c's value for every half but NaN, which these never
+    // are) and 1 / step by __frcp_rn (rounded once, as __fdiv_rn(1, step)): round 16
+    minf = __half2float(__ushort_as_half(min16));
+    step16 = d_half_from_f32_up(__fdiv_rn(__fsub_rn(mx, minf), levels));
     const float step = __half2float(__ushort_as_half(step16));
-    inv = step > 0.0f ? __frcp_rn(step) : 0.0f; // 1 / step rounded once, as __fdiv_rn(1, step)
+    inv = step > 0.0f ? __frcp_rn(step) : 0.0f;
     range |= (uint32_t)((step16 & 0x7c00u) == 0x7c00u || (min16 & 0x7c00u) == 0x7c00u);
 }
 
@@ -1181,6 +1183,15 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
     }
 }
 
+// k_tah_fused's ordering around the words CTAs poll: release/acquire fences at GPU scope (round 16;
+// __threadfence is fence.sc, which also orders against every other SC fence), and S_POLL_NS between
+// polls, so that the polls do not queue at the L2 slice of the word ahead of the atomics they wait for.
+// A CTA publishes as CUDA's last-block pattern does: every thread fences its own writes, then the
+// barrier, then one thread's flag or counter (a second fence by that thread after the barrier cost
+// 2 %, H100).
+__device__ __forceinline__ void d_fence_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+#define S_POLL_NS 100
+
 // ---- encode in one cooperative launch (round 6) ----
 //
 // k_tah_fused replaces memset + k_tah_entropy + k_tah_select(_sm) + k_tah_quant
@@ -1211,12 +1222,6 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
 //
 // U: quant tiles per segment per warp iteration; MINB: CTAs per SM the registers must allow
 // TPT (round 8): phases 1 and 3 with two lanes per tile (d_tah_ent_p64, d_tah_quant_p64; s_pair_ok)
-// k_tah_fused's ordering around the words CTAs poll: a release/acquire fence at GPU scope (round 16;
-// __threadfence is fence.sc, which also orders against every other SC fence), and S_POLL_NS between
-// polls, so that the polls do not queue at the L2 slice of the word ahead of the atomics they wait for
-__device__ __forceinline__ void d_fence_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-#define S_POLL_NS 100
-
 template <int U, int MINB, uint32_t TPG, uint32_t BH, uint32_t BL, bool TPT>
 __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict__ x, uint16_t *__restrict__ flagv,
                                                       uint8_t *__restrict__ p, s_fz z, cu_hp head, s_tg g,
