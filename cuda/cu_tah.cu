@@ -1021,20 +1021,16 @@ __device__ __forceinline__ void d_minmax_p64(const float v[32], uint32_t lane, f
 // The passes over a warp's rotated tiles (bit t of rm: tile t of its 16 rotated), 4 per
 // pass, a segment of 8 lanes each: d_rot_pick gives segment lane >> 3 its tile (act
 // false when the pass has fewer), d_rot_drop removes the pass's tiles from rm.
+// The tile is found by clearing rm's lowest set bits (~10 instructions; round 16, TAH decode
+// 1 % faster) or, FNS, by __fns (~110): the encoder keeps __fns, as the other form pushed
+// k_tah_fused past its 80 registers (24 bytes spilled, 0.7 % slower).
+template <bool FNS>
 __device__ __forceinline__ uint32_t d_rot_pick(uint32_t rm, uint32_t lane, bool &act)
 {
     const uint32_t seg = lane >> 3;
     act = seg < (uint32_t)__popc((int)rm);
-    return act ? __fns(rm, 0u, (int)seg + 1) : 0u;
-}
-
-// d_rot_pick's tile by clearing rm's lowest set bits, ~10 instructions where __fns compiles to
-// ~110 (round 16; TAH decode 1 % faster). The encoder keeps __fns: this form pushed k_tah_fused
-// past its 80 registers (24 bytes spilled, 0.7 % slower).
-__device__ __forceinline__ uint32_t d_rot_pick_clr(uint32_t rm, uint32_t lane, bool &act)
-{
-    const uint32_t seg = lane >> 3;
-    act = seg < (uint32_t)__popc((int)rm);
+    if constexpr (FNS)
+        return act ? __fns(rm, 0u, (int)seg + 1) : 0u;
     const uint32_t t1 = rm & (rm - 1u), t2 = t1 & (t1 - 1u), t3 = t2 & (t2 - 1u);
     const uint32_t t = seg == 0u ? rm : (seg == 1u ? t1 : (seg == 2u ? t2 : t3));
     return act ? (uint32_t)__ffs((int)t) - 1u : 0u;
@@ -1101,7 +1097,7 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
     while (rm != 0u) { // warp-uniform
         const uint32_t sl = lane & 7u;
         bool act;
-        const uint32_t t = d_rot_pick(rm, lane, act);
+        const uint32_t t = d_rot_pick<true>(rm, lane, act);
         float4 *r4 = (float4 *)(unit + t * S_ST_ROWW) + 2u * sl;
         const float4 q0 = r4[0], q1 = r4[1];
         float z[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
@@ -1937,7 +1933,7 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
         while (rm != 0u) { // warp-uniform
             const uint32_t tl = lane & 7u;
             bool act;
-            const uint32_t t = d_rot_pick_clr(rm, lane, act);
+            const uint32_t t = d_rot_pick<false>(rm, lane, act);
             float4 *r4 = rows + t * S_DT_ROW + 2u * tl;
             const float4 q0 = r4[0], q1 = r4[1];
             float z[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
