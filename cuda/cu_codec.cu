@@ -43,6 +43,14 @@ bool cu_tpt(void)
     return v != 0;
 }
 
+bool cu_spec(void)
+{
+    static int v = -1; // benign race, as cu_fuse
+    if (v < 0)
+        v = s_env_on("TAH_CU_SPEC");
+    return v != 0;
+}
+
 size_t cu_smem_optin(size_t reserve)
 {
     int dev = 0, bytes = 0;

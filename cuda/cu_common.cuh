@@ -485,6 +485,9 @@ bool cu_fuse(void);
 // comparison): round 8's lane pairs per TAH tile (encode and decode), round 10's warp per
 // group (fixpt and int, groups of 128) and ASH-FP8's FULL block-256 form.
 bool cu_tpt(void);
+// TAH encode as k_tah_spec + k_tah_emit (round 17: both code widths of every tile from one
+// read of x, the selection afterwards) unless TAH_CU_SPEC=0 (then k_tah_fused).
+bool cu_spec(void);
 // Dynamic shared memory a block of the current device may opt in to, less
 // `reserve` bytes for the kernel's static shared memory (0 on error).
 size_t cu_smem_optin(size_t reserve);

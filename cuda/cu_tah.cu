@@ -36,6 +36,10 @@
 // flags checked) then k_tah_dchunk (per chunk: offsets from the counts and
 // a block scan, segment per tile as in 3, 4 tiles per segment in flight).
 //
+// Round 17, the default spec on C % 64 == 0 with aligned buffers and samples of fewer than 2^16
+// tiles: k_tah_spec + k_tah_emit (see the comment above them) replace k_tah_fused: every tile
+// quantised both ways from one read of x, the selection afterwards (TAH_CU_SPEC=0: k_tah_fused).
+//
 // Round 8, the default spec (tile = alloc_tile = 64, 4/3 bits) on C % 64 == 0 with
 // aligned buffers: k_tah_fused<TPT> gives each tile a lane pair (32 floats per lane) and
 // streams units of 16 tiles through shared memory with cp.async, and k_tah_dw64 decodes
@@ -169,12 +173,24 @@ static s_tw s_carve(void *work, const s_tg &g)
     return t;
 }
 
+// Round 17's encode (k_tah_spec, k_tah_emit): records of S_REC_W words per tile, keys per
+// sample rounded up to 8 (k_tah_emit's 16-byte loads); the shapes it takes (samples of fewer
+// than 2^16 tiles: k_tah_emit counts in 16-bit halves).
+#define S_REC_W 16u
+#define S_EM_TILES 512u // k_tah_emit: tiles per CTA (two per thread)
+static uint64_t s_spec_nk(const s_tg &g) { return (g.n_alloc + 7u) & ~7ull; }
+static bool s_spec_shape(const s_tg &g)
+{
+    return g.G == 64 && g.k == 1 && g.C % 64u == 0 && g.bh == 4 && g.bl == 3 && g.n_alloc < 65536u;
+}
+
 size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape)
 {
     const s_tg g = s_geometry(spec, shape, NULL);
     const uint64_t na = g.B * g.n_alloc;
     return (size_t)(8 * na + ((na + 7) & ~7ull) + ((2 * g.T + 7) & ~7ull) + 8 * g.B * s_dec_cps(g) +
-                    8 + 16ull * S_FUSE_MAXGRID + 15 + 4ull * S_FZ_CTR + 4ull * CODEC_TAH_KEY_BINS * g.B);
+                    8 + 16ull * S_FUSE_MAXGRID + 15 + 4ull * S_FZ_CTR + 4ull * CODEC_TAH_KEY_BINS * g.B +
+                    (s_spec_shape(g) ? 127 + 4ull * S_REC_W * g.T + 2 * g.B * s_spec_nk(g) : 0));
 }
 
 // ---- shared pieces ----
@@ -1472,6 +1488,552 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
         d_flag(head, CU_ST_RANGE);
 }
 
+// ---- encode, round 17: both code widths of every tile from one read of x (k_tah_spec), the
+// selection and the frame afterwards (k_tah_emit) ----
+//
+// k_tah_fused reads x twice (entropy keys, then the codes, once the select has ranked them) and
+// waits ~7 us for the select in between. Here the codes are not made to wait: k_tah_spec
+// quantises every tile both ways (4 and 3 bits) right after its entropy key, from the same
+// staged row, into a record of 64 bytes per tile; k_tah_emit then ranks the keys and copies the
+// chosen width's codes into the frame. What makes this exact:
+//  - each tile is quantised at its own exponent e_t (tah.c's e for a frame whose absmax is the
+//    tile's), so no tile waits for the frame's absmax. e >= e_t, and scaling by 2^-(e - e_t)
+//    commutes with every rounding of tah.c's tile arithmetic as long as what it produces stays
+//    a normal float: the rotation test, the transform, min/max and the codes are the same; the
+//    fp16 min and step are the same with their exponent fields lowered by d = e - e_t. So
+//    k_tah_emit lowers them and, where a field would leave the normal halves (or d > 64, or
+//    rho 2^-e is not a normal float), quantises the tile again from x at e (d_tah_quant_u): a
+//    rare path on activations, which test_cu_codec drives with tensors of wide range.
+//  - the minimum is the same for both widths; only the step and the codes differ.
+// Record, u32 words: [0..7] the tile's 4-bit codes and [8..13] its 3-bit codes (bitpack's
+// stream, as the frame holds them), [14] min16 | step16 (4-bit) << 16, [15] step16 (3-bit) |
+// the flag byte without its width bit << 16 | e_t << 24 (a signed byte; 127: quantise again).
+// Measured (H100, bench tensor, round 17): k_tah_spec ~43 us, k_tah_emit ~11 us, 0.0553 ms in
+// all against k_tah_fused's 0.0591 (cuda/NOTES.md, "Eighteenth version").
+
+// k_tah_spec's staging: units of 32 tiles, one per lane (row `lane` of the unit), two buffers
+// per warp, 4 warps per CTA (3 CTAs per SM: 12 warps with up to 168 registers each, so a lane
+// keeps its tile's 64 floats in registers from the entropy to the codes).
+#define S_SP_UNIT 32u
+#define S_SP_WARPS 4u
+#define S_SP_WARPW (2u * S_SP_UNIT * S_ST_ROWW)
+#define S_SP_CTA (S_SP_WARPS * S_SP_WARPW * 4u)
+#define S_SP_CAP 24u // units of keys in a CTA's bag for its histogram (an even share is ~17)
+#define S_SP_LH 256u // its histogram window (S_LH's half: 3 CTAs per SM need the shared memory)
+
+// Copy tiles gt .. gt+n-1 (n <= 32) into buf's rows: chunk c = lane + 32 m is row c / 16's
+// chunk c % 16; one group of copies (committed also when n = 0).
+__device__ __forceinline__ void d_stage_unit32(float *buf, const float *x, uint64_t gt, uint32_t n, uint32_t lane)
+{
+    const float *src = x + gt * 64u;
+    if (n == S_SP_UNIT) {
+        const uint32_t sa = (uint32_t)__cvta_generic_to_shared(buf + (lane / 16u) * S_ST_ROWW + (lane % 16u) * 4u);
+        const float *gp = src + 4u * lane;
+#pragma unroll
+        for (uint32_t m = 0; m < 16u; m++)
+            d_cp16s(sa + 4u * S_ST_ROWW * 2u * m, gp + 128u * m);
+    } else {
+#pragma unroll
+        for (uint32_t m = 0; m < 16u; m++) {
+            const uint32_t c = lane + 32u * m;
+            if (c < 16u * n)
+                d_cp16(buf + (c / 16u) * S_ST_ROWW + (c % 16u) * 4u, src + (size_t)c * 4u);
+        }
+    }
+    d_cp_commit();
+}
+
+// The staged unit's tile of this lane (row `lane`; valid: the unit has it), as tah.c encodes
+// it at the tile's own exponent e_t, both widths: its entropy key (returned), its record at
+// rec; amax folds in its max |x| bits. Warp-uniform call (the rotated tiles' pass).
+//  - one pass over the 64 floats: tah.c's 16 entropy accumulators in its order, the largest
+//    and second largest |x| (as bits), min and max, all on x itself: scaling by 2^-e_t is
+//    monotone, so these are the scaled tile's once scaled (a zero minimum, whose sign tah.c
+//    takes from its lane order, is looked up again: d_zkey);
+//  - the codes of an unrotated tile at x's own scale, (x - minf 2^e_t) (inv 2^-e_t): the same
+//    products as tah.c's (v - minf) inv when both scalings are exact, which |e_t| <= 100
+//    ensures (otherwise the record's e_t is 127: k_tah_emit quantises the tile again);
+//  - rotated tiles (about 3 in 16) in the pass of d_tah_quant_p64, 4 at a time on their rows.
+__device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool valid, uint4 *__restrict__ rec,
+                                                   const s_tg &g, uint32_t lane, uint32_t &amax)
+{
+    constexpr uint32_t BH = 4u, BL = 3u;
+    const float4 *row = (const float4 *)(unit + lane * S_ST_ROWW);
+    float v[64];
+#pragma unroll
+    for (int c = 0; c < 16; c++) {
+        const float4 q = valid ? row[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[4 * c] = q.x;
+        v[4 * c + 1] = q.y;
+        v[4 * c + 2] = q.z;
+        v[4 * c + 3] = q.w;
+    }
+    float S1 = 0.0f, SL = 0.0f, mn = v[0], mx = v[0];
+    uint32_t b1 = 0, b2 = 0;
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++) {
+        float s1 = 0.0f, sl = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const float x = v[jj + 16 * r], a = fabsf(x);
+            const float pr = __fmul_rn(a, d_mlog(a));
+            // tah.c's accumulators start at +0: 0 + a is a; 0 + pr is pr but for pr = -0 (a = 0),
+            // whose sign never reaches the key (h = log2 D S1/D - SL/D is the same for SL = +-0)
+            s1 = r == 0 ? a : __fadd_rn(s1, a);
+            sl = r == 0 ? pr : __fadd_rn(sl, pr);
+            const uint32_t bb = __float_as_uint(a);
+            b2 = max(b2, min(bb, b1));
+            b1 = max(b1, bb);
+            mn = fminf(mn, x);
+            mx = fmaxf(mx, x);
+        }
+        S1 = jj == 0 ? s1 : __fadd_rn(S1, s1);
+        SL = jj == 0 ? sl : __fadd_rn(SL, sl);
+    }
+    const uint32_t key = d_ent_key(S1, SL, g.kscale);
+    amax = max(amax, valid ? b1 : 0u);
+    const int32_t et = d_tah_exp(b1 < 0x7f800000u ? b1 : 0u, g.lg); // non-finite x: payload unspecified
+    const bool rawok = et >= -100 && et <= 100;
+    const float down = __uint_as_float((uint32_t)(127 - et) << 23);
+    const float m1 = __fmul_rn(__uint_as_float(b1), down), m2 = __fmul_rn(__uint_as_float(b2), down);
+    float mns = __fmul_rn(mn, down), mxs = __fmul_rn(mx, down);
+    if (mns == 0.0f) { // rare on activations: which zero (d_minmax_p64's rule, one lane per tile)
+        uint32_t z = 0xffffffffu;
+#pragma unroll
+        for (int r = 0; r < 64; r++) {
+            const float sv = __fmul_rn(v[r], down);
+            if (sv == 0.0f)
+                z = min(z, d_zkey((uint32_t)r, 64u, false, sv));
+        }
+        mns = (z & 1u) ? -0.0f : 0.0f;
+        if (mxs == 0.0f)
+            mxs = mns;
+    }
+    const bool rot = valid && __fdiv_rn(m1, __fadd_rn(m2, __fmul_rn(g.rho, down))) > g.tau;
+    uint32_t piv = 0;
+    uint32_t rm = __ballot_sync(CU_FULL, rot); // bit t: tile t rotated
+    while (rm != 0u) { // warp-uniform
+        const uint32_t sl = lane & 7u;
+        bool act;
+        const uint32_t t = d_rot_pick<false>(rm, lane, act);
+        float4 *r4 = (float4 *)(unit + t * S_ST_ROWW) + 2u * sl;
+        const float4 q0 = r4[0], q1 = r4[1];
+        float z[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
+        const float dt = __shfl_sync(CU_FULL, down, (int)t);
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            z[r] = __fmul_rn(z[r], dt);
+        const uint32_t tp = d_first_max(z, __shfl_sync(CU_FULL, m1, (int)t), sl, 8u);
+        const uint32_t rank = (uint32_t)__popc((int)(rm & ((1u << lane) - 1u)));
+        const bool mine = ((rm >> lane) & 1u) && rank < 4u;
+        const uint32_t pv = __shfl_sync(CU_FULL, tp, (int)(mine ? 8u * rank : lane));
+        if (mine)
+            piv = pv;
+        d_swap0(z, lane, sl, 8u, tp);
+        d_fwht_seg(z, lane, 8u);
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            z[r] = __fmul_rn(z[r], g.norm);
+        float rmn, rmx;
+        d_tile_minmax(z, sl, 8u, 64u, 64u, false, rmn, rmx);
+        __syncwarp();
+        if (act) {
+            r4[0] = make_float4(z[0], z[1], z[2], z[3]);
+            r4[1] = make_float4(z[4], z[5], z[6], z[7]);
+            if (sl == 0)
+                mm[t] = make_float2(rmn, rmx);
+        }
+        __syncwarp();
+        rm = d_rot_drop(rm);
+    }
+    if (!valid)
+        return key;
+    if (rot) { // the row holds the scaled, transformed tile now
+#pragma unroll
+        for (int c = 0; c < 16; c++) {
+            const float4 q = row[c];
+            v[4 * c] = q.x;
+            v[4 * c + 1] = q.y;
+            v[4 * c + 2] = q.z;
+            v[4 * c + 3] = q.w;
+        }
+        const float2 q = mm[lane];
+        mns = q.x;
+        mxs = q.y;
+    }
+    // tah.c's s_quant_tile metadata for both widths: one minimum, two steps
+    const uint16_t min16 = d_half_from_f32_down(mns);
+    const float minf = __half2float(__ushort_as_half(min16));
+    const float span = __fsub_rn(mxs, minf);
+    const uint16_t sth = d_half_from_f32_up(__fdiv_rn(span, (float)((1u << BH) - 1u)));
+    const uint16_t stl = d_half_from_f32_up(__fdiv_rn(span, (float)((1u << BL) - 1u)));
+    const float fh = __half2float(__ushort_as_half(sth)), fl = __half2float(__ushort_as_half(stl));
+    float ih = fh > 0.0f ? __frcp_rn(fh) : 0.0f, il = fl > 0.0f ? __frcp_rn(fl) : 0.0f, cm = minf;
+    if (!rot) { // x's own scale
+        cm = __fmul_rn(minf, __uint_as_float((uint32_t)(127 + (rawok ? et : 0)) << 23));
+        ih = __fmul_rn(ih, down);
+        il = __fmul_rn(il, down);
+    }
+    // both widths' codes, packed as they come (d_tah_quant_p64: the clamps never act)
+    uint32_t wh[8] = {}, wl[6] = {};
+#pragma unroll
+    for (int r = 0; r < 64; r++) {
+        const float dv = __fsub_rn(v[r], cm);
+        const uint32_t ch = (uint32_t)__fadd_rn(__fmul_rn(dv, ih), 0.5f);
+        const uint32_t cl = (uint32_t)__fadd_rn(__fmul_rn(dv, il), 0.5f);
+        const int bh = (int)BH * r, bl = (int)BL * r;
+        wh[bh / 32] += ch << (bh % 32);
+        wl[bl / 32] += cl << (bl % 32);
+        if (bl % 32 + (int)BL > 32)
+            wl[bl / 32 + 1] += cl >> (32 - bl % 32);
+    }
+    const uint32_t fv = ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2);
+    const uint32_t w14 = (uint32_t)min16 | ((uint32_t)sth << 16);
+    const uint32_t w15 = (uint32_t)stl | (fv << 16) | ((uint32_t)(rawok ? et : 127) << 24);
+    rec[0] = make_uint4(wh[0], wh[1], wh[2], wh[3]);
+    rec[1] = make_uint4(wh[4], wh[5], wh[6], wh[7]);
+    rec[2] = make_uint4(wl[0], wl[1], wl[2], wl[3]);
+    rec[3] = make_uint4(wl[4], wl[5], w14, w15);
+    return key;
+}
+
+// k_tah_fused's phases 0 and 1 with each unit's codes right after its keys (d_tah_spec_t64), and
+// no select. CTA (b, j) works on sample b; the sample's units of 32 tiles go to its P * 4 warps:
+// three rounds in a fixed order (warp w of CTA j: units 4P r + 4j + w), then one at a time from
+// the sample's counter (sdone[b]), each claimed two units ahead, so that the warps of a sample
+// end within about a unit of each other (with P CTAs of 4 warps per sample, 800 units are 4.08
+// per warp: a fixed share left a fifth round to a few warps). Keys go to key16 (sample b's at
+// b * nk) and, for the CTA's histogram, to a bag in shared memory (lmax / 32 units; past that,
+// straight to the sample's histogram); the CTA's max |x| to gamax. A cooperative launch for
+// the words the CTAs share: CTA (b, 0) zeroes sample b's histogram and counter and tags ztag[b],
+// CTA 0 zeroes gamax and tags `flag`; every CTA waits for the tags before it uses them.
+__global__ void __launch_bounds__(128, 3) k_tah_spec(const float *__restrict__ x, uint4 *__restrict__ rec,
+                                                     uint16_t *__restrict__ key16, s_fz z, cu_hp head, s_tg g,
+                                                     uint32_t P, uint32_t nk, uint32_t lmax)
+{
+    d_mark(head);
+    extern __shared__ __align__(16) uint32_t sk[]; // the bag of keys, then the staging buffers
+    __shared__ uint32_t ws[32], lh[S_SP_LH];
+    __shared__ float2 s_mm[S_SP_WARPS][S_SP_UNIT];
+    __shared__ uint32_t s_slot;
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, nwarp = blockDim.x >> 5;
+    const uint32_t cta = blockIdx.x, b = cta / P, j = cta - b * P;
+    const uint32_t na = (uint32_t)g.n_alloc, nUs = (na + S_SP_UNIT - 1u) / S_SP_UNIT, cap = lmax / S_SP_UNIT;
+    const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
+    uint32_t *H = z.hist + (size_t)b * CODEC_TAH_KEY_BINS;
+    if (tid == 0)
+        s_slot = 0;
+    if (j == 0) {
+        if (!all)
+            for (uint32_t i = tid; i < CODEC_TAH_KEY_BINS; i += blockDim.x)
+                H[i] = 0;
+        if (tid == 0)
+            z.sdone[b] = 0;
+        if (cta == 0 && tid < 4u)
+            z.gdone[tid] = 0; // gdone, gamax
+        d_fence_gpu();
+        __syncthreads();
+        if (tid == 0) {
+            if (cta == 0)
+                *(volatile unsigned long long *)z.flag = head.tag;
+            *(volatile unsigned long long *)&z.ztag[b] = head.tag;
+        }
+    }
+    __syncthreads();
+
+    uint32_t amax = 0;
+    float *wb = (float *)(sk + ((lmax + 3u) & ~3u)) + (size_t)wid * S_SP_WARPW;
+    const uint64_t t0 = (uint64_t)b * na; // the sample's first tile
+    const uint32_t w4 = nwarp * j + wid, stride = nwarp * P, s2 = w4 + 2u * stride;
+    uint32_t u = w4, un = w4 + stride, k = 0;
+    if (u < nUs)
+        d_stage_unit32(wb, x, t0 + S_SP_UNIT * u, min(S_SP_UNIT, na - S_SP_UNIT * u), lane);
+    for (uint32_t it = 0; u < nUs; it++) { // uniform per warp
+        d_stage_unit32(wb + (k ^ 1u) * S_SP_UNIT * S_ST_ROWW, x, t0 + S_SP_UNIT * un,
+                       un < nUs ? min(S_SP_UNIT, na - S_SP_UNIT * un) : 0u, lane);
+        uint32_t r = nUs; // iteration it + 2's unit, claimed now (its result is needed one iteration on)
+        if (it >= 1u && un < nUs && lane == 0) {
+            if (it == 1u)
+                while (*(volatile unsigned long long *)&z.ztag[b] != head.tag) // CTA (b, 0)'s zeroing
+                    __nanosleep(S_POLL_NS);
+            r = 3u * stride + atomicAdd(&z.sdone[b], 1u);
+        }
+        d_cp_wait1();
+        __syncwarp();
+        const uint32_t lt = S_SP_UNIT * u + lane;
+        const bool valid = lt < na;
+        const uint32_t key = d_tah_spec_t64(wb + k * S_SP_UNIT * S_ST_ROWW, s_mm[wid], valid,
+                                            rec + (t0 + lt) * (S_REC_W / 4u), g, lane, amax);
+        if (valid)
+            key16[(size_t)b * nk + lt] = (uint16_t)key;
+        uint32_t slot = 0;
+        if (lane == 0)
+            slot = atomicAdd(&s_slot, 1u);
+        slot = __shfl_sync(CU_FULL, slot, 0);
+        if (slot < cap)
+            sk[S_SP_UNIT * slot + lane] = valid ? key : 0xffffffffu;
+        else if (valid && !all) { // the bag is full: this unit's keys straight to the histogram
+            while (*(volatile unsigned long long *)&z.ztag[b] != head.tag)
+                __nanosleep(S_POLL_NS);
+            atomicAdd(&H[key], 1u);
+        }
+        __syncwarp(); // buffer k read (and rewritten by the rotated pass) before its next copies
+        u = un;
+        un = it == 0u ? s2 : __shfl_sync(CU_FULL, r, 0);
+        k ^= 1u;
+    }
+    amax = __reduce_max_sync(CU_FULL, amax);
+    if (lane == 0) {
+        if (amax >= 0x7f800000u) {
+            d_flag(head, CU_ST_NONFINITE);
+            amax = 0;
+        }
+        ws[wid] = amax;
+    }
+    if (tid == 0) {
+        while (*(volatile unsigned long long *)z.flag != head.tag)
+            __nanosleep(S_POLL_NS);
+        while (*(volatile unsigned long long *)&z.ztag[b] != head.tag)
+            __nanosleep(S_POLL_NS);
+        d_fence_gpu();
+    }
+    __syncthreads();
+    if (tid == 0) {
+        uint32_t m = 0;
+        for (uint32_t w = 0; w < nwarp; w++)
+            m = max(m, ws[w]);
+        atomicMax(z.gamax, m);
+    }
+    const uint32_t nbag = S_SP_UNIT * min(s_slot, cap);
+    if (!all && nbag != 0u) { // the bag's histogram as k_tah_fused counts its keys
+        const uint32_t base = max(sk[0], S_SP_LH / 2u) - S_SP_LH / 2u;
+        for (uint32_t q = tid; q < S_SP_LH; q += blockDim.x)
+            lh[q] = 0;
+        __syncthreads();
+        for (uint32_t i = tid; i < nbag; i += blockDim.x) {
+            const uint32_t key = sk[i];
+            if (key - base < S_SP_LH)
+                atomicAdd(&lh[key - base], 1u);
+            else if (key != 0xffffffffu)
+                atomicAdd(&H[key], 1u);
+        }
+        __syncthreads();
+        for (uint32_t q = tid; q < S_SP_LH; q += blockDim.x)
+            if (lh[q] != 0u)
+                atomicAdd(&H[base + q], lh[q]);
+    }
+}
+
+// an fp16 field (min or step) at an exponent d lower: false when it would leave the normal
+// halves (a zero stays a zero of its sign)
+__device__ __forceinline__ bool d_hshift(uint32_t &h, int32_t d)
+{
+    if ((h & 0x7fffu) == 0u || d == 0)
+        return true;
+    const int32_t E = (int32_t)((h >> 10) & 31u);
+    if (E == 0 || E <= d)
+        return false;
+    h -= (uint32_t)d << 10;
+    return true;
+}
+
+// The frame from k_tah_spec's records: CTA (b, j) writes tiles [512 j, 512 j + 512) of sample b.
+// Every CTA finds the sample's threshold T and `need` from its histogram (as k_tah_fused) and
+// counts its own keys > T and == T, publishes them in cnt[cta] with 36 bits of the call's tag,
+// and sums those of the sample's CTAs before it (a cooperative launch: they are all resident);
+// then each thread its two tiles (i = c0 + tid, c0 + 256 + tid): high or low, the high tiles
+// before it, and the record's codes of that width into the frame.
+__global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x, const uint4 *__restrict__ rec,
+                                                  const uint16_t *__restrict__ key16, s_fz z, uint8_t *__restrict__ p,
+                                                  cu_hp head, s_tg g, uint32_t PB, uint32_t nk)
+{
+    constexpr uint32_t BH = 4u, BL = 3u;
+    __shared__ uint32_t ws[32], sh_T, sh_need, sh_pre, sh_end;
+    __shared__ __align__(16) uint64_t srun[S_EM_TILES * 4u]; // the CTA's codes (32 bytes a tile at most)
+    const uint32_t tid = threadIdx.x, lane = tid & 31u;
+    const uint32_t b = blockIdx.x / PB, j = blockIdx.x - b * PB;
+    const uint32_t n = (uint32_t)g.n_alloc, c0 = j * S_EM_TILES;
+    const uint64_t tb = (uint64_t)b * n; // the sample's first tile
+    const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
+    // the keys first; the records (13 MB in all) only once the counts are published, so that
+    // their reads do not queue ahead of the histogram's and the counts' (2 us, H100)
+    uint32_t key[2];
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        const uint32_t i = c0 + 256u * (uint32_t)s + tid;
+        key[s] = i < n ? key16[(size_t)b * nk + i] : 0u;
+    }
+    const int32_t e = d_tah_exp(__ldcg(z.gamax), g.lg);
+    if (blockIdx.x == 0 && tid == 0) {
+        d_put_u32(p, (uint32_t)e);
+        d_put_u32(p + 4, 0);
+    }
+    uint32_t T = 0, need = 0;
+    if (!all) {
+        const uint32_t *H = z.hist + (size_t)b * CODEC_TAH_KEY_BINS;
+        constexpr uint32_t nb = CODEC_TAH_KEY_BINS / 256u;
+        static_assert(nb % 4u == 0u, "16-byte histogram loads");
+        const uint32_t hb = (255u - tid) * nb; // thread 0: the top bins
+        uint32_t hv[nb], c = 0;
+#pragma unroll
+        for (uint32_t q = 0; q < nb; q += 4u) {
+            const uint4 v = __ldcg((const uint4 *)&H[hb + q]);
+            hv[q] = v.x;
+            hv[q + 1] = v.y;
+            hv[q + 2] = v.z;
+            hv[q + 3] = v.w;
+            c += v.x + v.y + v.z + v.w;
+        }
+        uint32_t tot;
+        uint32_t above = d_block_scan(c, ws, &tot);
+        const uint32_t nh = (uint32_t)g.n_hi;
+        if (above < nh && above + c >= nh)
+#pragma unroll
+            for (int q = (int)nb - 1; q >= 0; q--) {
+                if (above + hv[q] >= nh) {
+                    sh_T = hb + (uint32_t)q;
+                    sh_need = nh - above;
+                    break;
+                }
+                above += hv[q];
+            }
+        if (tid == 0)
+            sh_pre = 0;
+        __syncthreads();
+        T = sh_T;
+        need = sh_need;
+    }
+    // this CTA's (keys > T) | (keys == T) << 16 per thread and in all (at most 512 of each)
+    uint32_t cs[2], xs0[2], ctot = 0;
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        const bool ok = c0 + 256u * (uint32_t)s + tid < n;
+        cs[s] = ok && !all ? (uint32_t)(key[s] > T) | ((uint32_t)(key[s] == T) << 16) : 0u;
+        uint32_t tot;
+        xs0[s] = ctot + d_block_scan(cs[s], ws, &tot);
+        ctot += tot;
+    }
+    if (!all) { // published with the tag; the sample's CTAs before this one summed
+        const unsigned long long tag36 = head.tag & 0xfffffffffull;
+        if (tid == 0)
+            *(volatile unsigned long long *)&z.cnt[blockIdx.x] =
+                (tag36 << 28) | ((unsigned long long)(ctot >> 16) << 14) | (ctot & 0x3fffu);
+    }
+    asm volatile("" ::: "memory"); // the record loads after the publication
+    uint4 r[2][4];
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        const uint32_t i = c0 + 256u * (uint32_t)s + tid;
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+            r[s][m] = i < n ? __ldcg(&rec[(tb + i) * (S_REC_W / 4u) + (uint32_t)m]) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (!all) {
+        const unsigned long long tag36 = head.tag & 0xfffffffffull;
+        uint32_t pc = 0;
+        for (uint32_t i = tid; i < j; i += blockDim.x) {
+            unsigned long long v;
+            while (((v = *(volatile unsigned long long *)&z.cnt[(size_t)b * PB + i]) >> 28) != tag36)
+                __nanosleep(S_POLL_NS);
+            pc += ((uint32_t)v & 0x3fffu) | ((((uint32_t)v >> 14) & 0x3fffu) << 16);
+        }
+        pc = __reduce_add_sync(CU_FULL, pc);
+        if (lane == 0 && pc != 0u)
+            atomicAdd(&sh_pre, pc);
+        __syncthreads();
+    }
+    const uint32_t pre = all ? 0u : sh_pre; // (> T) | (== T) << 16 before c0 (a sample has < 2^16 keys)
+    const float down = __uint_as_float((uint32_t)(127 - e) << 23);
+    const float rho_down = __fmul_rn(g.rho, down);
+    const bool rho_ok = g.rho == 0.0f || (__float_as_uint(rho_down) & 0x7f800000u) != 0u;
+    // the CTA's codes are one run of the sample's region, from the code offset of tile c0: each
+    // thread puts its tiles' codes in shared memory at their place in the run, then the CTA
+    // writes the run in 8-byte words, consecutive per warp (the tiles' own 24 or 32 bytes, 8-byte
+    // stores 24 to 32 bytes apart across a warp, had cost ~5 us more, H100)
+    const uint32_t hq0 = all ? (g.n_hi != 0 ? c0 : 0u) : (pre & 0xffffu) + min(pre >> 16, need);
+    const uint64_t cb = 8ull * ((uint64_t)BL * c0 + (uint64_t)(BH - BL) * hq0); // the run's offset
+    if (tid == 0)
+        sh_end = 0;
+    __syncthreads();
+    uint32_t range = 0, phs[2];
+    bool slow[2];
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        const uint32_t i = c0 + 256u * (uint32_t)s + tid;
+        const bool ok = i < n;
+        const uint32_t xs = pre + xs0[s];
+        const uint32_t E = xs >> 16, Gt = xs & 0xffffu;
+        bool hi;
+        uint32_t hiq;
+        if (all) {
+            hi = g.n_hi != 0;
+            hiq = hi ? i : 0u;
+        } else {
+            hi = key[s] > T || (key[s] == T && E < need);
+            hiq = Gt + min(E, need);
+        }
+        const uint32_t w14 = r[s][3].z, w15 = r[s][3].w;
+        const int32_t d = e - (int32_t)(int8_t)(w15 >> 24);
+        uint32_t m16 = w14 & 0xffffu, st16 = hi ? w14 >> 16 : w15 & 0xffffu;
+        const bool fast = d >= 0 && d <= 64 && (d == 0 || rho_ok) && d_hshift(m16, d) && d_hshift(st16, d);
+        const uint32_t o = (uint32_t)(8ull * ((uint64_t)BL * i + (uint64_t)(BH - BL) * hiq) - cb); // in the run
+        if (ok)
+            atomicMax(&sh_end, o + 8u * (hi ? BH : BL)); // the run's end
+        if (ok && fast) {
+            uint64_t *dst = (uint64_t *)((uint8_t *)srun + o);
+            if (hi) {
+                dst[0] = (uint64_t)r[s][0].x | ((uint64_t)r[s][0].y << 32);
+                dst[1] = (uint64_t)r[s][0].z | ((uint64_t)r[s][0].w << 32);
+                dst[2] = (uint64_t)r[s][1].x | ((uint64_t)r[s][1].y << 32);
+                dst[3] = (uint64_t)r[s][1].z | ((uint64_t)r[s][1].w << 32);
+            } else {
+                dst[0] = (uint64_t)r[s][2].x | ((uint64_t)r[s][2].y << 32);
+                dst[1] = (uint64_t)r[s][2].z | ((uint64_t)r[s][2].w << 32);
+                dst[2] = (uint64_t)r[s][3].x | ((uint64_t)r[s][3].y << 32);
+            }
+            *(uint32_t *)(p + g.meta_off + 4 * (tb + i)) = m16 | (st16 << 16);
+            p[8 + tb + i] = (uint8_t)((hi ? 1u : 0u) | ((w15 >> 16) & 0xfeu));
+        }
+        slow[s] = ok && !fast;
+        phs[s] = hiq | ((hi ? 1u : 0u) << 31);
+    }
+    __syncthreads();
+    {
+        const uint64_t *src = (const uint64_t *)srun;
+        uint64_t *dst = (uint64_t *)(p + g.codes_off + b * g.code_bytes + cb);
+        for (uint32_t q = tid; q < sh_end / 8u; q += blockDim.x)
+            dst[q] = src[q];
+    }
+    __syncthreads(); // the run written before the rare tiles below write their own codes in it
+    // the tiles whose fields would leave the normal halves: again from x at e, 4 per pass
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        uint32_t sm = __ballot_sync(CU_FULL, slow[s]);
+        while (sm != 0u) { // warp-uniform
+            bool act;
+            const uint32_t t = d_rot_pick<false>(sm, lane, act);
+            const uint64_t tiles[1] = { tb + c0 + 256u * (uint32_t)s + (tid - lane) + t };
+            const bool valids[1] = { act };
+            const uint32_t phv[1] = { __shfl_sync(CU_FULL, phs[s], (int)t) };
+            d_tah_quant_u<1, 8, BH, BL>(x, p, nullptr, g, tiles, valids, phv, down, rho_down, true, lane, range);
+            sm = d_rot_drop(sm);
+        }
+    }
+    // the records are not read again: their L2 lines go without a write-back (13 MB of the
+    // bench tensor's would otherwise reach DRAM while the frame is written: 2 us). A line is two
+    // records: discarded once every thread has used its own, and only when both are this CTA's.
+    __syncthreads();
+    const uint32_t c1 = min(c0 + S_EM_TILES, n);
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        const uint32_t i = c0 + 256u * (uint32_t)s + tid;
+        if (i + 1u < c1 && ((tb + i) & 1u) == 0u)
+            asm volatile("discard.global.L2 [%0], 128;" ::"l"(rec + (tb + i) * (S_REC_W / 4u)) : "memory");
+    }
+    if (range)
+        d_flag(head, CU_ST_RANGE);
+}
+
 __global__ void __launch_bounds__(256) k_tah_flags(const uint16_t *__restrict__ flagv, uint8_t *__restrict__ p,
                                                    s_tg g)
 {
@@ -1998,6 +2560,21 @@ static int s_check_tile(const s_tg &g, char *err, size_t errlen)
     return 0;
 }
 
+// k_tah_fused's and k_tah_spec's words past the decoder's counts (s_tw.cnt)
+static s_fz s_fz_carve(const s_tw &t, const s_tg &g)
+{
+    uint8_t *zb = (uint8_t *)(t.cnt + g.B * s_dec_cps(g));
+    s_fz a_z;
+    a_z.flag = (unsigned long long *)zb;
+    a_z.cnt = (unsigned long long *)(zb + 8);
+    a_z.ztag = (unsigned long long *)(zb + 8 + 8 * S_FUSE_MAXGRID);
+    a_z.gdone = (uint32_t *)(((uintptr_t)zb + 8 + 16 * S_FUSE_MAXGRID + 15) & ~(uintptr_t)15);
+    a_z.gamax = a_z.gdone + 1;
+    a_z.sdone = a_z.gdone + 4;
+    a_z.hist = a_z.gdone + S_FZ_CTR;
+    return a_z;
+}
+
 // The one-launch encode (k_tah_fused) when the shape suits it: 0 or a TAH_E* code,
 // 1 when it does not apply (allocation tiles of fewer than k quant tiles, a sample
 // too large for P CTAs' shared memory, no cooperative launch on the device).
@@ -2009,6 +2586,45 @@ static bool s_pair_ok(const s_tg &g, const float *x, const uint8_t *payload)
     const uintptr_t pa = (uintptr_t)payload;
     return cu_tpt() && g.G == 64 && g.k == 1 && g.C % 64u == 0 && ((uintptr_t)x & 15u) == 0 && (pa + g.codes_off) % 8u == 0 &&
            g.code_bytes % 8u == 0 && (pa + g.meta_off) % 4u == 0 && g.T <= 0xffffffffull;
+}
+
+// Round 17's encode (k_tah_spec + k_tah_emit) where it applies: 0 or a TAH_E* code, 1 when it
+// does not (the lane-pair conditions, the default widths, samples of fewer than 2^16 tiles).
+static int s_encode_spec(const s_tg &g, const float *x, uint8_t *payload, cu_hp head, const s_tw &t,
+                         cudaStream_t st, char *err, size_t errlen)
+{
+    if (!cu_spec() || !s_spec_shape(g) || !s_pair_ok(g, x, payload) || g.B > S_FUSE_MAXGRID)
+        return 1;
+    const void *kern = (const void *)k_tah_spec;
+    const uint64_t lmax = S_SP_CAP * S_SP_UNIT; // the bag of keys
+    const size_t smem = S_SP_CTA + 4 * lmax;
+    CUDA_CHECK(cu_smem_allow(kern, smem));
+    uint64_t blocks = (uint64_t)cu_coop_blocks(kern, S_SP_WARPS * 32, smem);
+    blocks = blocks < S_FUSE_MAXGRID ? blocks : S_FUSE_MAXGRID;
+    uint64_t P = blocks / g.B;
+    const uint64_t nus = (g.n_alloc + S_SP_UNIT - 1) / S_SP_UNIT;
+    P = P < (nus + S_SP_WARPS - 1) / S_SP_WARPS ? P : (nus + S_SP_WARPS - 1) / S_SP_WARPS;
+    if (P == 0)
+        return 1;
+    // k_tah_emit's CTAs wait for the counts of those before them: all resident
+    uint32_t a_PB = (uint32_t)((g.n_alloc + S_EM_TILES - 1) / S_EM_TILES);
+    if (g.B * a_PB > (uint64_t)cu_coop_blocks((const void *)k_tah_emit, 256, 0) || g.B * a_PB > S_FUSE_MAXGRID)
+        return 1;
+    s_fz a_z = s_fz_carve(t, g);
+    uint8_t *a_p = payload;
+    uint4 *a_rec = (uint4 *)(((uintptr_t)(a_z.hist + CODEC_TAH_KEY_BINS * g.B) + 127) & ~(uintptr_t)127);
+    uint16_t *a_key = (uint16_t *)(a_rec + g.T * (S_REC_W / 4u));
+    const float *a_x = x;
+    cu_hp a_head = head;
+    s_tg a_g = g;
+    uint32_t a_P = (uint32_t)P, a_nk = (uint32_t)s_spec_nk(g), a_lmax = (uint32_t)lmax;
+    void *args[] = { &a_x, &a_rec, &a_key, &a_z, &a_head, &a_g, &a_P, &a_nk, &a_lmax };
+    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)(P * g.B)), dim3(S_SP_WARPS * 32), args, smem, st));
+    void *eargs[] = { &a_x, &a_rec, &a_key, &a_z, &a_p, &a_head, &a_g, &a_PB, &a_nk };
+    CUDA_CHECK(cudaLaunchCooperativeKernel((const void *)k_tah_emit, dim3((unsigned int)(g.B * a_PB)), dim3(256), eargs, 0, st));
+    (void)err;
+    (void)errlen;
+    return 0;
 }
 
 static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp head, const s_tw &t,
@@ -2041,15 +2657,7 @@ static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp
             return 1;
         smem = stage + 4 * ((lmax + 3) & ~3ull);
     }
-    uint8_t *zb = (uint8_t *)(t.cnt + g.B * s_dec_cps(g));
-    s_fz a_z;
-    a_z.flag = (unsigned long long *)zb;
-    a_z.cnt = (unsigned long long *)(zb + 8);
-    a_z.ztag = (unsigned long long *)(zb + 8 + 8 * S_FUSE_MAXGRID);
-    a_z.gdone = (uint32_t *)(((uintptr_t)zb + 8 + 16 * S_FUSE_MAXGRID + 15) & ~(uintptr_t)15);
-    a_z.gamax = a_z.gdone + 1;
-    a_z.sdone = a_z.gdone + 4;
-    a_z.hist = a_z.gdone + S_FZ_CTR;
+    s_fz a_z = s_fz_carve(t, g);
     const float *a_x = x;
     uint16_t *a_flagv = t.flagv;
     uint8_t *a_p = payload;
@@ -2076,6 +2684,9 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
         return rc;
     const s_tw t = s_carve(work, g);
     if (stages == CU_TAH_ALL && cu_fuse()) {
+        rc = s_encode_spec(g, x, payload, head, t, st, err, errlen);
+        if (rc <= 0)
+            return rc;
         rc = s_encode_fused(g, x, payload, head, t, st, err, errlen);
         if (rc <= 0)
             return rc; // else the shape does not suit it: the kernels below

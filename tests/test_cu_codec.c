@@ -77,9 +77,9 @@ static const codec_shape_t k_shapes[] = {
 #define N_SHAPES (sizeof k_shapes / sizeof k_shapes[0])
 
 enum { IN_SYNTH, IN_ZEROS, IN_SPIKE, IN_HUGE, IN_TINY, IN_SUBNORMAL, IN_SIGNED_ZEROS, IN_CONST, IN_SCALES, IN_BIGSPIKE,
-       IN_BLOCKS, IN_NORMAL, N_INPUTS };
+       IN_BLOCKS, IN_MIXED, IN_NORMAL, N_INPUTS };
 static const char *const k_input_names[] = { "synth", "zeros", "spike", "huge", "tiny", "subnormal", "signed-zeros",
-                                             "const", "scales", "big-spike", "blocks", "normal" };
+                                             "const", "scales", "big-spike", "blocks", "mixed", "normal" };
 
 static void s_fill(float *x, codec_shape_t shape, int kind, uint64_t seed)
 {
@@ -133,6 +133,13 @@ static void s_fill(float *x, codec_shape_t shape, int kind, uint64_t seed)
                        (64 groups) far apart, each quantised at its own exponent */
         for (uint64_t i = 0; i < n; i++)
             x[i] = (float)(pow(10.0, -3.0 * (double)((i / 4096 + seed) % 13)) * codec_synth_normal(seed, i));
+        break;
+    case IN_MIXED: /* every element at its own scale 10^0 .. 10^-44 (some subnormal), and one
+                      1e30: tiles whose small elements leave the normal floats at the frame's
+                      exponent but not at their own (tah's k_tah_spec quantises at the tile's) */
+        for (uint64_t i = 0; i < n; i++)
+            x[i] = (float)(pow(10.0, -(double)(codec_synth_u64(seed + 2, i) % 45)) * codec_synth_normal(seed, i));
+        x[codec_synth_u64(seed, 1) % n] = 1e30f;
         break;
     default:
         for (uint64_t i = 0; i < n; i++)
@@ -671,6 +678,10 @@ int main(int argc, char **argv)
          * payload whose flags are not 16-byte aligned, several chunks per sample */
         s_case(&d, "tah", (codec_shape_t){ 3, 40, 1000 }, IN_NORMAL, 720, 3, 5);
         s_case(&d, "tah", (codec_shape_t){ 2, 333, 1600 }, IN_SYNTH, 721, 0, 9);
+        /* k_tah_spec + k_tah_emit (every tile at its own exponent, lowered to the frame's in the
+         * emit or quantised again there) on tensors of wide range, many CTAs per sample */
+        for (int in = IN_HUGE; in < N_INPUTS; in++)
+            s_case(&d, "tah", (codec_shape_t){ 3, 700, 1600 }, in, 730 + (uint64_t)in, 0, 0);
         printf("  %-58s %s\n", "default specs, large shapes (grid-stride loops)", g_fail == before ? "ok" : "FAILED");
     }
     s_test_status(&d);
