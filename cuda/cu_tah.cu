@@ -1076,6 +1076,52 @@ __device__ __forceinline__ void d_stage_unit(float *buf, const float *x, uint64_
     d_stage_rows<16u, S_ST_ROWW>(buf, x + gt * 64u, n, lane);
 }
 
+// One pass over a staged unit's rotated tiles (bit t of rm: row t rotated), 4 per pass, a
+// segment of 8 lanes each (lane sl: elements 8sl..8sl+7): scale, the pivot, swap element 0 with
+// it, the transform and its min/max as tah.c (d_swap0, d_fwht_seg, d_tile_minmax, the segment
+// kernels' bit-exact helpers); the transformed floats go back to the row, (min, max) to mm[t].
+// The lanes of tile `me` take its pivot into piv from the segment that had it (rank among rm's
+// bits); m1 and dscale (the tile's scale factor) are read from lane t. Returns rm less the
+// pass's tiles. LANE: k_tah_spec's lane per tile (each tile its own scale, the cheap pick);
+// else k_tah_fused's lane pairs (one scale, __fns: see d_rot_pick).
+template <bool LANE>
+__device__ __forceinline__ uint32_t d_rot_pass(float *unit, float2 *mm, uint32_t rm, uint32_t me, float dscale, float m1,
+                                               float norm, uint32_t lane, uint32_t &piv)
+{
+    const uint32_t sl = lane & 7u;
+    bool act;
+    const uint32_t t = d_rot_pick<!LANE>(rm, lane, act);
+    float4 *r4 = (float4 *)(unit + t * S_ST_ROWW) + 2u * sl;
+    const float4 q0 = r4[0], q1 = r4[1];
+    float z[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
+    const float dt = LANE ? __shfl_sync(CU_FULL, dscale, (int)t) : dscale;
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        z[r] = __fmul_rn(z[r], dt);
+    const uint32_t tp = d_first_max(z, __shfl_sync(CU_FULL, m1, (int)t), sl, 8u);
+    const uint32_t rank = (uint32_t)__popc((int)(rm & ((1u << me) - 1u)));
+    const bool mine = ((rm >> me) & 1u) && rank < 4u;
+    const uint32_t pv = __shfl_sync(CU_FULL, tp, (int)(mine ? 8u * rank : lane));
+    if (mine)
+        piv = pv;
+    d_swap0(z, lane, sl, 8u, tp);
+    d_fwht_seg(z, lane, 8u);
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        z[r] = __fmul_rn(z[r], norm);
+    float rmn, rmx;
+    d_tile_minmax(z, sl, 8u, 64u, 64u, false, rmn, rmx);
+    __syncwarp(); // every segment's row read before any is written
+    if (act) {
+        r4[0] = make_float4(z[0], z[1], z[2], z[3]);
+        r4[1] = make_float4(z[4], z[5], z[6], z[7]);
+        if (sl == 0)
+            mm[t] = make_float2(rmn, rmx);
+    }
+    __syncwarp();
+    return d_rot_drop(rm);
+}
+
 // Quantise the staged unit `unit` (S_ST_UNIT rows): the lane pair of tile tl = lane & 15
 // takes full tile `tile` (global index; qidx its index in sample b; ph = high quant tiles
 // of the sample before it | is_hi << 31) as tah.c's s_encode does; valid: the unit has
@@ -1105,45 +1151,10 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
     float mn, mx;
     d_minmax_p64(v, lane, mn, mx);
     const bool rot = valid && __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau; // pair-uniform
-    // the rotated tiles (about 3 of 16) on their rows, a segment of 8 lanes each, 4 per
-    // pass (lane sl: elements 8sl..8sl+7): scale, the pivot, swap element 0 with it, the
-    // transform and its min/max as tah.c (d_swap0, d_fwht_seg, d_tile_minmax, the
-    // segment kernels' bit-exact helpers); the transformed floats go back to the row
+    // the rotated tiles (about 3 of 16) on their rows (d_rot_pass)
     uint32_t rm = __ballot_sync(CU_FULL, rot && h == 0); // bit t: tile t rotated
-    while (rm != 0u) { // warp-uniform
-        const uint32_t sl = lane & 7u;
-        bool act;
-        const uint32_t t = d_rot_pick<true>(rm, lane, act);
-        float4 *r4 = (float4 *)(unit + t * S_ST_ROWW) + 2u * sl;
-        const float4 q0 = r4[0], q1 = r4[1];
-        float z[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
-#pragma unroll
-        for (int r = 0; r < 8; r++)
-            z[r] = __fmul_rn(z[r], down);
-        const uint32_t tp = d_first_max(z, __shfl_sync(CU_FULL, m1, (int)t), sl, 8u);
-        // the pair of tile tl takes its pivot from the segment that had it (rank among rm's bits)
-        const uint32_t rank = (uint32_t)__popc((int)(rm & ((1u << tl) - 1u)));
-        const bool mine = ((rm >> tl) & 1u) && rank < 4u;
-        const uint32_t pv = __shfl_sync(CU_FULL, tp, (int)(mine ? 8u * rank : lane));
-        if (mine)
-            piv = pv;
-        d_swap0(z, lane, sl, 8u, tp);
-        d_fwht_seg(z, lane, 8u);
-#pragma unroll
-        for (int r = 0; r < 8; r++)
-            z[r] = __fmul_rn(z[r], g.norm);
-        float rmn, rmx;
-        d_tile_minmax(z, sl, 8u, 64u, 64u, false, rmn, rmx);
-        __syncwarp(); // every segment's row read before any is written
-        if (act) {
-            r4[0] = make_float4(z[0], z[1], z[2], z[3]);
-            r4[1] = make_float4(z[4], z[5], z[6], z[7]);
-            if (sl == 0)
-                mm[t] = make_float2(rmn, rmx);
-        }
-        __syncwarp();
-        rm = d_rot_drop(rm);
-    }
+    while (rm != 0u) // warp-uniform
+        rm = d_rot_pass<false>(unit, mm, rm, tl, down, m1, g.norm, lane, piv);
     if (!valid)
         return;
     if (rot) {
@@ -1553,7 +1564,7 @@ __device__ __forceinline__ void d_stage_unit32(float *buf, const float *x, uint6
 //  - the codes of an unrotated tile at x's own scale, (x - minf 2^e_t) (inv 2^-e_t): the same
 //    products as tah.c's (v - minf) inv when both scalings are exact, which |e_t| <= 100
 //    ensures (otherwise the record's e_t is 127: k_tah_emit quantises the tile again);
-//  - rotated tiles (about 3 in 16) in the pass of d_tah_quant_p64, 4 at a time on their rows.
+//  - rotated tiles (about 3 in 16) in d_rot_pass, 4 at a time on their rows.
 __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool valid, uint4 *__restrict__ rec,
                                                    const s_tg &g, uint32_t lane, uint32_t &amax)
 {
@@ -1612,43 +1623,11 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     const bool rot = valid && __fdiv_rn(m1, __fadd_rn(m2, __fmul_rn(g.rho, down))) > g.tau;
     uint32_t piv = 0;
     uint32_t rm = __ballot_sync(CU_FULL, rot); // bit t: tile t rotated
-    while (rm != 0u) { // warp-uniform
-        const uint32_t sl = lane & 7u;
-        bool act;
-        const uint32_t t = d_rot_pick<false>(rm, lane, act);
-        float4 *r4 = (float4 *)(unit + t * S_ST_ROWW) + 2u * sl;
-        const float4 q0 = r4[0], q1 = r4[1];
-        float z[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
-        const float dt = __shfl_sync(CU_FULL, down, (int)t);
-#pragma unroll
-        for (int r = 0; r < 8; r++)
-            z[r] = __fmul_rn(z[r], dt);
-        const uint32_t tp = d_first_max(z, __shfl_sync(CU_FULL, m1, (int)t), sl, 8u);
-        const uint32_t rank = (uint32_t)__popc((int)(rm & ((1u << lane) - 1u)));
-        const bool mine = ((rm >> lane) & 1u) && rank < 4u;
-        const uint32_t pv = __shfl_sync(CU_FULL, tp, (int)(mine ? 8u * rank : lane));
-        if (mine)
-            piv = pv;
-        d_swap0(z, lane, sl, 8u, tp);
-        d_fwht_seg(z, lane, 8u);
-#pragma unroll
-        for (int r = 0; r < 8; r++)
-            z[r] = __fmul_rn(z[r], g.norm);
-        float rmn, rmx;
-        d_tile_minmax(z, sl, 8u, 64u, 64u, false, rmn, rmx);
-        __syncwarp();
-        if (act) {
-            r4[0] = make_float4(z[0], z[1], z[2], z[3]);
-            r4[1] = make_float4(z[4], z[5], z[6], z[7]);
-            if (sl == 0)
-                mm[t] = make_float2(rmn, rmx);
-        }
-        __syncwarp();
-        rm = d_rot_drop(rm);
-    }
+    while (rm != 0u) // warp-uniform
+        rm = d_rot_pass<true>(unit, mm, rm, lane, down, m1, g.norm, lane, piv);
     if (!valid)
         return key;
-    if (rot) { // the row holds the scaled, transformed tile now
+    if (rot) { // the row holds the scaled, transformed tile now (as loaded above: valid)
 #pragma unroll
         for (int c = 0; c < 16; c++) {
             const float4 q = row[c];
