@@ -1081,9 +1081,9 @@ __device__ __forceinline__ void d_stage_unit(float *buf, const float *x, uint64_
 // it, the transform and its min/max as tah.c (d_swap0, d_fwht_seg, d_tile_minmax, the segment
 // kernels' bit-exact helpers); the transformed floats go back to the row, (min, max) to mm[t].
 // The lanes of tile `me` take its pivot into piv from the segment that had it (rank among rm's
-// bits); m1 and dscale (the tile's scale factor) are read from lane t. Returns rm less the
-// pass's tiles. LANE: k_tah_spec's lane per tile (each tile its own scale, the cheap pick);
-// else k_tah_fused's lane pairs (one scale, __fns: see d_rot_pick).
+// bits); m1 is read from lane t. Returns rm less the pass's tiles. LANE: k_tah_spec's lane per
+// tile (each tile its own scale factor dscale, read from lane t; the cheap pick); else
+// k_tah_fused's lane pairs (one dscale for all; __fns: see d_rot_pick).
 template <bool LANE>
 __device__ __forceinline__ uint32_t d_rot_pass(float *unit, float2 *mm, uint32_t rm, uint32_t me, float dscale, float m1,
                                                float norm, uint32_t lane, uint32_t &piv)
