@@ -166,16 +166,19 @@ static void test_chaos_kill_and_leave(void **state)
     char want[64];
     snprintf(want, sizeof want, "waiting for a node for stage %d", leave_stage);
     int waited = 0;
+    char last[300] = "no status"; /* what the job said last, for the failure message */
     for (int i = 0; i < 200 && !waited; i++) {
         e = rt_status(&r, job);
         Tah__JobInfo *j = s_job_info(e);
         waited = j && !strcmp(j->state, "paused") && strstr(j->reason, want);
+        if (j)
+            snprintf(last, sizeof last, "state %s, reason \"%s\", step %d", j->state, j->reason, j->step);
         wire_envelope_free(&e);
         if (!waited)
             s_sleep(0.05);
     }
     if (!waited)
-        fail_msg("the job does not wait for a node for stage %d", leave_stage);
+        fail_msg("the job does not wait for a node for stage %d after 10 s (last: %s)", leave_stage, last);
     const char *extra[] = { NULL };
     rt_spawn_node(&r, "spare", extra);
 
