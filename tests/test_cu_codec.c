@@ -682,6 +682,12 @@ int main(int argc, char **argv)
          * emit or quantised again there) on tensors of wide range, many CTAs per sample */
         for (int in = IN_HUGE; in < N_INPUTS; in++)
             s_case(&d, "tah", (codec_shape_t){ 3, 700, 1600 }, in, 730 + (uint64_t)in, 0, 0);
+        /* ... and with no high tile or every tile high (the emit's `all` case) */
+        static const int ends[] = { IN_SYNTH, IN_MIXED };
+        for (int m = 0; m < 2; m++) {
+            s_case(&d, "tah:hi_frac=0", (codec_shape_t){ 2, 300, 1600 }, ends[m], 750 + (uint64_t)m, 0, 0);
+            s_case(&d, "tah:hi_frac=1", (codec_shape_t){ 2, 300, 1600 }, ends[m], 760 + (uint64_t)m, 0, 0);
+        }
         printf("  %-58s %s\n", "default specs, large shapes (grid-stride loops)", g_fail == before ? "ok" : "FAILED");
     }
     s_test_status(&d);
