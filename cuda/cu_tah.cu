@@ -1206,6 +1206,41 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
     }
 }
 
+// A sample's threshold from its key histogram H (CODEC_TAH_KEY_BINS words, read through L2),
+// by a CTA of 256 threads (16 bins each, thread 0 the top ones, one block scan): T, the largest
+// key with at least nh keys >= T, to *sh_T and need, how many keys == T are high (the lowest
+// indices first), to *sh_need, written by the one thread whose bins hold T. The caller
+// synchronises before reading them.
+__device__ __forceinline__ void d_tah_threshold(const uint32_t *H, uint32_t nh, uint32_t *ws, uint32_t *sh_T,
+                                                uint32_t *sh_need)
+{
+    constexpr uint32_t nb = CODEC_TAH_KEY_BINS / 256u;
+    static_assert(nb % 4u == 0u, "16-byte histogram loads");
+    const uint32_t hb = (255u - threadIdx.x) * nb; // thread 0: the top bins
+    uint32_t hv[nb], c = 0;
+#pragma unroll
+    for (uint32_t q = 0; q < nb; q += 4u) {
+        const uint4 v = __ldcg((const uint4 *)&H[hb + q]);
+        hv[q] = v.x;
+        hv[q + 1] = v.y;
+        hv[q + 2] = v.z;
+        hv[q + 3] = v.w;
+        c += v.x + v.y + v.z + v.w;
+    }
+    uint32_t tot;
+    uint32_t above = d_block_scan(c, ws, &tot); // keys above this thread's bins
+    if (above < nh && above + c >= nh)
+#pragma unroll
+        for (int q = (int)nb - 1; q >= 0; q--) {
+            if (above + hv[q] >= nh) {
+                *sh_T = hb + (uint32_t)q;
+                *sh_need = nh - above;
+                break;
+            }
+            above += hv[q];
+        }
+}
+
 // k_tah_fused's ordering around the words CTAs poll: release/acquire fences at GPU scope (round 16;
 // __threadfence is fence.sc, which also orders against every other SC fence), and S_POLL_NS between
 // polls, so that the polls do not queue at the L2 slice of the word ahead of the atomics they wait for.
@@ -1379,31 +1414,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     const uint32_t i0 = min(tid * per, L), i1 = min(i0 + per, L);
     uint32_t T = 0, need = 0, e = 0, run; // run: the sample's high tiles before key i0
     if (!all) {
-        constexpr uint32_t nb = CODEC_TAH_KEY_BINS / 256u;
-        const uint32_t hb = (255u - tid) * nb; // thread 0: the top bins
-        uint32_t hv[nb], c = 0;
-#pragma unroll
-        for (uint32_t q = 0; q < nb; q += 4u) {
-            const uint4 v = __ldcg((const uint4 *)&H[hb + q]);
-            hv[q] = v.x;
-            hv[q + 1] = v.y;
-            hv[q + 2] = v.z;
-            hv[q + 3] = v.w;
-            c += v.x + v.y + v.z + v.w;
-        }
-        uint32_t tot;
-        uint32_t above = d_block_scan(c, ws, &tot); // keys above this thread's bins
-        const uint32_t nh = (uint32_t)g.n_hi;
-        if (above < nh && above + c >= nh)
-#pragma unroll
-            for (int q = (int)nb - 1; q >= 0; q--) {
-                if (above + hv[q] >= nh) {
-                    sh_T = hb + (uint32_t)q;
-                    sh_need = nh - above;
-                    break;
-                }
-                above += hv[q];
-            }
+        d_tah_threshold(H, (uint32_t)g.n_hi, ws, &sh_T, &sh_need);
         __syncthreads();
         T = sh_T;
         need = sh_need;
@@ -1863,33 +1874,7 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x
     }
     uint32_t T = 0, need = 0;
     if (!all) {
-        const uint32_t *H = z.hist + (size_t)b * CODEC_TAH_KEY_BINS;
-        constexpr uint32_t nb = CODEC_TAH_KEY_BINS / 256u;
-        static_assert(nb % 4u == 0u, "16-byte histogram loads");
-        const uint32_t hb = (255u - tid) * nb; // thread 0: the top bins
-        uint32_t hv[nb], c = 0;
-#pragma unroll
-        for (uint32_t q = 0; q < nb; q += 4u) {
-            const uint4 v = __ldcg((const uint4 *)&H[hb + q]);
-            hv[q] = v.x;
-            hv[q + 1] = v.y;
-            hv[q + 2] = v.z;
-            hv[q + 3] = v.w;
-            c += v.x + v.y + v.z + v.w;
-        }
-        uint32_t tot;
-        uint32_t above = d_block_scan(c, ws, &tot);
-        const uint32_t nh = (uint32_t)g.n_hi;
-        if (above < nh && above + c >= nh)
-#pragma unroll
-            for (int q = (int)nb - 1; q >= 0; q--) {
-                if (above + hv[q] >= nh) {
-                    sh_T = hb + (uint32_t)q;
-                    sh_need = nh - above;
-                    break;
-                }
-                above += hv[q];
-            }
+        d_tah_threshold(z.hist + (size_t)b * CODEC_TAH_KEY_BINS, (uint32_t)g.n_hi, ws, &sh_T, &sh_need);
         if (tid == 0)
             sh_pre = 0;
         __syncthreads();
@@ -2615,8 +2600,6 @@ static int s_encode_spec(const s_tg &g, const float *x, uint8_t *payload, cu_hp 
     CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)(P * g.B)), dim3(S_SP_WARPS * 32), args, smem, st));
     void *eargs[] = { &a_x, &a_rec, &a_key, &a_z, &a_p, &a_head, &a_g, &a_PB, &a_nk };
     CUDA_CHECK(cudaLaunchCooperativeKernel((const void *)k_tah_emit, dim3((unsigned int)(g.B * a_PB)), dim3(256), eargs, 0, st));
-    (void)err;
-    (void)errlen;
     return 0;
 }
 
