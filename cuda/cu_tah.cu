@@ -1664,19 +1664,35 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
         ih = __fmul_rn(ih, down);
         il = __fmul_rn(il, down);
     }
-    // both widths' codes, packed as they come (d_tah_quant_p64: the clamps never act)
-    uint32_t wh[8] = {}, wl[6] = {};
+    // both widths' codes, packed as they come (d_tah_quant_p64: the clamps never act). tah.c's
+    // code is (uint32_t)t for t = (dv inv) + 0.5 in [0.5, 2^B): t + 2^23 rounded toward zero is
+    // 2^23 + that code exactly (ulp 1 there), so each code is a float add (FP32 pipe) instead of
+    // a conversion (16 per clock per SM), and it is packed as its float's bits, 2^23's bits
+    // (K) included: K's share of every word is a constant (pk, folded by the compiler), taken
+    // off at the end. A non-finite t (non-finite x: payload unspecified) spoils only its record.
+    constexpr uint32_t K = 0x4b000000u;
+    uint32_t wh[8] = {}, wl[6] = {}, kh[8] = {}, kl[6] = {};
+    auto pack = [](uint32_t *w4, uint32_t *w3, int r, uint32_t c4, uint32_t c3) {
+        const int bh = (int)BH * r, bl = (int)BL * r;
+        w4[bh / 32] += c4 << (bh % 32);
+        w3[bl / 32] += c3 << (bl % 32);
+        if (bl % 32 + (int)BL > 32)
+            w3[bl / 32 + 1] += c3 >> (32 - bl % 32);
+    };
 #pragma unroll
     for (int r = 0; r < 64; r++) {
         const float dv = __fsub_rn(v[r], cm);
-        const uint32_t ch = (uint32_t)__fadd_rn(__fmul_rn(dv, ih), 0.5f);
-        const uint32_t cl = (uint32_t)__fadd_rn(__fmul_rn(dv, il), 0.5f);
-        const int bh = (int)BH * r, bl = (int)BL * r;
-        wh[bh / 32] += ch << (bh % 32);
-        wl[bl / 32] += cl << (bl % 32);
-        if (bl % 32 + (int)BL > 32)
-            wl[bl / 32 + 1] += cl >> (32 - bl % 32);
+        const uint32_t ch = __float_as_uint(__fadd_rz(__fadd_rn(__fmul_rn(dv, ih), 0.5f), 8388608.0f));
+        const uint32_t cl = __float_as_uint(__fadd_rz(__fadd_rn(__fmul_rn(dv, il), 0.5f), 8388608.0f));
+        pack(wh, wl, r, ch, cl);
+        pack(kh, kl, r, K, K);
     }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        wh[i] -= kh[i];
+#pragma unroll
+    for (int i = 0; i < 6; i++)
+        wl[i] -= kl[i];
     const uint32_t fv = ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2);
     const uint32_t w14 = (uint32_t)min16 | ((uint32_t)sth << 16);
     const uint32_t w15 = (uint32_t)stl | (fv << 16) | ((uint32_t)(rawok ? et : 127) << 24);
