@@ -1914,13 +1914,18 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x
                 (tag36 << 28) | ((unsigned long long)(ctot >> 16) << 14) | (ctot & 0x3fffu);
     }
     asm volatile("" ::: "memory"); // the record loads after the publication
+    // the warp's 32 records of each half as 2 KB of consecutive 16-byte loads (lane l: 16-byte
+    // word l + 32 m); each lane gets its own tile's record through shared memory (below)
     uint4 r[2][4];
+    const uint32_t wt = tid - lane; // the warp's first tile in each half
 #pragma unroll
     for (int s = 0; s < 2; s++) {
-        const uint32_t i = c0 + 256u * (uint32_t)s + tid;
+        const uint32_t i0 = c0 + 256u * (uint32_t)s + wt;
 #pragma unroll
-        for (int m = 0; m < 4; m++)
-            r[s][m] = i < n ? __ldcg(&rec[(tb + i) * (S_REC_W / 4u) + (uint32_t)m]) : make_uint4(0u, 0u, 0u, 0u);
+        for (int m = 0; m < 4; m++) {
+            const uint32_t q = lane + 32u * (uint32_t)m;
+            r[s][m] = i0 + q / 4u < n ? __ldcg(&rec[(tb + i0) * (S_REC_W / 4u) + q]) : make_uint4(0u, 0u, 0u, 0u);
+        }
     }
     if (!all) {
         const unsigned long long tag36 = head.tag & 0xfffffffffull;
@@ -1946,6 +1951,23 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x
     // stores 24 to 32 bytes apart across a warp, had cost ~5 us more, H100)
     const uint32_t hq0 = all ? (g.n_hi != 0 ? c0 : 0u) : (pre & 0xffffu) + min(pre >> 16, need);
     const uint64_t cb = 8ull * ((uint64_t)BL * c0 + (uint64_t)(BH - BL) * hq0); // the run's offset
+    { // the records to their lanes through the warp's 2 KB of srun: tile t's word m at
+      // 4 t + (m ^ (t / 2 % 4)), so that 8 lanes of a quarter warp hit 8 different bank groups
+        uint4 *sw = (uint4 *)srun + 4u * wt;
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                const uint32_t q = lane + 32u * (uint32_t)m, t = q / 4u;
+                sw[4u * t + ((q % 4u) ^ (t / 2u % 4u))] = r[s][m];
+            }
+            __syncwarp();
+#pragma unroll
+            for (int m = 0; m < 4; m++)
+                r[s][m] = sw[4u * lane + ((uint32_t)m ^ (lane / 2u % 4u))];
+            __syncwarp();
+        }
+    }
     if (tid == 0)
         sh_end = 0;
     __syncthreads();
