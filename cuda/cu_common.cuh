@@ -107,6 +107,19 @@ __device__ __forceinline__ void d_cp16(float *smem, const float *gmem)
 {
     d_cp16s((uint32_t)__cvta_generic_to_shared(smem), gmem);
 }
+// the same with an L2 cache policy (d_l2_evict_first): for data read once, so that it does
+// not push out lines a later kernel reads (TAH encode's records)
+__device__ __forceinline__ void d_cp16s_pol(uint32_t sa, const float *gmem, uint64_t pol)
+{
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "l"(pol)
+                 : "memory");
+}
+__device__ __forceinline__ uint64_t d_l2_evict_first()
+{
+    uint64_t pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
 __device__ __forceinline__ void d_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // every group but the newest complete
 __device__ __forceinline__ void d_cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
