@@ -1873,7 +1873,12 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x
     constexpr uint32_t BH = 4u, BL = 3u;
     __shared__ uint32_t ws[32], sh_T, sh_need, sh_pre, sh_end;
     __shared__ __align__(16) uint64_t srun[S_EM_TILES * 4u]; // the CTA's codes (32 bytes a tile at most)
+    __shared__ __align__(16) uint4 srec[256u * 4u];          // each warp's 32 records of a half
     const uint32_t tid = threadIdx.x, lane = tid & 31u;
+    if (tid == 0) {
+        sh_pre = 0;
+        sh_end = 0; // before the block scans' barriers below
+    }
     const uint32_t b = blockIdx.x / PB, j = blockIdx.x - b * PB;
     const uint32_t n = (uint32_t)g.n_alloc, c0 = j * S_EM_TILES;
     const uint64_t tb = (uint64_t)b * n; // the sample's first tile
@@ -1894,8 +1899,6 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x
     uint32_t T = 0, need = 0;
     if (!all) {
         d_tah_threshold(z.hist + (size_t)b * CODEC_TAH_KEY_BINS, (uint32_t)g.n_hi, ws, &sh_T, &sh_need);
-        if (tid == 0)
-            sh_pre = 0;
         __syncthreads();
         T = sh_T;
         need = sh_need;
@@ -1916,6 +1919,9 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x
             *(volatile unsigned long long *)&z.cnt[blockIdx.x] =
                 (tag36 << 28) | ((unsigned long long)(ctot >> 16) << 14) | (ctot & 0x3fffu);
     }
+    unsigned long long pv = 0; // the predecessor's slot of this thread, first read
+    if (!all && tid < j)
+        pv = *(volatile unsigned long long *)&z.cnt[(size_t)b * PB + tid];
     asm volatile("" ::: "memory"); // the record loads after the publication
     // the warp's 32 records of each half as 2 KB of consecutive 16-byte loads (lane l: 16-byte
     // word l + 32 m); each lane gets its own tile's record through shared memory (below)
@@ -1930,33 +1936,9 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x
             r[s][m] = i0 + q / 4u < n ? __ldcg(&rec[(tb + i0) * (S_REC_W / 4u) + q]) : make_uint4(0u, 0u, 0u, 0u);
         }
     }
-    if (!all) {
-        const unsigned long long tag36 = head.tag & 0xfffffffffull;
-        uint32_t pc = 0;
-        for (uint32_t i = tid; i < j; i += blockDim.x) {
-            unsigned long long v;
-            while (((v = *(volatile unsigned long long *)&z.cnt[(size_t)b * PB + i]) >> 28) != tag36)
-                __nanosleep(S_POLL_NS);
-            pc += ((uint32_t)v & 0x3fffu) | ((((uint32_t)v >> 14) & 0x3fffu) << 16);
-        }
-        pc = __reduce_add_sync(CU_FULL, pc);
-        if (lane == 0 && pc != 0u)
-            atomicAdd(&sh_pre, pc);
-        __syncthreads();
-    }
-    const uint32_t pre = all ? 0u : sh_pre; // (> T) | (== T) << 16 before c0 (a sample has < 2^16 keys)
-    const float down = __uint_as_float((uint32_t)(127 - e) << 23);
-    const float rho_down = __fmul_rn(g.rho, down);
-    const bool rho_ok = g.rho == 0.0f || (__float_as_uint(rho_down) & 0x7f800000u) != 0u;
-    // the CTA's codes are one run of the sample's region, from the code offset of tile c0: each
-    // thread puts its tiles' codes in shared memory at their place in the run, then the CTA
-    // writes the run in 8-byte words, consecutive per warp (the tiles' own 24 or 32 bytes, 8-byte
-    // stores 24 to 32 bytes apart across a warp, had cost ~5 us more, H100)
-    const uint32_t hq0 = all ? (g.n_hi != 0 ? c0 : 0u) : (pre & 0xffffu) + min(pre >> 16, need);
-    const uint64_t cb = 8ull * ((uint64_t)BL * c0 + (uint64_t)(BH - BL) * hq0); // the run's offset
-    { // the records to their lanes through the warp's 2 KB of srun: tile t's word m at
+    { // the records to their lanes through the warp's 2 KB of srec: tile t's word m at
       // 4 t + (m ^ (t / 2 % 4)), so that 8 lanes of a quarter warp hit 8 different bank groups
-        uint4 *sw = (uint4 *)srun + 4u * wt;
+        uint4 *sw = srec + 4u * wt;
 #pragma unroll
         for (int s = 0; s < 2; s++) {
 #pragma unroll
@@ -1971,51 +1953,87 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x
             __syncwarp();
         }
     }
-    if (tid == 0)
-        sh_end = 0;
-    __syncthreads();
-    uint32_t range = 0, phs[2];
+    const float down = __uint_as_float((uint32_t)(127 - e) << 23);
+    const float rho_down = __fmul_rn(g.rho, down);
+    const bool rho_ok = g.rho == 0.0f || (__float_as_uint(rho_down) & 0x7f800000u) != 0u;
+    // the CTA's codes are one run of the sample's region, from the code offset of tile c0: each
+    // thread puts its tiles' codes in shared memory at their place in the run (hl: the run's
+    // high tiles before the tile), then the CTA writes the run in 8-byte words, consecutive per
+    // warp (the tiles' own 24 or 32 bytes, 8-byte stores 24 to 32 bytes apart across a warp, had
+    // cost ~5 us more, H100). Only a tile at T needs the ties before the run (preE) to know
+    // its width; a CTA without one places its run while the counts before it arrive.
+    uint32_t hls[2];
     bool slow[2];
+    auto place = [&](uint32_t preE) {
 #pragma unroll
-    for (int s = 0; s < 2; s++) {
-        const uint32_t i = c0 + 256u * (uint32_t)s + tid;
-        const bool ok = i < n;
-        const uint32_t xs = pre + xs0[s];
-        const uint32_t E = xs >> 16, Gt = xs & 0xffffu;
-        bool hi;
-        uint32_t hiq;
-        if (all) {
-            hi = g.n_hi != 0;
-            hiq = hi ? i : 0u;
-        } else {
-            hi = key[s] > T || (key[s] == T && E < need);
-            hiq = Gt + min(E, need);
-        }
-        const uint32_t w14 = r[s][3].z, w15 = r[s][3].w;
-        const int32_t d = e - (int32_t)(int8_t)(w15 >> 24);
-        uint32_t m16 = w14 & 0xffffu, st16 = hi ? w14 >> 16 : w15 & 0xffffu;
-        const bool fast = d >= 0 && d <= 64 && (d == 0 || rho_ok) && d_hshift(m16, d) && d_hshift(st16, d);
-        const uint32_t o = (uint32_t)(8ull * ((uint64_t)BL * i + (uint64_t)(BH - BL) * hiq) - cb); // in the run
-        if (ok)
-            atomicMax(&sh_end, o + 8u * (hi ? BH : BL)); // the run's end
-        if (ok && fast) {
-            uint64_t *dst = (uint64_t *)((uint8_t *)srun + o);
-            if (hi) {
-                dst[0] = (uint64_t)r[s][0].x | ((uint64_t)r[s][0].y << 32);
-                dst[1] = (uint64_t)r[s][0].z | ((uint64_t)r[s][0].w << 32);
-                dst[2] = (uint64_t)r[s][1].x | ((uint64_t)r[s][1].y << 32);
-                dst[3] = (uint64_t)r[s][1].z | ((uint64_t)r[s][1].w << 32);
+        for (int s = 0; s < 2; s++) {
+            const uint32_t i = c0 + 256u * (uint32_t)s + tid;
+            const bool ok = i < n;
+            const uint32_t E = preE + (xs0[s] >> 16);
+            bool hi;
+            uint32_t hl;
+            if (all) {
+                hi = g.n_hi != 0;
+                hl = hi ? i - c0 : 0u;
             } else {
-                dst[0] = (uint64_t)r[s][2].x | ((uint64_t)r[s][2].y << 32);
-                dst[1] = (uint64_t)r[s][2].z | ((uint64_t)r[s][2].w << 32);
-                dst[2] = (uint64_t)r[s][3].x | ((uint64_t)r[s][3].y << 32);
+                hi = key[s] > T || (key[s] == T && E < need);
+                hl = (xs0[s] & 0xffffu) + min(E, need) - min(preE, need);
             }
-            *(uint32_t *)(p + g.meta_off + 4 * (tb + i)) = m16 | (st16 << 16);
-            p[8 + tb + i] = (uint8_t)((hi ? 1u : 0u) | ((w15 >> 16) & 0xfeu));
+            const uint32_t w14 = r[s][3].z, w15 = r[s][3].w;
+            const int32_t d = e - (int32_t)(int8_t)(w15 >> 24);
+            uint32_t m16 = w14 & 0xffffu, st16 = hi ? w14 >> 16 : w15 & 0xffffu;
+            const bool fast = d >= 0 && d <= 64 && (d == 0 || rho_ok) && d_hshift(m16, d) && d_hshift(st16, d);
+            const uint32_t o = 8u * (BL * (i - c0) + (BH - BL) * hl); // in the run
+            if (ok)
+                atomicMax(&sh_end, o + 8u * (hi ? BH : BL)); // the run's end
+            if (ok && fast) {
+                uint64_t *dst = (uint64_t *)((uint8_t *)srun + o);
+                if (hi) {
+                    dst[0] = (uint64_t)r[s][0].x | ((uint64_t)r[s][0].y << 32);
+                    dst[1] = (uint64_t)r[s][0].z | ((uint64_t)r[s][0].w << 32);
+                    dst[2] = (uint64_t)r[s][1].x | ((uint64_t)r[s][1].y << 32);
+                    dst[3] = (uint64_t)r[s][1].z | ((uint64_t)r[s][1].w << 32);
+                } else {
+                    dst[0] = (uint64_t)r[s][2].x | ((uint64_t)r[s][2].y << 32);
+                    dst[1] = (uint64_t)r[s][2].z | ((uint64_t)r[s][2].w << 32);
+                    dst[2] = (uint64_t)r[s][3].x | ((uint64_t)r[s][3].y << 32);
+                }
+                *(uint32_t *)(p + g.meta_off + 4 * (tb + i)) = m16 | (st16 << 16);
+                p[8 + tb + i] = (uint8_t)((hi ? 1u : 0u) | ((w15 >> 16) & 0xfeu));
+            }
+            slow[s] = ok && !fast;
+            hls[s] = hl | ((hi ? 1u : 0u) << 31);
         }
-        slow[s] = ok && !fast;
-        phs[s] = hiq | ((hi ? 1u : 0u) << 31);
+    };
+    const bool local = all || (ctot >> 16) == 0u; // no tile of this CTA at T
+    if (local)
+        place(0u);
+    uint32_t pre = 0; // (> T) | (== T) << 16 before c0 (a sample has < 2^16 keys)
+    if (!all) { // the predecessors' counts (read above; again until they are this call's)
+        const unsigned long long tag36 = head.tag & 0xfffffffffull;
+        uint32_t pc = 0;
+        for (uint32_t i = tid; i < j; i += blockDim.x) {
+            unsigned long long v = i == tid ? pv : *(volatile unsigned long long *)&z.cnt[(size_t)b * PB + i];
+            while ((v >> 28) != tag36) {
+                __nanosleep(S_POLL_NS);
+                v = *(volatile unsigned long long *)&z.cnt[(size_t)b * PB + i];
+            }
+            pc += ((uint32_t)v & 0x3fffu) | ((((uint32_t)v >> 14) & 0x3fffu) << 16);
+        }
+        pc = __reduce_add_sync(CU_FULL, pc);
+        if (lane == 0 && pc != 0u)
+            atomicAdd(&sh_pre, pc);
+        __syncthreads();
+        pre = sh_pre;
+        if (!local)
+            place(pre >> 16);
     }
+    const uint32_t hq0 = all ? (g.n_hi != 0 ? c0 : 0u) : (pre & 0xffffu) + min(pre >> 16, need);
+    const uint64_t cb = 8ull * ((uint64_t)BL * c0 + (uint64_t)(BH - BL) * hq0); // the run's offset
+    uint32_t range = 0, phs[2]; // for the rare tiles: the sample's high tiles before the tile | is_hi << 31
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+        phs[s] = (hq0 + (hls[s] & 0x7fffffffu)) | (hls[s] & 0x80000000u);
     __syncthreads();
     {
         const uint64_t *src = (const uint64_t *)srun;
