@@ -2498,15 +2498,25 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
             corrupt |= (uint32_t)(in && ((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u || (step16 & 0x8000u)));
             const float minf = d_ldexpf(d_half_to_f32(min16), e);
             const float step = d_ldexpf(d_half_to_f32(step16), e);
+            // min + code * step in one rounding (an FMA) where code * step is exact: a normal step
+            // (an fp16 value scaled by 2^e: at most 11 significant bits) times a code below 16 has at
+            // most 15, and stays finite for steps up to 2^124; tah.c's product then sum round only the sum.
+            // A warp with a zero, subnormal or larger step anywhere takes tah.c's two roundings.
+            auto dequant = [&](auto one) {
 #pragma unroll
-            for (int k = 0; k < 4; k++) { // the code as a float: its bits below 2^23's, less 2^23 (exact)
-                const uint32_t ev = w[k] & 0x0f0f0f0fu, od = (w[k] >> 4) & 0x0f0f0f0fu; // codes 0,2,4,6 / 1,3,5,7
+                for (int k = 0; k < 4; k++) { // the code as a float: its bits below 2^23's, less 2^23 (exact)
+                    const uint32_t ev = w[k] & 0x0f0f0f0fu, od = (w[k] >> 4) & 0x0f0f0f0fu; // codes 0,2,4,6 / 1,3,5,7
 #pragma unroll
-                for (int r = 0; r < 8; r++) {
-                    const uint32_t bits = __byte_perm(r & 1 ? od : ev, 0x4b000000u, 0x7650u | (uint32_t)(r >> 1));
-                    v[8 * k + r] = __fadd_rn(minf, __fmul_rn(__fsub_rn(__uint_as_float(bits), 8388608.0f), step));
+                    for (int r = 0; r < 8; r++) {
+                        const uint32_t bits = __byte_perm(r & 1 ? od : ev, 0x4b000000u, 0x7650u | (uint32_t)(r >> 1));
+                        v[8 * k + r] = one(__fsub_rn(__uint_as_float(bits), 8388608.0f));
+                    }
                 }
-            }
+            };
+            if (__all_sync(CU_FULL, step == 0.0f || (step >= FLT_MIN && step <= 0x1p124f)))
+                dequant([&](float c) { return __fmaf_rn(c, step, minf); });
+            else
+                dequant([&](float c) { return __fadd_rn(minf, __fmul_rn(c, step)); });
             rot = in && (f & 2u); // rotated tiles: transformed and checked on their rows (below)
             // unrotated: v is monotonic in the code (step >= 0), so codes 0 and 15 bound it
             if (!rot && !(fabsf(minf) <= FLT_MAX && fabsf(__fadd_rn(minf, __fmul_rn(15.0f, step))) <= FLT_MAX)) {
