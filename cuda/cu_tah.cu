@@ -1672,8 +1672,9 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     // code is (uint32_t)t for t = (dv inv) + 0.5 in [0.5, 2^B): t + 2^23 rounded toward zero is
     // 2^23 + that code exactly (ulp 1 there), so each code is a float add (FP32 pipe) instead of
     // a conversion (16 per clock per SM), and it is packed as its float's bits, 2^23's bits
-    // (K) included: K's share of every word is a constant (pk, folded by the compiler), taken
-    // off at the end. A non-finite t (non-finite x: payload unspecified) spoils only its record.
+    // (K) included: K's share of every word is a constant (kh, kl: folded by the compiler),
+    // taken off at the end. A non-finite t (non-finite x: payload unspecified) spoils only its
+    // record.
     constexpr uint32_t K = 0x4b000000u;
     uint32_t wh[8] = {}, wl[6] = {}, kh[8] = {}, kl[6] = {};
     auto pack = [](uint32_t *w4, uint32_t *w3, int r, uint32_t c4, uint32_t c3) {
