@@ -173,12 +173,17 @@ static s_tw s_carve(void *work, const s_tg &g)
     return t;
 }
 
-// Round 17's encode (k_tah_spec, k_tah_emit): records of S_REC_W words per tile, keys per
-// sample rounded up to 8 (k_tah_emit's 16-byte loads); the shapes it takes (samples of fewer
-// than 2^16 tiles: k_tah_emit counts in 16-bit halves).
+// Round 17's encode (k_tah_spec, k_tah_emit): records of S_REC_W words per tile, in blocks of
+// S_SP_UNIT tiles (a sample's units, the last one padded) stored as 4 planes of 16-byte words
+// (plane m: word m of the block's tiles, consecutive), so that both kernels' warps access
+// them in 512-byte runs; keys per sample rounded up to 8 (k_tah_emit's 16-byte loads); the
+// shapes it takes (samples of fewer than 2^16 tiles: k_tah_emit counts in 16-bit halves).
 #define S_REC_W 16u
+#define S_SP_UNIT 32u
+#define S_REC_BLOCK (S_SP_UNIT * S_REC_W / 4u) // 16-byte words per block of records
 #define S_EM_TILES 512u // k_tah_emit: tiles per CTA (two per thread)
 static uint64_t s_spec_nk(const s_tg &g) { return (g.n_alloc + 7u) & ~7ull; }
+static uint64_t s_spec_nu(const s_tg &g) { return (g.n_alloc + S_SP_UNIT - 1u) / S_SP_UNIT; }
 static bool s_spec_shape(const s_tg &g)
 {
     return g.G == 64 && g.k == 1 && g.C % 64u == 0 && g.bh == 4 && g.bl == 3 && g.n_alloc < 65536u;
@@ -190,7 +195,7 @@ size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape)
     const uint64_t na = g.B * g.n_alloc;
     return (size_t)(8 * na + ((na + 7) & ~7ull) + ((2 * g.T + 7) & ~7ull) + 8 * g.B * s_dec_cps(g) +
                     8 + 16ull * S_FUSE_MAXGRID + 15 + 4ull * S_FZ_CTR + 4ull * CODEC_TAH_KEY_BINS * g.B +
-                    (s_spec_shape(g) ? 127 + 4ull * S_REC_W * g.T + 2 * g.B * s_spec_nk(g) : 0));
+                    (s_spec_shape(g) ? 127 + 16ull * S_REC_BLOCK * g.B * s_spec_nu(g) + 2 * g.B * s_spec_nk(g) : 0));
 }
 
 // ---- shared pieces ----
@@ -1537,7 +1542,6 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
 // k_tah_spec's staging: units of 32 tiles, one per lane (row `lane` of the unit), two buffers
 // per warp, 4 warps per CTA (3 CTAs per SM: 12 warps with up to 168 registers each, so a lane
 // keeps its tile's 64 floats in registers from the entropy to the codes).
-#define S_SP_UNIT 32u
 #define S_SP_WARPS 4u
 #define S_SP_WARPW (2u * S_SP_UNIT * S_ST_ROWW)
 #define S_SP_CTA (S_SP_WARPS * S_SP_WARPW * 4u)
@@ -1571,7 +1575,8 @@ __device__ __forceinline__ void d_stage_unit32(float *buf, const float *x, uint6
 
 // The staged unit's tile of this lane (row `lane`; valid: the unit has it), as tah.c encodes
 // it at the tile's own exponent e_t, both widths: its entropy key (returned), its record at
-// rec; amax folds in its max |x| bits. Warp-uniform call (the rotated tiles' pass).
+// rec (its 16-byte words S_SP_UNIT apart: the block's planes); amax folds in its max |x| bits.
+// Warp-uniform call (the rotated tiles' pass).
 //  - one pass over the 64 floats: tah.c's 16 entropy accumulators in its order, the largest
 //    and second largest |x| (as bits), min and max, all on x itself: scaling by 2^-e_t is
 //    monotone, so these are the scaled tile's once scaled (a zero minimum, whose sign tah.c
@@ -1701,10 +1706,10 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     const uint32_t fv = ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2);
     const uint32_t w14 = (uint32_t)min16 | ((uint32_t)sth << 16);
     const uint32_t w15 = (uint32_t)stl | (fv << 16) | ((uint32_t)(rawok ? et : 127) << 24);
-    rec[0] = make_uint4(wh[0], wh[1], wh[2], wh[3]);
-    rec[1] = make_uint4(wh[4], wh[5], wh[6], wh[7]);
-    rec[2] = make_uint4(wl[0], wl[1], wl[2], wl[3]);
-    rec[3] = make_uint4(wl[4], wl[5], w14, w15);
+    rec[0] = make_uint4(wh[0], wh[1], wh[2], wh[3]); // the record's planes (S_REC_BLOCK)
+    rec[S_SP_UNIT] = make_uint4(wh[4], wh[5], wh[6], wh[7]);
+    rec[2u * S_SP_UNIT] = make_uint4(wl[0], wl[1], wl[2], wl[3]);
+    rec[3u * S_SP_UNIT] = make_uint4(wl[4], wl[5], w14, w15);
     return key;
 }
 
@@ -1784,7 +1789,7 @@ __global__ void __launch_bounds__(128, 3) k_tah_spec(const float *__restrict__ x
         const uint32_t lt = S_SP_UNIT * u + lane;
         const bool valid = lt < na;
         const uint32_t key = d_tah_spec_t64(wb + k * S_SP_UNIT * S_ST_ROWW, s_mm[wid], valid,
-                                            rec + (t0 + lt) * (S_REC_W / 4u), g, lane, amax);
+                                            rec + ((size_t)b * nUs + u) * S_REC_BLOCK + lane, g, lane, amax);
         if (valid)
             key16[(size_t)b * nk + lt] = (uint16_t)key;
         uint32_t slot = 0;
@@ -1875,7 +1880,6 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x
     constexpr uint32_t BH = 4u, BL = 3u;
     __shared__ uint32_t ws[32], sh_T, sh_need, sh_pre, sh_end;
     __shared__ __align__(16) uint64_t srun[S_EM_TILES * 4u]; // the CTA's codes (32 bytes a tile at most)
-    __shared__ __align__(16) uint4 srec[256u * 4u];          // each warp's 32 records of a half
     const uint32_t tid = threadIdx.x, lane = tid & 31u;
     if (tid == 0) {
         sh_pre = 0;
@@ -1925,35 +1929,18 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x
     if (!all && tid < j)
         pv = *(volatile unsigned long long *)&z.cnt[(size_t)b * PB + tid];
     asm volatile("" ::: "memory"); // the record loads after the publication
-    // the warp's 32 records of each half as 2 KB of consecutive 16-byte loads (lane l: 16-byte
-    // word l + 32 m); each lane gets its own tile's record through shared memory (below)
+    // each thread's two records, plane by plane: a warp's loads are 512 consecutive bytes (a
+    // warp's 32 tiles are one block of records: c0 and 256 are multiples of S_SP_UNIT)
+    const uint32_t nu = (n + S_SP_UNIT - 1u) / S_SP_UNIT;
+    const uint4 *rb = rec + ((size_t)b * nu + c0 / S_SP_UNIT) * S_REC_BLOCK; // the CTA's blocks
     uint4 r[2][4];
-    const uint32_t wt = tid - lane; // the warp's first tile in each half
 #pragma unroll
     for (int s = 0; s < 2; s++) {
-        const uint32_t i0 = c0 + 256u * (uint32_t)s + wt;
+        const uint32_t i = c0 + 256u * (uint32_t)s + tid;
 #pragma unroll
-        for (int m = 0; m < 4; m++) {
-            const uint32_t q = lane + 32u * (uint32_t)m;
-            r[s][m] = i0 + q / 4u < n ? __ldcg(&rec[(tb + i0) * (S_REC_W / 4u) + q]) : make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
-    { // the records to their lanes through the warp's 2 KB of srec: tile t's word m at
-      // 4 t + (m ^ (t / 2 % 4)), so that 8 lanes of a quarter warp hit 8 different bank groups
-        uint4 *sw = srec + 4u * wt;
-#pragma unroll
-        for (int s = 0; s < 2; s++) {
-#pragma unroll
-            for (int m = 0; m < 4; m++) {
-                const uint32_t q = lane + 32u * (uint32_t)m, t = q / 4u;
-                sw[4u * t + ((q % 4u) ^ (t / 2u % 4u))] = r[s][m];
-            }
-            __syncwarp();
-#pragma unroll
-            for (int m = 0; m < 4; m++)
-                r[s][m] = sw[4u * lane + ((uint32_t)m ^ (lane / 2u % 4u))];
-            __syncwarp();
-        }
+        for (int m = 0; m < 4; m++)
+            r[s][m] = i < n ? __ldcg(&rb[(256u * (uint32_t)s + tid - lane) / S_SP_UNIT * S_REC_BLOCK + S_SP_UNIT * (uint32_t)m + lane])
+                            : make_uint4(0u, 0u, 0u, 0u);
     }
     const float down = __uint_as_float((uint32_t)(127 - e) << 23);
     const float rho_down = __fmul_rn(g.rho, down);
@@ -2059,16 +2046,11 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x
         }
     }
     // the records are not read again: their L2 lines go without a write-back (13 MB of the
-    // bench tensor's would otherwise reach DRAM while the frame is written: 2 us). A line is two
-    // records: discarded once every thread has used its own, and only when both are this CTA's.
+    // bench tensor's would otherwise reach DRAM while the frame is written: 2 us). The CTA's
+    // blocks of records are its own: each thread drops one 128-byte line once all are used.
     __syncthreads();
-    const uint32_t c1 = min(c0 + S_EM_TILES, n);
-#pragma unroll
-    for (int s = 0; s < 2; s++) {
-        const uint32_t i = c0 + 256u * (uint32_t)s + tid;
-        if (i + 1u < c1 && ((tb + i) & 1u) == 0u)
-            asm volatile("discard.global.L2 [%0], 128;" ::"l"(rec + (tb + i) * (S_REC_W / 4u)) : "memory");
-    }
+    if (tid < (min(c0 + S_EM_TILES, n) - c0 + S_SP_UNIT - 1u) / S_SP_UNIT * (S_REC_BLOCK / 8u))
+        asm volatile("discard.global.L2 [%0], 128;" ::"l"(rb + 8u * tid) : "memory");
     if (range)
         d_flag(head, CU_ST_RANGE);
 }
@@ -2662,7 +2644,7 @@ static int s_encode_spec(const s_tg &g, const float *x, uint8_t *payload, cu_hp 
     s_fz a_z = s_fz_carve(t, g);
     uint8_t *a_p = payload;
     uint4 *a_rec = (uint4 *)(((uintptr_t)(a_z.hist + CODEC_TAH_KEY_BINS * g.B) + 127) & ~(uintptr_t)127);
-    uint16_t *a_key = (uint16_t *)(a_rec + g.T * (S_REC_W / 4u));
+    uint16_t *a_key = (uint16_t *)(a_rec + g.B * s_spec_nu(g) * S_REC_BLOCK);
     const float *a_x = x;
     cu_hp a_head = head;
     s_tg a_g = g;
