@@ -1536,8 +1536,8 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
 // stream, as the frame holds them), [14] min16 | step16 (4-bit) << 16, [15] step16 (3-bit) |
 // the flag byte without its width bit << 16 | e_t << 24 (a signed byte; 127: quantise again).
 // Measured (H100, bench tensor): round 17 ~0.054 ms in all (k_tah_spec ~42 us, k_tah_emit ~11)
-// against k_tah_fused's ~0.059; round 18 0.049 (x evict-first so the records stay in L2, the
-// emit's loads coalesced and its look-back overlapped; cuda/NOTES.md, "Nineteenth version").
+// against k_tah_fused's ~0.059; round 18 0.0485 (x evict-first so the records stay in L2, the
+// records in planes, the emit's look-back overlapped; cuda/NOTES.md, "Nineteenth version").
 
 // k_tah_spec's staging: units of 32 tiles, one per lane (row `lane` of the unit), two buffers
 // per warp, 4 warps per CTA (3 CTAs per SM: 12 warps with up to 168 registers each, so a lane
