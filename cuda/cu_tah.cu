@@ -1933,14 +1933,18 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x
     // warp's 32 tiles are one block of records: c0 and 256 are multiples of S_SP_UNIT)
     const uint32_t nu = (n + S_SP_UNIT - 1u) / S_SP_UNIT;
     const uint4 *rb = rec + ((size_t)b * nu + c0 / S_SP_UNIT) * S_REC_BLOCK; // the CTA's blocks
+    // (the planes of the width a tile cannot take are not loaded: 4-bit codes for keys below T,
+    // 3-bit codes above it)
     uint4 r[2][4];
 #pragma unroll
     for (int s = 0; s < 2; s++) {
         const uint32_t i = c0 + 256u * (uint32_t)s + tid;
+        const bool mh = all ? g.n_hi != 0 : key[s] >= T, ml = all ? g.n_hi == 0 : key[s] <= T;
 #pragma unroll
         for (int m = 0; m < 4; m++)
-            r[s][m] = i < n ? __ldcg(&rb[(256u * (uint32_t)s + tid - lane) / S_SP_UNIT * S_REC_BLOCK + S_SP_UNIT * (uint32_t)m + lane])
-                            : make_uint4(0u, 0u, 0u, 0u);
+            r[s][m] = i < n && (m == 3 || (m < 2 ? mh : ml))
+                          ? __ldcg(&rb[(256u * (uint32_t)s + tid - lane) / S_SP_UNIT * S_REC_BLOCK + S_SP_UNIT * (uint32_t)m + lane])
+                          : make_uint4(0u, 0u, 0u, 0u);
     }
     const float down = __uint_as_float((uint32_t)(127 - e) << 23);
     const float rho_down = __fmul_rn(g.rho, down);
