@@ -1284,11 +1284,6 @@ static void s_tick(agent_t *a)
     }
     if (a->state != A_RUNNING)
         return;
-    /* the runner has stopped and every message for a neighbour is out: only checkpoint uploads
-     * to the coordinator are left, and neighbours that finished too may go quiet (a slow upload
-     * of a drained stage's replica had reported its finished neighbour as lost) */
-    if (a->exit_pending && !s_queued(a))
-        return;
     node_job_t *j = a->job;
     if (now - a->last_ping >= 1.0)
         s_send_ping(a);

@@ -126,7 +126,8 @@ static void s_reference(rt_t *r, int stages, const char *ref)
 static void test_chaos_kill_and_leave(void **state)
 {
     (void)state;
-    unsigned seed = (unsigned)time(NULL);
+    const char *seed_env = getenv("TAH_CHAOS_SEED"); /* replays a run: the seed is printed below */
+    unsigned seed = seed_env ? (unsigned)strtoul(seed_env, NULL, 10) : (unsigned)time(NULL);
     srand(seed);
     const int kill_at = 10 + rand() % 60, kill_stage = rand() % 4;
     printf("chaos: seed %u: SIGKILL the node of stage %d at step %d\n", seed, kill_stage, kill_at);
