@@ -1246,6 +1246,30 @@ __device__ __forceinline__ void d_tah_threshold(const uint32_t *H, uint32_t nh, 
         }
 }
 
+// A CTA's keys (n of them at keys; 0xffffffff: an empty slot) added to the sample's histogram H:
+// counted first in a shared-memory window lh of LH bins around keys[0] (a CTA's keys cluster),
+// keys outside it straight to H, then the window's non-zero bins added to H. Block-wide.
+template <uint32_t LH>
+__device__ __forceinline__ void d_hist_window(const uint32_t *keys, uint32_t n, uint32_t *lh, uint32_t *H)
+{
+    const uint32_t tid = threadIdx.x;
+    const uint32_t base = max(keys[0], LH / 2u) - LH / 2u;
+    for (uint32_t q = tid; q < LH; q += blockDim.x)
+        lh[q] = 0;
+    __syncthreads();
+    for (uint32_t i = tid; i < n; i += blockDim.x) {
+        const uint32_t key = keys[i];
+        if (key - base < LH)
+            atomicAdd(&lh[key - base], 1u);
+        else if (key != 0xffffffffu)
+            atomicAdd(&H[key], 1u);
+    }
+    __syncthreads();
+    for (uint32_t q = tid; q < LH; q += blockDim.x)
+        if (lh[q] != 0u)
+            atomicAdd(&H[base + q], lh[q]);
+}
+
 // k_tah_fused's ordering around the words CTAs poll: release/acquire fences at GPU scope (round 16;
 // __threadfence is fence.sc, which also orders against every other SC fence), and S_POLL_NS between
 // polls, so that the polls do not queue at the L2 slice of the word ahead of the atomics they wait for.
@@ -1377,23 +1401,8 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     }
 
     // 2. select
-    if (!all) { // lh: a window of S_LH bins around the CTA's first key
-        const uint32_t base = max(sk[0], S_LH / 2u) - S_LH / 2u;
-        for (uint32_t q = tid; q < S_LH; q += blockDim.x)
-            lh[q] = 0;
-        __syncthreads();
-        for (uint32_t i = tid; i < L; i += blockDim.x) {
-            const uint32_t key = sk[i];
-            if (key - base < S_LH)
-                atomicAdd(&lh[key - base], 1u);
-            else
-                atomicAdd(&H[key], 1u);
-        }
-        __syncthreads();
-        for (uint32_t q = tid; q < S_LH; q += blockDim.x)
-            if (lh[q] != 0u)
-                atomicAdd(&H[base + q], lh[q]);
-    }
+    if (!all) // lh: a window of S_LH bins around the CTA's first key
+        d_hist_window<S_LH>(sk, L, lh, H);
     d_fence_gpu(); // this thread's atomics before the CTA's arrival below
     __syncthreads();
     if (tid == 0) {
@@ -1835,23 +1844,8 @@ __global__ void __launch_bounds__(128, 3) k_tah_spec(const float *__restrict__ x
         atomicMax(z.gamax, m);
     }
     const uint32_t nbag = S_SP_UNIT * min(s_slot, cap);
-    if (!all && nbag != 0u) { // the bag's histogram as k_tah_fused counts its keys
-        const uint32_t base = max(sk[0], S_SP_LH / 2u) - S_SP_LH / 2u;
-        for (uint32_t q = tid; q < S_SP_LH; q += blockDim.x)
-            lh[q] = 0;
-        __syncthreads();
-        for (uint32_t i = tid; i < nbag; i += blockDim.x) {
-            const uint32_t key = sk[i];
-            if (key - base < S_SP_LH)
-                atomicAdd(&lh[key - base], 1u);
-            else if (key != 0xffffffffu)
-                atomicAdd(&H[key], 1u);
-        }
-        __syncthreads();
-        for (uint32_t q = tid; q < S_SP_LH; q += blockDim.x)
-            if (lh[q] != 0u)
-                atomicAdd(&H[base + q], lh[q]);
-    }
+    if (!all && nbag != 0u) // the bag's histogram as k_tah_fused counts its keys
+        d_hist_window<S_SP_LH>(sk, nbag, lh, H);
 }
 
 // an fp16 field (min or step) at an exponent d lower: false when it would leave the normal
