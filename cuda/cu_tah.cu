@@ -1657,14 +1657,8 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     if (!valid)
         return key;
     if (rot) { // the row holds the scaled, transformed tile now (as loaded above: valid)
-#pragma unroll
-        for (int c = 0; c < 16; c++) {
-            const float4 q = row[c];
-            v[4 * c] = q.x;
-            v[4 * c + 1] = q.y;
-            v[4 * c + 2] = q.z;
-            v[4 * c + 3] = q.w;
-        }
+        d_load32((const float *)row, v);
+        d_load32((const float *)row + 32, v + 32);
         const float2 q = mm[lane];
         mns = q.x;
         mxs = q.y;
