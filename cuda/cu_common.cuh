@@ -139,24 +139,30 @@ __device__ __forceinline__ void d_load32(const float *src, float v[32])
 }
 
 // Copy n rows of CPR 16-byte chunks, contiguous at src, into buf's rows of ROWW words
-// (CPR * n <= 256: 8 copies per lane at most), then commit the group of copies (also when
-// n = 0, which keeps the wait counts in step).
-// A full unit (CPR * n = 256) takes the first form: both addresses of copy m are a lane's
+// (CPR * n <= 32 M: M copies per lane at most), then commit the group of copies (also when
+// n = 0, which keeps the wait counts in step). EF: a full unit's copies evict first from L2
+// (data read once, d_l2_evict_first).
+// A full unit (CPR * n = 32 M) takes the first form: both addresses of copy m are a lane's
 // base plus a constant (the general form cost ~20 instructions per copy, ncu: a fifth of
 // TAH encode's first phase).
-template <uint32_t CPR, uint32_t ROWW>
+template <uint32_t CPR, uint32_t ROWW, uint32_t M = 8u, bool EF = false>
 __device__ __forceinline__ void d_stage_rows(float *buf, const float *src, uint32_t n, uint32_t lane)
 {
     static_assert(32u % CPR == 0u, "a warp's copy covers whole rows");
-    if (CPR * n == 256u) {
+    if (CPR * n == 32u * M) {
         const uint32_t sa = (uint32_t)__cvta_generic_to_shared(buf + (lane / CPR) * ROWW + (lane % CPR) * 4u);
         const float *g = src + 4u * lane;
+        const uint64_t pol = EF ? d_l2_evict_first() : 0u;
 #pragma unroll
-        for (uint32_t m = 0; m < 8u; m++) // copy m: rows (32 / CPR) m + lane / CPR
-            d_cp16s(sa + 4u * ROWW * (32u / CPR) * m, g + 128u * m);
+        for (uint32_t m = 0; m < M; m++) { // copy m: rows (32 / CPR) m + lane / CPR
+            if (EF)
+                d_cp16s_pol(sa + 4u * ROWW * (32u / CPR) * m, g + 128u * m, pol);
+            else
+                d_cp16s(sa + 4u * ROWW * (32u / CPR) * m, g + 128u * m);
+        }
     } else {
 #pragma unroll
-        for (uint32_t m = 0; m < 8u; m++) {
+        for (uint32_t m = 0; m < M; m++) {
             const uint32_t c = lane + 32u * m; // chunk c: row c / CPR, bytes 16 (c % CPR) ..
             if (c < CPR * n)
                 d_cp16(buf + (c / CPR) * ROWW + (c % CPR) * 4u, src + (size_t)c * 4u);

@@ -1563,23 +1563,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
 // went to DRAM and came back (H100: 1.9 us of the encode).
 __device__ __forceinline__ void d_stage_unit32(float *buf, const float *x, uint64_t gt, uint32_t n, uint32_t lane)
 {
-    const float *src = x + gt * 64u;
-    if (n == S_SP_UNIT) {
-        const uint32_t sa = (uint32_t)__cvta_generic_to_shared(buf + (lane / 16u) * S_ST_ROWW + (lane % 16u) * 4u);
-        const float *gp = src + 4u * lane;
-        const uint64_t pol = d_l2_evict_first();
-#pragma unroll
-        for (uint32_t m = 0; m < 16u; m++)
-            d_cp16s_pol(sa + 4u * S_ST_ROWW * 2u * m, gp + 128u * m, pol);
-    } else {
-#pragma unroll
-        for (uint32_t m = 0; m < 16u; m++) {
-            const uint32_t c = lane + 32u * m;
-            if (c < 16u * n)
-                d_cp16(buf + (c / 16u) * S_ST_ROWW + (c % 16u) * 4u, src + (size_t)c * 4u);
-        }
-    }
-    d_cp_commit();
+    d_stage_rows<16u, S_ST_ROWW, 16u, true>(buf, x + gt * 64u, n, lane);
 }
 
 // The staged unit's tile of this lane (row `lane`; valid: the unit has it), as tah.c encodes
