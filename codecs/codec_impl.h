@@ -68,6 +68,10 @@ static inline float codec_get_f32(const uint8_t *p) { return codec_bits_f32(code
  * log2(alloc_tile) + 0.09 (Mitchell's log2 reads low, the entropy high) fit:
  * 512 for alloc_tile <= 128 (steps of 1/512 bit). */
 #define CODEC_TAH_KEY_BINS 4096u
+/* TAH frames' index (frame version 3): per sample, u32 entry k is the number
+ * of high quantisation tiles before the sample's tile k * CODEC_TAH_IX_TILES,
+ * so a decoder can start anywhere in a sample without counting flags. */
+#define CODEC_TAH_IX_TILES 128u
 static inline float codec_tah_key_scale(uint32_t alloc_tile)
 {
     uint32_t lg = 0, c = 0;

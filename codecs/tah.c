@@ -22,6 +22,10 @@
  *
  * Payload (T = B*S*Q tiles, lg = log2 G):
  *   i32 e, u32 0
+ *   index: per sample ceil(S*Q/128) x u32, entry k the sample's high quant
+ *          tiles before its tile 128k (CODEC_TAH_IX_TILES; frame version 3):
+ *          a decoder's thread can find any tile's code offset from one entry
+ *          and at most 127 flags
  *   flags: T entries of (2+lg) bits, LSB-first stream, byte-padded:
  *          bit 0 high width, bit 1 rotated, bits 2.. pivot index (0 if not rotated)
  *   meta:  T x (u16 fp16 min, u16 fp16 step)
@@ -35,7 +39,8 @@
  * the threshold are high; both decode the same way.)
  *
  * Default (G=A=64, 80 % INT4, INT3): 8 + 32 + 0.8*256 + 0.2*192 bits per
- * 64 elements = 4.425 bits/element plus 72 bytes per frame. */
+ * 64 elements = 4.425 bits/element plus 72 bytes per frame and 4 bytes per
+ * 8192 elements (the index: +0.01 %). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +58,8 @@ typedef struct s_geom {
     uint32_t G, lg, k, Q, nA, r; /* r: quant tiles in a token's last allocation tile */
     uint32_t bh, bl;
     uint64_t S, B, tiles, n_alloc, n_hi, hi_q_max;
-    uint64_t flags_bytes, meta_bytes, code_bytes; /* code_bytes: per sample */
+    uint64_t ix_n; /* index entries per sample */
+    uint64_t ix_bytes, flags_bytes, meta_bytes, code_bytes; /* code_bytes: per sample */
 } s_geom_t;
 
 static uint32_t s_log2(uint32_t v)
@@ -84,6 +90,8 @@ static void s_geometry(const codec_tah_params_t *p, codec_shape_t shape, s_geom_
     uint64_t full = (g->r == g->k) ? g->n_alloc : g->S * (g->nA - 1);
     g->hi_q_max = (g->n_hi <= full) ? g->n_hi * g->k : full * g->k + (g->n_hi - full) * g->r;
     uint64_t sq = g->S * g->Q;
+    g->ix_n = (sq + CODEC_TAH_IX_TILES - 1) / CODEC_TAH_IX_TILES;
+    g->ix_bytes = 4 * g->B * g->ix_n;
     g->flags_bytes = (g->tiles * (2 + g->lg) + 7) / 8;
     g->meta_bytes = 4 * g->tiles;
     g->code_bytes = g->hi_q_max * g->G * g->bh / 8 + (sq - g->hi_q_max) * g->G * g->bl / 8;
@@ -93,7 +101,7 @@ static uint64_t s_payload_size(const codec_spec_t *spec, codec_shape_t shape)
 {
     s_geom_t g;
     s_geometry(&spec->p.tah, shape, &g);
-    return 8 + g.flags_bytes + g.meta_bytes + g.B * g.code_bytes;
+    return 8 + g.ix_bytes + g.flags_bytes + g.meta_bytes + g.B * g.code_bytes;
 }
 
 /* ---- bit field access for the flags stream (fields of at most 14 bits) ---- */
@@ -348,7 +356,8 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *
     e = e < -126 ? -126 : e; /* 2^-e must stay a finite float (subnormal inputs) */
     const float down = ldexpf(1.0f, -e);
 
-    uint8_t *flags = payload + 8;
+    uint8_t *ix = payload + 8;
+    uint8_t *flags = ix + g.ix_bytes;
     uint8_t *meta = flags + g.flags_bytes;
     uint8_t *codes_base = meta + g.meta_bytes;
     codec_put_u32(payload, (uint32_t)e);
@@ -362,10 +371,13 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *
     for (uint64_t b = 0; b < g.B; b++) {
         s_select_top(ekey + b * g.n_alloc, g.n_alloc, g.n_hi, hi);
         uint8_t *out = codes_base + b * g.code_bytes;
+        uint64_t hq = 0; /* the sample's high quant tiles so far */
         for (uint64_t s = 0; s < g.S; s++) {
             const float *row = x + (b * g.S + s) * C;
             for (uint32_t q = 0; q < g.Q; q++) {
-                uint64_t tile = (b * g.S + s) * g.Q + q;
+                uint64_t tile = (b * g.S + s) * g.Q + q, t = s * g.Q + q;
+                if (t % CODEC_TAH_IX_TILES == 0)
+                    codec_put_u32(ix + 4 * (b * g.ix_n + t / CODEC_TAH_IX_TILES), (uint32_t)hq);
                 uint32_t c0 = q * G, w = (C - c0 < G) ? C - c0 : G;
                 /* scale into the metadata's range; top two magnitudes decide rotation */
                 s_tile_stats_t st;
@@ -382,6 +394,7 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *
                     piv = 0;
                 uint32_t is_hi = hi[s * g.nA + q / g.k];
                 uint32_t bits = is_hi ? g.bh : g.bl;
+                hq += is_hi;
                 uint16_t min16, step16;
                 s_quant_tile(v, G, bits, st.mn, st.mx, codes, &min16, &step16);
                 if ((step16 & 0x7c00u) == 0x7c00u || (min16 & 0x7c00u) == 0x7c00u) {
@@ -411,7 +424,8 @@ static int s_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t
     int32_t e = (int32_t)codec_get_u32(payload);
     if (e < -S_EXP_LIMIT || e > S_EXP_LIMIT || codec_get_u32(payload + 4) != 0)
         return TAH_ECORRUPT;
-    const uint8_t *flags = payload + 8;
+    const uint8_t *ix = payload + 8;
+    const uint8_t *flags = ix + g.ix_bytes;
     const uint8_t *meta = flags + g.flags_bytes;
     const uint8_t *codes_base = meta + g.meta_bytes;
     float v[4096];
@@ -420,12 +434,16 @@ static int s_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t
     for (uint64_t b = 0; b < g.B; b++) {
         /* validate this sample's flags before trusting any offset they imply:
          * one width per allocation tile, exactly n_hi high allocation tiles,
-         * no pivot without rotation */
-        uint64_t n_hi = 0;
+         * no pivot without rotation, every index entry the count it names */
+        uint64_t n_hi = 0, hq = 0;
         for (uint64_t s = 0; s < g.S; s++) {
             for (uint32_t q = 0; q < g.Q; q++) {
-                uint64_t tile = (b * g.S + s) * g.Q + q;
+                uint64_t tile = (b * g.S + s) * g.Q + q, t = s * g.Q + q;
                 uint32_t f = s_get_bits(flags, tile * fbits, fbits);
+                if (t % CODEC_TAH_IX_TILES == 0 &&
+                    codec_get_u32(ix + 4 * (b * g.ix_n + t / CODEC_TAH_IX_TILES)) != hq)
+                    return TAH_ECORRUPT;
+                hq += f & 1u;
                 if (!(f & 2u) && (f >> 2) != 0)
                     return TAH_ECORRUPT;
                 if (q % g.k == 0)

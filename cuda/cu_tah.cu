@@ -68,7 +68,7 @@ static_assert(CODEC_TAH_KEY_BINS <= 1u << (S_SEL_SHIFT0 + 8), "the radix rounds 
 struct s_tg {
     uint32_t C, G, lg, k, Q, nA, r, A, bh, bl, fbits;
     uint64_t S, B, T, n_alloc, n_hi, flags_bytes, meta_bytes, code_bytes;
-    uint64_t meta_off, codes_off;
+    uint64_t ix_n, flags_off, meta_off, codes_off; // ix_n: index entries per sample (CODEC_TAH_IX_TILES)
     float tau, rho, norm, kscale; // kscale: codec_tah_key_scale
     uint64_t mQ, mS; // ceil(2^64 / Q), ceil(2^64 / S) for d_div32 (0 when Q, S are 1 or above 32 bits)
     bool vec;
@@ -148,7 +148,9 @@ static s_tg s_geometry(const codec_spec_t *spec, codec_shape_t shape, const void
     g.flags_bytes = (g.T * g.fbits + 7) / 8;
     g.meta_bytes = 4 * g.T;
     g.code_bytes = hi_q_max * g.G * g.bh / 8 + (sq - hi_q_max) * g.G * g.bl / 8;
-    g.meta_off = 8 + g.flags_bytes;
+    g.ix_n = (sq + CODEC_TAH_IX_TILES - 1) / CODEC_TAH_IX_TILES;
+    g.flags_off = 8 + 4 * g.B * g.ix_n;
+    g.meta_off = g.flags_off + g.flags_bytes;
     g.codes_off = g.meta_off + g.meta_bytes;
     g.tau = p->tau;
     g.rho = p->rho;
@@ -913,10 +915,12 @@ __device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8
             d_store_bytes(dst, lo, hi, bits);
         }
         if (tl == 0) {
+            if (qidx % CODEC_TAH_IX_TILES == 0u) // the index entry at this tile
+                d_put_u32(p + 8 + 4 * (b * g.ix_n + qidx / CODEC_TAH_IX_TILES), (uint32_t)hiq_before);
             d_put_u32(p + g.meta_off + 4 * tile, (uint32_t)min16 | ((uint32_t)step16 << 16));
             const uint32_t fv = is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2);
             if (flag_bytes)
-                p[8 + tile] = (uint8_t)fv; // fbits == 8: tile t's field is byte t (no k_tah_flags)
+                p[g.flags_off + tile] = (uint8_t)fv; // fbits == 8: tile t's field is byte t (no k_tah_flags)
             else
                 flagv[tile] = (uint16_t)fv;
         }
@@ -1207,7 +1211,9 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
     }
     if (h == 0) {
         *(uint32_t *)(p + g.meta_off + 4 * tile) = (uint32_t)min16 | ((uint32_t)step16 << 16);
-        p[8 + tile] = (uint8_t)(is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2));
+        p[g.flags_off + tile] = (uint8_t)(is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2));
+        if (qidx % CODEC_TAH_IX_TILES == 0u)
+            d_put_u32(p + 8 + 4 * (b * g.ix_n + qidx / CODEC_TAH_IX_TILES), hiq);
     }
 }
 
@@ -1964,7 +1970,7 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x
                     dst[2] = (uint64_t)r[s][3].x | ((uint64_t)r[s][3].y << 32);
                 }
                 *(uint32_t *)(p + g.meta_off + 4 * (tb + i)) = m16 | (st16 << 16);
-                p[8 + tb + i] = (uint8_t)((hi ? 1u : 0u) | ((w15 >> 16) & 0xfeu));
+                p[g.flags_off + tb + i] = (uint8_t)((hi ? 1u : 0u) | ((w15 >> 16) & 0xfeu));
             }
             slow[s] = ok && !fast;
             hls[s] = hl | ((hi ? 1u : 0u) << 31);
@@ -1997,8 +2003,12 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x
     const uint64_t cb = 8ull * ((uint64_t)BL * c0 + (uint64_t)(BH - BL) * hq0); // the run's offset
     uint32_t range = 0, phs[2]; // for the rare tiles: the sample's high tiles before the tile | is_hi << 31
 #pragma unroll
-    for (int s = 0; s < 2; s++)
+    for (int s = 0; s < 2; s++) {
         phs[s] = (hq0 + (hls[s] & 0x7fffffffu)) | (hls[s] & 0x80000000u);
+        const uint32_t i = c0 + 256u * (uint32_t)s + tid;
+        if (i < n && i % CODEC_TAH_IX_TILES == 0u) // the index entry at this tile
+            d_put_u32(p + 8 + 4 * ((uint64_t)b * g.ix_n + i / CODEC_TAH_IX_TILES), phs[s] & 0x7fffffffu);
+    }
     __syncthreads();
     {
         const uint64_t *src = (const uint64_t *)srun;
@@ -2044,7 +2054,7 @@ __global__ void __launch_bounds__(256) k_tah_flags(const uint16_t *__restrict__ 
             const uint32_t f = flagv[t];
             byte |= sh >= 0 ? (f << sh) : (f >> -sh);
         }
-        p[8 + y] = (uint8_t)byte;
+        p[g.flags_off + y] = (uint8_t)byte;
     }
 }
 
@@ -2123,7 +2133,7 @@ __global__ void __launch_bounds__(256) k_tah_dcount(const uint8_t *__restrict__ 
     const uint32_t lane = threadIdx.x & 31u;
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
-    const uint8_t *flags = p + 8;
+    const uint8_t *flags = p + g.flags_off;
     const uint32_t SQ = (uint32_t)(g.S * g.Q);
     uint32_t corrupt = 0;
     if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -2204,7 +2214,7 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
     const uint64_t b = blockIdx.x / cps;
     const uint32_t ci = (uint32_t)(blockIdx.x - b * cps);
     const uint32_t SQ = (uint32_t)(g.S * g.Q), t0 = ci * CH, n = min(CH, SQ - t0);
-    const uint8_t *flags = p + 8;
+    const uint8_t *flags = p + g.flags_off;
     uint32_t corrupt = 0, bad = 0;
     int32_t e = (int32_t)d_get_u32(p);
     uint32_t pre = 0; // SELF: this thread's share of the sample's high tiles before the chunk
@@ -2257,6 +2267,8 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
         if (j < per && i < CH) {
             s_h[i] = run;
             s_f[i] = (uint16_t)fl[j];
+            if (i < n && (t0 + i) % CODEC_TAH_IX_TILES == 0u) // the index entry at this tile
+                corrupt |= (uint32_t)(d_get_u32(p + 8 + 4 * (b * g.ix_n + (t0 + i) / CODEC_TAH_IX_TILES)) != run);
             run += fl[j] & 1u;
         }
     }
@@ -2318,15 +2330,15 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
 }
 
 // TAH decode with a lane pair per tile (round 8; tile = alloc_tile = 64, 4/3 bits, C % 64
-// == 0, 8-bit flags, S*Q < 2^16: the SELF conditions plus full tiles). A CTA decodes a
-// run of about S*Q/P consecutive tiles of one sample (P CTAs per sample, a resident
-// grid); round 10 cuts the run into 8 consecutive warp sub-runs, each warp in rounds of
-// 16 tiles of its own (lanes l and l + 16: tile l of the round, lane h elements
-// 32h..32h+31):
-//   - the high tiles of the sample before each warp's sub-run: this thread's share of
-//     those before the CTA's run, counted from the flag bytes as k_tah_dchunk<SELF> does,
-//     and of the warp's own, one block scan at the start; then a ballot per round gives
-//     H(tile) (round 8: a block scan per round of 128, a CTA barrier in the loop);
+// == 0, 8-bit flags: full tiles). Round 19 (frame version 3): a CTA of 8 warps decodes 128 R
+// consecutive tiles of one sample, warp w the R rounds of 16 from tile 16 R (8 j + w) (lanes
+// l and l + 16: tile l of the round, lane h elements 32h..32h+31). No CTA waits for another
+// and none counts the sample's flags before it, so the grid is as many CTAs as that takes
+// and the hardware balances them (rounds 8-18 had a resident grid of one run per CTA,
+// each CTA counting up to a whole sample's flags first: 0.0289 -> 0.0252 ms, H100):
+//   - the high tiles of the sample before the warp's first tile: the index entry of its
+//     block of 128 and the flag bytes between (fewer than 128); then a ballot per round
+//     gives H(tile);
 //   - codes (lane h: 16 bytes at 16h of a high tile, 12 at 12h of a low one, 32-bit
 //     loads from the 8-aligned tile start 8 (3 tile + H); low codes spread to nibbles
 //     so one dequant loop serves both widths; the code floats by byte permutes), meta,
@@ -2337,34 +2349,36 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
 //     bytes. A row of 17 float4 holds a tile: a quarter warp's 16-byte stores (8 tiles)
 //     and loads (8 chunks of one row) hit 8 bank groups.
 // The checks of k_tah_dchunk<SELF>: e and the reserved word, no pivot without rotation,
-// the sample's high tiles equal n_hi (last warp of the last CTA), codes inside the
-// sample's region, fp16 fields finite with a non-negative step; non-finite output flags
-// NONFINITE (an unrotated tile is checked only when codes 0 and 15 bound it beyond
-// FLT_MAX: the value is monotonic in the code).
+// the sample's high tiles equal n_hi (the warp that ends the sample), each index entry
+// (entry 0 is 0; the warp that ends an entry's block of 128 checks the next one, so by
+// induction every entry is the count it names), codes inside the sample's region, fp16
+// fields finite with a non-negative step; non-finite output flags NONFINITE (an
+// unrotated tile is checked only when codes 0 and 15 bound it beyond FLT_MAX: the value
+// is monotonic in the code).
 #define S_DT_ROW 17u // float4 per shared-memory row
 #define S_DT_SMEM (8u * 16u * S_DT_ROW * 16u) // 8 warps, 16 tiles each
 
-template <uint32_t BH, uint32_t BL>
+template <uint32_t BH, uint32_t BL, uint32_t R>
 __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__ p, float *__restrict__ out,
                                                      cu_hp head, s_tg g, uint32_t P)
 {
     d_mark(head);
     extern __shared__ float4 s_rows[]; // [8 warps x 16 tiles][S_DT_ROW]
-    __shared__ uint32_t ws[32];
     const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid / 32u, h = d_half(lane);
     const uint64_t b = blockIdx.x / P;
     const uint32_t j = (uint32_t)(blockIdx.x - b * P);
     const uint32_t SQ = (uint32_t)(g.S * g.Q);
-    const uint32_t a0 = (uint32_t)((uint64_t)j * SQ / P), a1 = (uint32_t)((uint64_t)(j + 1) * SQ / P);
-    const uint8_t *fs = p + 8 + b * SQ; // byte t: tile t's flag field
+    const uint8_t *fs = p + g.flags_off + b * SQ; // byte t: tile t's flag field
+    const uint32_t *ix = (const uint32_t *)(p + 8) + b * g.ix_n; // the sample's index (4-aligned: host)
     uint32_t corrupt = 0, bad = 0;
     int32_t e = (int32_t)d_get_u32(p);
     if (blockIdx.x == 0 && tid == 0)
         corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
     e = e < -200 ? -200 : (e > 200 ? 200 : e);
-    // warp wid's sub-run [w0, w1) of the CTA's run; the sample's high tiles before it: this
-    // thread's share of those before a0 (high 16 bits) and of the warp's own (low), one scan
-    const uint32_t w0 = a0 + (a1 - a0) * wid / 8u, w1 = a0 + (a1 - a0) * (wid + 1u) / 8u;
+    // warp wid's R rounds [w0, w1): tiles 16 R wid .. of the CTA's 128 R
+    const uint32_t w0 = 16u * R * (8u * j + wid), w1 = min(SQ, w0 + 16u * R);
+    if (w0 >= w1)
+        return; // no CTA barrier below
     const uint32_t lt = lane & 15u; // the pair's tile in a round
     const uint32_t *mw = (const uint32_t *)(p + g.meta_off) + b * SQ; // 4-byte aligned (host)
     // tile t0 + lt's flag and meta words (0 past the warp's run); the first round's are loaded
@@ -2377,12 +2391,17 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
     uint32_t f0, m0, f1, m1; // rounds 0 and 1
     flag_meta(w0, f0, m0);
     flag_meta(w0 + 16u, f1, m1);
-    uint32_t own = 0;
-    for (uint32_t t = w0 + lane; t < w1; t += 32u)
-        own += fs[t] & 1u;
-    uint32_t tot;
-    const uint32_t sc = d_block_scan(own | (d_count_hi(fs, a0) << 16), ws, &tot); // both < 2^16 (S*Q < 2^16)
-    uint32_t run = (tot >> 16) + __shfl_sync(CU_FULL, sc & 0xffffu, 0); // high tiles before the next round
+    // the sample's high tiles before w0: the index entry at or before it and the flags between
+    // (fewer than 128: a byte per lane, up to 4 per lane)
+    const uint32_t k0 = w0 / CODEC_TAH_IX_TILES, nb = w0 - CODEC_TAH_IX_TILES * k0;
+    const uint32_t ix0 = ix[k0];
+    uint32_t c = 0;
+#pragma unroll
+    for (uint32_t q = 0; q < CODEC_TAH_IX_TILES / 32u; q++)
+        c += lane + 32u * q < nb ? fs[CODEC_TAH_IX_TILES * k0 + lane + 32u * q] & 1u : 0u;
+    uint32_t run = ix0 + __reduce_add_sync(CU_FULL, c); // high tiles before the next round
+    if (w0 == 0u && lane == 0)
+        corrupt |= (uint32_t)(ix0 != 0u); // each later entry is checked where its block ends (below)
     // a round's flag, meta word and raw code words, fetched one round ahead: the next
     // round's ballot and loads are issued before this round's arithmetic
     struct s_fetch {
@@ -2546,8 +2565,10 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
         __syncwarp(); // rows read before the next round writes them
         cur = nxt;
     }
-    if (j == P - 1u && wid == 7u && lane == 0 && (uint64_t)run != g.n_hi)
-        corrupt = 1; // the sample's high tiles
+    if (lane == 0 && w1 == SQ) // the sample's high tiles
+        corrupt |= (uint32_t)((uint64_t)run != g.n_hi);
+    else if (lane == 0 && w1 % CODEC_TAH_IX_TILES == 0u) // the next entry: the count at its tile
+        corrupt |= (uint32_t)(run != ix[w1 / CODEC_TAH_IX_TILES]);
     if (corrupt)
         d_flag(head, CU_ST_CORRUPT);
     if (bad)
@@ -2745,16 +2766,16 @@ int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *
     const uint32_t CH = s_dec_chunk(g);
     // round 8: a lane pair per tile when the tiles are full and the spec the default's
     const uintptr_t pa = (uintptr_t)payload;
-    if (cu_tpt() && g.G == 64 && g.k == 1 && g.bh == 4 && g.bl == 3 && g.C % 64u == 0 && g.S * g.Q < 65536u &&
+    if (cu_tpt() && g.G == 64 && g.k == 1 && g.bh == 4 && g.bl == 3 && g.C % 64u == 0 && pa % 4u == 0 &&
         ((uintptr_t)out & 15u) == 0 && (pa + g.codes_off) % 8u == 0 && g.code_bytes % 8u == 0 &&
         (pa + g.meta_off) % 4u == 0) {
-        const void *kern = (const void *)k_tah_dw64<4, 3>;
+        // two rounds of 16 tiles per warp (256 tiles per CTA): 0.0252 ms against 0.0253 for one
+        // and 0.0284 for four (H100)
+        constexpr uint32_t R = 2;
+        const void *kern = (const void *)k_tah_dw64<4, 3, R>;
         CUDA_CHECK(cu_smem_allow(kern, S_DT_SMEM));
-        // P CTAs per sample, a resident grid's worth: runs of about S*Q/P tiles, no tail wave
-        uint64_t P = (uint64_t)cu_coop_blocks(kern, 256, S_DT_SMEM) / g.B;
-        const uint64_t pmax = (g.S * g.Q + 127u) / 128u; // runs of at least 128 tiles
-        P = P < 1u ? 1u : (P > pmax ? pmax : P);
-        k_tah_dw64<4, 3><<<(unsigned int)(g.B * P), 256, S_DT_SMEM, st>>>(payload, out, head, g, (uint32_t)P);
+        const uint64_t P = (g.S * g.Q + 128u * R - 1u) / (128u * R); // CTAs per sample
+        k_tah_dw64<4, 3, R><<<(unsigned int)(g.B * P), 256, S_DT_SMEM, st>>>(payload, out, head, g, (uint32_t)P);
         CU_CHECK_LAUNCH("k_tah_dw64");
         return 0;
     }

@@ -177,6 +177,13 @@ static void s_reserve(s_dev_t *d, size_t nx, size_t npayload, size_t nscratch)
     }
 }
 
+/* tah: the payload offset of the flags (past e, 0 and the index) */
+static size_t s_tah_flags_off(const codec_spec_t *spec, codec_shape_t shape)
+{
+    const uint64_t Q = (shape.c + spec->p.tah.tile - 1) / spec->p.tah.tile;
+    return 8 + 4 * (size_t)shape.b * (size_t)((shape.s * Q + 127) / 128);
+}
+
 /* tah: high allocation tiles of sample b, read from a frame's flags */
 static uint64_t s_tah_hi_count(const uint8_t *frame, const codec_spec_t *spec, codec_shape_t shape, uint32_t b)
 {
@@ -185,7 +192,7 @@ static uint64_t s_tah_hi_count(const uint8_t *frame, const codec_spec_t *spec, c
     while ((1u << lg) < G)
         lg++;
     const uint32_t Q = (shape.c + G - 1) / G, fbits = 2 + lg;
-    const uint8_t *flags = frame + CODEC_HEADER_SIZE + 8;
+    const uint8_t *flags = frame + CODEC_HEADER_SIZE + s_tah_flags_off(spec, shape);
     uint64_t cnt = 0;
     for (uint64_t s = 0; s < shape.s; s++)
         for (uint32_t q = 0; q < Q; q += k) {
@@ -479,12 +486,13 @@ static void s_test_status(s_dev_t *d)
         { "ash-fp8", 3, 0xff },            /* alpha NaN */
         { "fixpt", 1, 0x7c },              /* step Inf */
         { "int:symmetric=1", 5, 0xfc },    /* step negative Inf */
-        { "tah", 8, 0x00 },                /* a high tile turned low: count wrong */
+        { "tah", 16, 0x00 },               /* a high tile turned low: count wrong (flags at 16) */
         { "tah", 0, 0x00 },                /* e out of range (written below) */
-        { "tah", 8 + 3, 0x00 },            /* tile 3: a pivot without rotation (written below) */
+        { "tah", 16 + 3, 0x00 },           /* tile 3: a pivot without rotation (written below) */
         { "int", 0, 120 },                 /* block exponent above 114 */
         { "int:symmetric=1", 0, 0x80 },    /* block exponent -128 */
         { "int", 2, 0x01 },                /* a byte after the exponents (16 groups: 1 block) */
+        { "tah", 12, 0x01 },               /* sample 1's index entry 0 not 0 */
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         codec_spec_t spec;
@@ -514,6 +522,42 @@ static void s_test_status(s_dev_t *d)
               k, rc_cpu, rc, TAH_ECORRUPT);
         free(f);
         free(y);
+    }
+    /* TAH index entries (frame version 3) off by one: samples of 256 tiles (2 entries each),
+       the lane-pair decoder (tile 64) and k_tah_dcount + k_tah_dchunk (tile 32 in allocation
+       tiles of 64, 7-bit flags, 4 entries) */
+    {
+        const codec_shape_t ishape = { 2, 64, 256 };
+        const uint64_t in = 2 * 64 * 256;
+        float *ix = malloc(in * sizeof *ix), *iy = malloc(in * sizeof *iy);
+        codec_synth_activations(ix, ishape, 6);
+        static const char *const ispecs[] = { "tah", "tah:tile=32,alloc_tile=64" };
+        for (size_t k = 0; k < 2; k++) {
+            codec_spec_t spec;
+            codec_spec_parse(ispecs[k], &spec, err, sizeof err);
+            int64_t fsize = codec_frame_size(&spec, ishape);
+            uint8_t *f = malloc((size_t)fsize);
+            codec_encode(&spec, ishape, ix, f, (size_t)fsize, NULL, err, sizeof err);
+            const size_t nent = (s_tah_flags_off(&spec, ishape) - 8) / 4;
+            s_reserve(d, in, (size_t)fsize, cu_codec_scratch_bytes(&spec, ishape));
+            for (size_t e = 0; e < nent; e++) {
+                uint8_t *w = f + CODEC_HEADER_SIZE + 8 + 4 * e;
+                w[0] ^= 1u;
+                codec_frame_seal(&spec, ishape, f, (size_t)fsize, err, sizeof err);
+                int rc_cpu = codec_decode(f, (size_t)fsize, iy, in, NULL, err, sizeof err);
+                CU(cudaMemcpy(d->payload, f + CODEC_HEADER_SIZE, (size_t)fsize - CODEC_HEADER_SIZE,
+                              cudaMemcpyHostToDevice));
+                int rc = cu_codec_decode(&spec, ishape, d->payload, d->out, d->scratch, 0, err, sizeof err);
+                if (rc == 0)
+                    rc = cu_codec_status(d->scratch, 0, err, sizeof err);
+                CHECK(rc_cpu == TAH_ECORRUPT && rc == TAH_ECORRUPT, "%s: index entry %zu off: CPU %d, GPU %d",
+                      ispecs[k], e, rc_cpu, rc);
+                w[0] ^= 1u;
+            }
+            free(f);
+        }
+        free(ix);
+        free(iy);
     }
     /* documented limit: TAH tiles above 256 elements stay on the CPU codec */
     codec_spec_t big;
@@ -572,11 +616,12 @@ static void s_test_wide(s_dev_t *d)
               cases[k].spec, err);
         uint8_t *p = f + CODEC_HEADER_SIZE;
         size_t meta = cases[k].meta;
-        if (spec.id == CODEC_TAH) { /* 32 tiles of 64: a flag byte each at 8, meta at 40 */
+        if (spec.id == CODEC_TAH) { /* 32 tiles of 64: the index at 8 (1 entry a sample), a flag byte a tile
+                                       at 16, meta at 48 */
             size_t t = 0;
-            while (t < 31 && (p[8 + t] & 3u) != 1u)
+            while (t < 31 && (p[16 + t] & 3u) != 1u)
                 t++;
-            meta = 40 + 4 * t;
+            meta = 48 + 4 * t;
         }
         if (cases[k].e) {
             p[0] = (uint8_t)cases[k].e; p[1] = 0; p[2] = 0; p[3] = 0;
@@ -674,6 +719,9 @@ int main(int argc, char **argv)
             s_case(&d, dflt[k], (codec_shape_t){ 4, 1024, 1600 }, IN_SYNTH, 700 + (uint64_t)k, 0, 0);
             s_case(&d, dflt[k], (codec_shape_t){ 5, 999, 1000 }, IN_NORMAL, 710 + (uint64_t)k, 0, 0);
         }
+        /* samples of more than 2^16 tiles: the lane-pair decoder (the encode takes the fused
+         * kernel: k_tah_spec counts a sample's tiles in 16 bits) */
+        s_case(&d, "tah", (codec_shape_t){ 2, 2700, 1600 }, IN_SYNTH, 722, 0, 0);
         /* TAH's one-launch decoder counts each sample's earlier flag bytes itself: a
          * payload whose flags are not 16-byte aligned, several chunks per sample */
         s_case(&d, "tah", (codec_shape_t){ 3, 40, 1000 }, IN_NORMAL, 720, 3, 5);

@@ -169,7 +169,8 @@ static void test_forged_headers(void **state)
     } while (0)
     FORGE(g[0] = 'X', TAH_EMAGIC);
     FORGE(g[4] = 1, TAH_EVERSION); /* version 1: int frames with one exponent */
-    FORGE(g[4] = 3, TAH_EVERSION);
+    FORGE(g[4] = 2, TAH_EVERSION); /* version 2: TAH frames without an index */
+    FORGE(g[4] = 4, TAH_EVERSION);
     FORGE(g[6] = 99, TAH_ECODEC);
     FORGE(g[6] = 0, TAH_ECODEC);
     FORGE(g[7] = 1, TAH_ECORRUPT);
@@ -185,14 +186,18 @@ static void test_forged_headers(void **state)
     FORGE(put_u32(g + 40, 0x7fc00000u), TAH_EPARAM);      /* hi_frac NaN */
     FORGE(g[44] = 9, TAH_EPARAM);                          /* bits_hi */
     FORGE(g[46] = 1, TAH_EPARAM);                          /* reserved byte in the params */
+    /* payload: e, 0, the index (4 tiles: one entry), 4 flag bytes, meta */
+    const size_t ix = CODEC_HEADER_SIZE + 8, fl = ix + 4, meta = fl + 4;
     /* metadata: a NaN / Inf / negative fp16 step in the first tile */
-    FORGE((g[CODEC_HEADER_SIZE + 8 + 4 + 2] = 0x00, g[CODEC_HEADER_SIZE + 8 + 4 + 3] = 0x7e), TAH_ECORRUPT);
-    FORGE((g[CODEC_HEADER_SIZE + 8 + 4 + 2] = 0x00, g[CODEC_HEADER_SIZE + 8 + 4 + 3] = 0xbc), TAH_ECORRUPT);
+    FORGE((g[meta + 2] = 0x00, g[meta + 3] = 0x7e), TAH_ECORRUPT);
+    FORGE((g[meta + 2] = 0x00, g[meta + 3] = 0xbc), TAH_ECORRUPT);
     FORGE(put_u32(g + CODEC_HEADER_SIZE, 5000), TAH_ECORRUPT); /* frame exponent */
     /* a pivot on a tile that is not rotated */
-    FORGE(g[CODEC_HEADER_SIZE + 8] = (uint8_t)((g[CODEC_HEADER_SIZE + 8] & 1u) | (5u << 2)), TAH_ECORRUPT);
+    FORGE(g[fl] = (uint8_t)((g[fl] & 1u) | (5u << 2)), TAH_ECORRUPT);
     /* one high tile too many or too few (flip the width bit of tile 0) */
-    FORGE(g[CODEC_HEADER_SIZE + 8] ^= 1u, TAH_ECORRUPT);
+    FORGE(g[fl] ^= 1u, TAH_ECORRUPT);
+    /* an index entry that is not the count before its tile (entry 0 must be 0) */
+    FORGE(put_u32(g + ix, 1), TAH_ECORRUPT);
 #undef FORGE
     free(g);
     free(f);

@@ -62,7 +62,8 @@ typedef struct {
     uint32_t G, lg, k, Q, nA;
     uint64_t tiles;
     int32_t e;
-    const uint8_t *flags, *meta;
+    uint64_t ix_n; /* index entries per sample */
+    const uint8_t *ix, *flags, *meta;
 } layout_t;
 
 static void read_layout(const enc_t *enc, layout_t *L)
@@ -79,7 +80,9 @@ static void read_layout(const enc_t *enc, layout_t *L)
     const uint8_t *payload = enc->frame + CODEC_HEADER_SIZE;
     L->e = (int32_t)((uint32_t)payload[0] | (uint32_t)payload[1] << 8 | (uint32_t)payload[2] << 16 |
                      (uint32_t)payload[3] << 24);
-    L->flags = payload + 8;
+    L->ix_n = ((uint64_t)enc->shape.s * L->Q + 127) / 128;
+    L->ix = payload + 8;
+    L->flags = L->ix + 4 * enc->shape.b * L->ix_n;
     L->meta = L->flags + (L->tiles * (2 + L->lg) + 7) / 8;
 }
 
@@ -460,6 +463,58 @@ static void test_nonfinite_input_rejected(void **state)
     assert_int_equal(codec_encode(&spec, shape, x, frame, sizeof frame, NULL, err, sizeof err), TAH_ENONFINITE);
 }
 
+/* The index (frame version 3): entry k of sample b is the count of the
+ * sample's high quant tiles before its tile 128k, read independently from the
+ * flags here; a decoder refuses a frame whose entry is off by one anywhere. */
+static void test_index(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *spec;
+        codec_shape_t shape;
+    } cases[] = {
+        { "tah", { 3, 40, 640 } },                     /* 400 tiles a sample: 4 entries, the last partial */
+        { "tah:tile=32,alloc_tile=64", { 2, 33, 200 } }, /* 7-bit flags, 2 quant tiles per allocation tile */
+        { "tah:tile=8,hi_frac=0.3", { 2, 9, 250 } },     /* 5-bit flags, a padded last tile */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        float *x = make_activations(cases[c].shape, 11 + c);
+        enc_t e;
+        encode_decode(&e, cases[c].spec, cases[c].shape, x);
+        layout_t L;
+        read_layout(&e, &L);
+        const uint64_t sq = (uint64_t)e.shape.s * L.Q;
+        assert_true(L.ix_n >= 2);
+        for (uint64_t b = 0; b < e.shape.b; b++) {
+            uint32_t hq = 0;
+            for (uint64_t t = 0; t < sq; t++) {
+                if (t % 128 == 0) {
+                    const uint8_t *w = L.ix + 4 * (b * L.ix_n + t / 128);
+                    uint32_t v = (uint32_t)w[0] | (uint32_t)w[1] << 8 | (uint32_t)w[2] << 16 | (uint32_t)w[3] << 24;
+                    if (v != hq)
+                        fail_msg("%s: sample %llu entry %llu is %u, the flags count %u", cases[c].spec,
+                                 (unsigned long long)b, (unsigned long long)(t / 128), v, hq);
+                }
+                hq += tile_flags(&L, b * sq + t) & 1u;
+            }
+        }
+        const uint64_t n = (uint64_t)e.shape.b * e.shape.s * e.shape.c;
+        char err[CODEC_ERRLEN];
+        for (uint64_t k = 0; k < e.shape.b * L.ix_n; k++) {
+            uint8_t *w = (uint8_t *)L.ix + 4 * k;
+            const uint8_t was = w[0];
+            w[0] = (uint8_t)(was + 1u);
+            assert_int_equal(codec_frame_seal(&e.spec, e.shape, e.frame, e.len, err, sizeof err), 0);
+            assert_int_equal(codec_decode(e.frame, e.len, e.y, n, NULL, err, sizeof err), TAH_ECORRUPT);
+            w[0] = was;
+        }
+        assert_int_equal(codec_frame_seal(&e.spec, e.shape, e.frame, e.len, err, sizeof err), 0);
+        assert_int_equal(codec_decode(e.frame, e.len, e.y, n, NULL, err, sizeof err), 0);
+        enc_free(&e);
+        free(x);
+    }
+}
+
 static void test_deterministic(void **state)
 {
     (void)state;
@@ -485,6 +540,7 @@ int main(void)
         cmocka_unit_test(test_two_outliers_in_a_tile),
         cmocka_unit_test(test_edge_values),
         cmocka_unit_test(test_nonfinite_input_rejected),
+        cmocka_unit_test(test_index),
         cmocka_unit_test(test_deterministic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
