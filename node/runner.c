@@ -24,7 +24,8 @@
  *   Drain (the agent sets drain_step D): stop after step D, or, when step
  *   D+1 has started (its update cannot have happened: it needs every
  *   stage), abandon it; either way write a checkpoint of the last applied
- *   step and exit with NODE_DRAINED.
+ *   step and exit with NODE_DRAINED. D is checked at the end of each step
+ *   and again as the next one starts (a Drain may land in between).
  * Every received tensor was validated and decoded by the agent. A stage
  * that encodes on its device (the CUDA backend) keeps its boundary tensors
  * there: the runner asks it for the sealed frame (stage_encode_boundary),
@@ -93,6 +94,7 @@ typedef struct runner {
     uint64_t bytes_fwd, bytes_bwd, fp32_fwd, fp32_bwd, bytes_tied; /* this step */
     uint64_t data_pos;
     double t_start;
+    long ckpt_delay_ms;      /* TAH_NODE_TEST_CKPT_DELAY_MS (tests: a slow disk) */
 } runner_t;
 
 static double s_now(void)
@@ -724,6 +726,21 @@ static int s_setup(runner_t *r, int *start)
         if (!r->rowmask || !r->rows || (x->stage == 0 && !r->rowbuf))
             goto nomem;
     }
+    /* TAH_NODE_TEST_CKPT_DELAY_MS=N: each checkpoint write takes N ms longer
+     * (fault injection for tests: a slow disk at the end of a step) */
+    const char *cd = getenv("TAH_NODE_TEST_CKPT_DELAY_MS");
+    if (cd) {
+        char *end = NULL;
+        long ms = strtol(cd, &end, 10);
+        if (end == cd || *end || ms < 0 || ms > 600000) {
+            snprintf(err, sizeof err, "TAH_NODE_TEST_CKPT_DELAY_MS wants milliseconds in 0..600000, got '%.64s'", cd);
+            goto fail;
+        }
+        r->ckpt_delay_ms = ms;
+        if (ms > 0)
+            log_warn("job %llu: TAH_NODE_TEST_CKPT_DELAY_MS: each checkpoint write takes %ld ms longer",
+                     (unsigned long long)j->id, ms);
+    }
     /* TAH_NODE_HOST_ENCODE=1: encode on the host anyway (to compare the two paths) */
     const char *he = getenv("TAH_NODE_HOST_ENCODE");
     r->dev_enc = stage_encodes_on_device(r->st) && !(he && !strcmp(he, "1"));
@@ -792,6 +809,9 @@ static int s_save(runner_t *r, int step, uint64_t data_pos)
     char path[2300], err[512];
     snprintf(path, sizeof path, "%s.stage%d.ckpt", r->job->ckpt_prefix, r->x->stage);
     ckpt_meta_t meta = { .step = step, .data_pos = data_pos, .seed = (uint64_t)r->spec->t.seed };
+    struct timespec delay = { r->ckpt_delay_ms / 1000, r->ckpt_delay_ms % 1000 * 1000000L };
+    while (r->ckpt_delay_ms > 0 && nanosleep(&delay, &delay) != 0 && errno == EINTR)
+        ;
     if (ckpt_save(r->st, path, &meta, err, sizeof err) != 0) {
         snprintf(r->job->reason, sizeof r->job->reason, "checkpoint at step %d: %.400s", step, err);
         r->job->fail_step = step;
@@ -839,6 +859,17 @@ void *node_runner_main(void *arg)
     int drained = -1; /* >= 0: stop; the last applied step */
     for (int s1 = start + 1; s1 <= steps; s1++) {
         atomic_store(&j->cur_step, s1);
+        /* A Drain(D = s1 - 1) that came after the check at the end of step
+         * s1 - 1 (say while its checkpoint was written): the agent saw step
+         * s1 - 1 as the current one, so it did not abort us, and every other
+         * stage stops after it: step s1 would wait for them for ever. Both
+         * sides store, then load the other's value (sequentially consistent):
+         * either the agent sees s1 and aborts, or this load sees D. */
+        int late = atomic_load(&j->drain_step);
+        if (late > 0 && late < s1) {
+            drained = s1 - 1;
+            break;
+        }
         s_purge(r, s1);
         const uint64_t pos_before = r->data_pos; /* the data position after step s1 - 1 */
         double val_loss = NAN, t0 = s_now(), loss = 0.0, norm = 0.0;
