@@ -25,6 +25,9 @@
  *               coordinator silent /
  *               second signal          -> 'A' to runner                STOPPING
  *   STOPPING    pipe 'X'               -> job event aborted/failed     IDLE (or exit)
+ * A neighbour is "silent" (no message for the job's peer timeout) only
+ * while the runner is in its step loop: after it, only our last checkpoint
+ * is left to write and replicate, and finished neighbours go quiet.
  * The data ROUTER is read only while RUNNING: a neighbour's hello that
  * arrives before this node has its assignment waits in ZeroMQ's queue
  * instead of being rejected.
@@ -1287,6 +1290,13 @@ static void s_tick(agent_t *a)
     node_job_t *j = a->job;
     if (now - a->last_ping >= 1.0)
         s_send_ping(a);
+    /* silence matters only while the runner still exchanges steps with the
+     * neighbours: once it has left its step loop (its last checkpoint is
+     * being written or replicated, which on a slow disk or link can outlast
+     * the peer timeout) a neighbour that finished or drained too may have
+     * gone quiet, and one that dies now is the coordinator's to notice */
+    if (atomic_load(&j->steps_over))
+        return;
     double limit = j->peer_timeout_ms / 1e3;
     int expect[3] = { j->stage > 0 ? j->stage - 1 : -1, j->stage < j->S - 1 ? j->stage + 1 : -1, -1 };
     if (j->x.tied && j->S > 2 && j->stage == 0)

@@ -26,6 +26,8 @@
  *   stage), abandon it; either way write a checkpoint of the last applied
  *   step and exit with NODE_DRAINED. D is checked at the end of each step
  *   and again as the next one starts (a Drain may land in between).
+ *   Once out of the step loop the runner sets steps_over: from then on its
+ *   neighbours may finish and go quiet (the agent's silence watchdog stops).
  * Every received tensor was validated and decoded by the agent. A stage
  * that encodes on its device (the CUDA backend) keeps its boundary tensors
  * there: the runner asks it for the sealed frame (stage_encode_boundary),
@@ -932,6 +934,7 @@ void *node_runner_main(void *arg)
         if (ce && s1 % ce == 0 && s1 < steps && s_save(r, s1, r->data_pos) != 0)
             goto out;
     }
+    atomic_store(&j->steps_over, 1);
     if (drained >= 0) {
         if (s_save(r, drained, r->data_pos) != 0)
             goto out;
@@ -944,6 +947,7 @@ void *node_runner_main(void *arg)
         goto out;
     j->result = NODE_DONE;
 out:
+    atomic_store(&j->steps_over, 1);
     if (atomic_load(&j->abort) && j->result != NODE_DONE && j->result != NODE_DRAINED)
         j->result = NODE_ABORTED;
     if (j->result != NODE_DONE && !j->fail_step)

@@ -18,7 +18,13 @@
  *   coordinator restart  the coordinator is stopped and restarted mid-job;
  *                     the nodes keep training, re-announce with their
  *                     stage, and the job finishes with every step recorded
- *                     once and tah-train's losses. */
+ *                     once and tah-train's losses.
+ *   slow last checkpoint  2 stages; one node writes its checkpoints 9 s
+ *                     slower (TAH_NODE_TEST_CKPT_DELAY_MS: a slow disk), more
+ *                     than the peer timeout (node timeout + 5 s = 6.5 s).
+ *                     Its neighbour finishes and goes quiet meanwhile: that
+ *                     is no loss. The job succeeds with no node_lost event
+ *                     and no recovery. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -260,11 +266,66 @@ static void test_coordinator_restart_mid_job(void **state)
     assert_int_equal(rt_stop(&r), 0);
 }
 
+static void test_slow_last_checkpoint(void **state)
+{
+    (void)state;
+    rt_t r;
+    rt_init(&r, "rt_slow_ckpt");
+    rt_start_coord(&r, 1.5, 0); /* the nodes' peer timeout: 1.5 + 5 s */
+    rt_start_nodes(&r, 1);
+    setenv("TAH_NODE_TEST_CKPT_DELAY_MS", "9000", 1);
+    const char *extra[] = { NULL };
+    rt_spawn_node(&r, "slow", extra);
+    unsetenv("TAH_NODE_TEST_CKPT_DELAY_MS");
+    assert_true(rt_wait_nodes(&r, "idle", 2, 30));
+    /* one checkpoint, after the last step */
+    char ini[1024], out[4096], st[64], reason[600];
+    snprintf(ini, sizeof ini,
+             "[job]\nmodel = 4,2,64,32,256\ntrain_data = train.txt\nbatch = 2\nseq = 16\nsteps = 30\n"
+             "lr = 1e-3\nstages = 2\nmicro_batches = 2\nfwd_codec = fp32\nbwd_codec = fp32\n"
+             "checkpoint_every = 30\nseed = 11\n");
+    uint64_t job = rt_submit(&r, rt_write(&r, "slow.ini", ini), out, sizeof out);
+    assert_true(job > 0);
+    /* until it ends or records a loss (a wrong verdict leaves it paused, waiting for a node) */
+    int lost = 0, recoveries = 0;
+    snprintf(st, sizeof st, "no status");
+    reason[0] = 0;
+    for (double t = 0; t < 60 && !lost; t += 0.1) {
+        Tah__Envelope *e = rt_status(&r, job);
+        Tah__JobInfo *j = s_job_info(e);
+        for (size_t i = 0; j && i < j->n_events; i++) {
+            if (strcmp(j->events[i]->kind, "node_lost") == 0) {
+                lost++;
+                snprintf(reason, sizeof reason, "%.500s", j->events[i]->detail);
+            }
+        }
+        if (j) {
+            snprintf(st, sizeof st, "%s", j->state);
+            recoveries = (int)j->recoveries;
+        }
+        int ended = j && strcmp(j->state, "running") && strcmp(j->state, "paused") && strcmp(j->state, "queued");
+        if (ended && !lost)
+            snprintf(reason, sizeof reason, "%.500s", j->reason);
+        wire_envelope_free(&e);
+        if (ended)
+            break;
+        s_sleep(0.1);
+    }
+    /* the premise: the slow node ran a stage (its runner logs the delay) */
+    assert_true(rt_log_has(&r, "slow.log", "each checkpoint write takes 9000 ms longer"));
+    if (strcmp(st, "succeeded") != 0 || lost || recoveries)
+        fail_msg("a stage whose last checkpoint outlasted the peer timeout: job %s, %d node_lost events (%s), "
+                 "%d recoveries (want succeeded, none)",
+                 st, lost, reason, recoveries);
+    assert_int_equal(rt_stop(&r), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chaos_kill_and_leave),
         cmocka_unit_test(test_coordinator_restart_mid_job),
+        cmocka_unit_test(test_slow_last_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
