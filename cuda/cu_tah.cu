@@ -43,7 +43,7 @@
 // Round 8, the default spec (tile = alloc_tile = 64, 4/3 bits) on C % 64 == 0 with
 // aligned buffers: k_tah_fused<TPT> gives each tile a lane pair (32 floats per lane) and
 // streams units of 16 tiles through shared memory with cp.async, and k_tah_dw64 decodes
-// with lane pairs over P CTAs per sample (round 10: in warp sub-runs; see the comments
+// with lane pairs (round 19: from the frame's index, CTAs of 256 tiles; see the comments
 // above them). TAH_CU_TPT=0
 // selects the segment kernels above for a same-binary comparison.
 //
