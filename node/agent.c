@@ -9,7 +9,9 @@
  *               error(reannounce)      -> send hello                   ANNOUNCING
  *   FETCHING    ckpt_chunk             -> store; CkptGet(next) or, with the whole
  *                                         replica, start runner         LOADING
+ *               drain(D)               -> runner will stop after D     FETCHING
  *   LOADING     pipe 'Y'               -> connect neighbours, hello    RUNNING
+ *               drain(D)               -> runner will stop after D     LOADING
  *               pipe 'X'               -> job event failed             IDLE
  *   RUNNING     data message           -> validate; 'D' to runner or reject + count
  *               pipe 'S' / 'R'         -> send to neighbour / coordinator
@@ -890,12 +892,23 @@ static void s_on_coord(agent_t *a)
         s_on_ckpt_chunk(a, e->ckpt_chunk);
         break;
     case TAH__ENVELOPE__BODY_DRAIN:
-        if (a->job && e->drain->job == a->job->id && a->state == A_RUNNING && e->drain->step > 0) {
+        /* also while the stage is still fetched or loaded: its runner takes
+         * drain_step in at the start of its first step (and stops there if
+         * that step is past D); the other stages stop after D, so a stage
+         * that missed the Drain would wait in D+1 until its silence
+         * watchdog blamed a neighbour. cur_step is 0 until the runner is
+         * about to start its first step. */
+        if (a->job && e->drain->job == a->job->id && e->drain->step > 0 &&
+            (a->state == A_FETCHING || a->state == A_LOADING || a->state == A_RUNNING)) {
             node_job_t *j = a->job;
             atomic_store(&j->drain_step, e->drain->step);
             int cur = atomic_load(&j->cur_step);
-            log_info("job %llu: drain after step %d (now in step %d): %s", (unsigned long long)j->id,
-                     e->drain->step, cur, e->drain->reason);
+            if (a->state == A_RUNNING)
+                log_info("job %llu: drain after step %d (now in step %d): %s", (unsigned long long)j->id,
+                         e->drain->step, cur, e->drain->reason);
+            else
+                log_info("job %llu: drain after step %d (stage %d still %s): %s", (unsigned long long)j->id,
+                         e->drain->step, j->stage, s_state_name[a->state], e->drain->reason);
             if (cur > e->drain->step) { /* abandon the step in progress; its update cannot happen */
                 atomic_store(&j->abort, 1);
                 char cmd = 'A';

@@ -69,7 +69,8 @@ typedef struct node_job {
     /* shared counters */
     atomic_int cur_step;           /* step the runner works on (1-based) */
     atomic_int abort;              /* set by the agent */
-    atomic_int drain_step;         /* > 0: stop after this step (Drain); set by the agent */
+    atomic_int drain_step;         /* > 0: stop after this step (Drain); set by the agent, also
+                                      before the runner has started (FETCHING, LOADING) */
     atomic_int steps_over;         /* set by the runner once it has left its step loop: it waits for
                                       no neighbour any more (only its last checkpoint is left) */
     atomic_ullong *rejected;       /* the agent's rejection counter */

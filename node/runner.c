@@ -563,6 +563,24 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
 
 /* ---- setup ---- */
 
+/* A test-only fault-injection delay from the environment: *ms = 0 when
+ * the variable is unset; a value outside 0..600000 ms is an error. */
+static int s_test_delay_ms(const char *name, long *ms, char *err, size_t errlen)
+{
+    *ms = 0;
+    const char *v = getenv(name);
+    if (!v)
+        return 0;
+    char *end = NULL;
+    long n = strtol(v, &end, 10);
+    if (end == v || *end || n < 0 || n > 600000) {
+        snprintf(err, errlen, "%s wants milliseconds in 0..600000, got '%.64s'", name, v);
+        return TAH_EINVAL;
+    }
+    *ms = n;
+    return 0;
+}
+
 static int s_setup(runner_t *r, int *start)
 {
     node_job_t *j = r->job;
@@ -730,18 +748,22 @@ static int s_setup(runner_t *r, int *start)
     }
     /* TAH_NODE_TEST_CKPT_DELAY_MS=N: each checkpoint write takes N ms longer
      * (fault injection for tests: a slow disk at the end of a step) */
-    const char *cd = getenv("TAH_NODE_TEST_CKPT_DELAY_MS");
-    if (cd) {
-        char *end = NULL;
-        long ms = strtol(cd, &end, 10);
-        if (end == cd || *end || ms < 0 || ms > 600000) {
-            snprintf(err, sizeof err, "TAH_NODE_TEST_CKPT_DELAY_MS wants milliseconds in 0..600000, got '%.64s'", cd);
-            goto fail;
-        }
-        r->ckpt_delay_ms = ms;
-        if (ms > 0)
-            log_warn("job %llu: TAH_NODE_TEST_CKPT_DELAY_MS: each checkpoint write takes %ld ms longer",
-                     (unsigned long long)j->id, ms);
+    if (s_test_delay_ms("TAH_NODE_TEST_CKPT_DELAY_MS", &r->ckpt_delay_ms, err, sizeof err) != 0)
+        goto fail;
+    if (r->ckpt_delay_ms > 0)
+        log_warn("job %llu: TAH_NODE_TEST_CKPT_DELAY_MS: each checkpoint write takes %ld ms longer",
+                 (unsigned long long)j->id, r->ckpt_delay_ms);
+    /* TAH_NODE_TEST_LOAD_DELAY_MS=N: loading the stage takes N ms longer
+     * (fault injection for tests: a slow disk or a big model; the agent
+     * stays in LOADING meanwhile). The wait ends early on an abort. */
+    long load_delay_ms = 0;
+    if (s_test_delay_ms("TAH_NODE_TEST_LOAD_DELAY_MS", &load_delay_ms, err, sizeof err) != 0)
+        goto fail;
+    if (load_delay_ms > 0) {
+        log_warn("job %llu: TAH_NODE_TEST_LOAD_DELAY_MS: loading stage %d takes %ld ms longer",
+                 (unsigned long long)j->id, j->stage, load_delay_ms);
+        for (double until = s_now() + load_delay_ms / 1e3; s_now() < until && !atomic_load(&j->abort);)
+            nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
     }
     /* TAH_NODE_HOST_ENCODE=1: encode on the host anyway (to compare the two paths) */
     const char *he = getenv("TAH_NODE_HOST_ENCODE");

@@ -24,7 +24,13 @@
  *                     than the peer timeout (node timeout + 5 s = 6.5 s).
  *                     Its neighbour finishes and goes quiet meanwhile: that
  *                     is no loss. The job succeeds with no node_lost event
- *                     and no recovery. */
+ *                     and no recovery.
+ *   drain while loading  2 stages and a spare; the node of stage 1 takes
+ *                     4 s longer to load its stage (TAH_NODE_TEST_LOAD_DELAY_MS)
+ *                     and the node of stage 0 leaves meanwhile: the Drain
+ *                     reaches a node still in LOADING. Both stages stop
+ *                     after the same step (a `leave` event, no node_lost),
+ *                     the spare takes stage 0 and the job succeeds. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -320,12 +326,110 @@ static void test_slow_last_checkpoint(void **state)
     assert_int_equal(rt_stop(&r), 0);
 }
 
+/* Events of the job by kind, and its state: until it records a leave or a
+ * loss, then until it ends. */
+typedef struct s_outcome {
+    int leave, lost, leave_step, recoveries;
+    char state[64], lost_detail[512];
+} s_outcome_t;
+
+static s_outcome_t s_watch(rt_t *r, uint64_t job, double timeout)
+{
+    s_outcome_t o = { .leave_step = -1 };
+    snprintf(o.state, sizeof o.state, "no status");
+    for (double t = 0; t < timeout; t += 0.1) {
+        Tah__Envelope *e = rt_status(r, job);
+        Tah__JobInfo *j = s_job_info(e);
+        o.leave = o.lost = 0;
+        for (size_t i = 0; j && i < j->n_events; i++) {
+            const Tah__EventInfo *ev = j->events[i];
+            if (!strcmp(ev->kind, "leave")) {
+                o.leave++;
+                o.leave_step = ev->step;
+            }
+            if (!strcmp(ev->kind, "node_lost")) {
+                o.lost++;
+                snprintf(o.lost_detail, sizeof o.lost_detail, "%.500s", ev->detail);
+            }
+        }
+        int ended = 0;
+        if (j) {
+            snprintf(o.state, sizeof o.state, "%s", j->state);
+            o.recoveries = (int)j->recoveries;
+            ended = strcmp(j->state, "running") && strcmp(j->state, "paused") && strcmp(j->state, "queued");
+        }
+        wire_envelope_free(&e);
+        if (ended || o.lost)
+            break;
+        s_sleep(0.1);
+    }
+    return o;
+}
+
+static void test_drain_while_loading(void **state)
+{
+    (void)state;
+    rt_t r;
+    rt_init(&r, "rt_drain_load");
+    rt_start_coord(&r, 1.5, 0); /* the nodes' peer timeout: 1.5 + 5 s */
+    rt_start_nodes(&r, 1);      /* n0: stage 0, the leaver */
+    setenv("TAH_NODE_TEST_LOAD_DELAY_MS", "4000", 1);
+    const char *extra[] = { NULL };
+    rt_spawn_node(&r, "slow", extra); /* stage 1 */
+    unsetenv("TAH_NODE_TEST_LOAD_DELAY_MS");
+    assert_true(rt_wait_nodes(&r, "idle", 2, 30));
+    rt_spawn_node(&r, "spare", extra); /* joins last: not placed first */
+    assert_true(rt_wait_nodes(&r, "idle", 3, 30));
+    char ini[1024], out[4096];
+    snprintf(ini, sizeof ini,
+             "[job]\nmodel = 4,2,64,32,256\ntrain_data = train.txt\nbatch = 2\nseq = 16\nsteps = 20\n"
+             "lr = 1e-3\nstages = 2\nmicro_batches = 2\nfwd_codec = fp32\nbwd_codec = fp32\n"
+             "checkpoint_every = 5\nseed = 11\n");
+    uint64_t job = rt_submit(&r, rt_write(&r, "load.ini", ini), out, sizeof out);
+    assert_true(job > 0);
+    /* n0 runs stage 0 (waiting in step 1 for stage 1); slow is loading */
+    int ready = 0;
+    for (int i = 0; i < 300 && !ready; i++) {
+        ready = rt_log_has(&r, "n0.log", "stage 0 running") &&
+                rt_log_has(&r, "slow.log", "loading stage 1 takes 4000 ms longer");
+        if (!ready)
+            s_sleep(0.05);
+    }
+    assert_true(ready);
+    rt_kill_node(&r, 0, SIGTERM); /* graceful leave */
+    int drained = 0;
+    for (int i = 0; i < 100 && !drained; i++) {
+        drained = rt_log_has(&r, "coord.log", "draining at the end of step 1");
+        if (!drained)
+            s_sleep(0.02);
+    }
+    /* the premise: the coordinator sent Drain(1) while slow was still loading */
+    assert_true(drained);
+    assert_false(rt_log_has(&r, "slow.log", "stage 1 running"));
+    s_outcome_t o = s_watch(&r, job, 60);
+    if (o.lost || o.leave != 1 || o.leave_step != 1)
+        fail_msg("a leave while a stage loads: %d node_lost events (%s), %d leave events (step %d), job %s "
+                 "(want 1 leave after step 1, no node_lost)",
+                 o.lost, o.lost_detail, o.leave, o.leave_step, o.state);
+    assert_int_equal(rt_node_exit(&r, 0, 30), 0); /* n0 handed its stage over, then exited 0 */
+    char st[64], reason[512];
+    assert_true(rt_wait_job(&r, job, 60, st, sizeof st, reason, sizeof reason));
+    if (strcmp(st, "succeeded") != 0)
+        fail_msg("job after the leave: %s: %s", st, reason);
+    assert_true(rt_log_has(&r, "spare.log", "resuming stage 0"));
+    assert_int_equal(rt_stop(&r), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chaos_kill_and_leave),
         cmocka_unit_test(test_coordinator_restart_mid_job),
         cmocka_unit_test(test_slow_last_checkpoint),
+        cmocka_unit_test(test_drain_while_loading),
     };
+    const char *only = getenv("TAH_TEST_FILTER"); /* one test by name (a glob), e.g. test_drain_while_loading */
+    if (only)
+        cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
