@@ -63,7 +63,7 @@ typedef struct node_job {
     /* filled by the runner */
     link_expect_t x;
     int result;                    /* NODE_DONE / NODE_FAILED / NODE_ABORTED */
-    int fail_step;
+    int fail_step;                 /* the step it stopped in, whatever the result (events name it) */
     int drained_step;              /* NODE_DRAINED: the last step applied (its checkpoint was written) */
     char reason[512];
     /* shared counters */

@@ -972,7 +972,11 @@ out:
     atomic_store(&j->steps_over, 1);
     if (atomic_load(&j->abort) && j->result != NODE_DONE && j->result != NODE_DRAINED)
         j->result = NODE_ABORTED;
-    if (j->result != NODE_DONE && !j->fail_step)
+    /* the step we stopped in, however we ended: the agent's event names it
+     * when it stopped us, which may be after our last step (a neighbour's
+     * silence, an Abort or a second signal while the last checkpoint is
+     * written: NODE_DONE all the same) */
+    if (!j->fail_step)
         j->fail_step = atomic_load(&j->cur_step);
     s_teardown(r);
     s_send_cmd(r, 'X', NULL, 0);

@@ -17,7 +17,15 @@
  *                          (the chaos test's flake under load: node_lost
  *                          instead of the leave).
  *   drain ahead            Drain(D) with D two steps ahead: the runner
- *                          goes on to D, stops after it, not before. */
+ *                          goes on to D, stops after it, not before.
+ *   stopped after the last step  the agent stops the runner ('A', abort:
+ *                          a neighbour's silence, the coordinator's Abort,
+ *                          a second signal) once it has finished its last
+ *                          step, while it writes its last checkpoint. Its
+ *                          stage is complete (NODE_DONE), and the step it
+ *                          stopped in is the last one: the agent's event
+ *                          (node_lost "at step N" for a silence verdict)
+ *                          names it, not step 0. */
 #define _XOPEN_SOURCE 700 /* mkdtemp, realpath, setenv */
 #include <errno.h>
 #include <pthread.h>
@@ -38,6 +46,7 @@
 #include "wire.h" /* wire_envelope_unpack: the runner's step reports */
 
 #define S_CKPT_EVERY 5
+#define S_STEPS 12 /* the job's steps (s_ini) */
 #define S_DELAY_MS 1000 /* the checkpoint write the Drain lands in; the driver acts 300 ms into it */
 
 static const char *s_ini =
@@ -55,11 +64,14 @@ typedef struct run {
     int last_report; /* the last step the runner reported */
     int cur_at_drain; /* cur_step when the Drain was stored */
     int aborted;     /* the driver sent 'A' (the runner was past D) */
+    int fail_step;   /* the step the runner says it stopped in */
 } run_t;
 
-/* One job: the Drain(drain) is delivered 300 ms after the report of step
- * S_CKPT_EVERY, i.e. while that step's (slowed) checkpoint is written. */
-static run_t s_run(const char *dir, int drain)
+/* One job: the Drain(drain) (drain > 0) is delivered 300 ms after the
+ * report of step S_CKPT_EVERY, i.e. while that step's (slowed) checkpoint
+ * is written; the agent's stop (stop_at > 0) 300 ms after the report of
+ * step stop_at. */
+static run_t s_run(const char *dir, int drain, int stop_at)
 {
     run_t out = { 0 };
     void *ctx = zmq_ctx_new();
@@ -110,7 +122,17 @@ static run_t s_run(const char *dir, int drain)
             assert_int_equal(e->body_case, TAH__ENVELOPE__BODY_STEP_REPORT);
             out.last_report = e->step_report->step;
             wire_envelope_free(&e);
-            if (out.last_report == S_CKPT_EVERY && !drained_sent) {
+            if (stop_at > 0 && out.last_report == stop_at) {
+                /* the runner has finished the step and sleeps in its checkpoint */
+                s_sleep(0.3);
+                atomic_store(&j->abort, 1); /* s_abort's order: the flag, then 'A' */
+                char a = 'A';
+                zmq_send(pipe, &a, 1, ZMQ_SNDMORE);
+                const char *why = "stage 1 (node x) silent for 6.5 s";
+                zmq_send(pipe, why, strlen(why), 0);
+                out.aborted = 1;
+            }
+            if (drain > 0 && out.last_report == S_CKPT_EVERY && !drained_sent) {
                 /* the runner has passed step 5's check and sleeps in its checkpoint */
                 s_sleep(0.3);
                 atomic_store(&j->drain_step, drain); /* the agent's Drain, in its order */
@@ -130,6 +152,7 @@ static run_t s_run(const char *dir, int drain)
     pthread_join(th, NULL);
     out.result = j->result;
     out.drained_step = j->drained_step;
+    out.fail_step = j->fail_step;
     free(j->ini);
     free(j);
     zmq_close(pipe);
@@ -172,7 +195,7 @@ static int s_setup(void **state)
 static void test_drain_after_the_check(void **state)
 {
     (void)state;
-    run_t r = s_run(s_dir, S_CKPT_EVERY);
+    run_t r = s_run(s_dir, S_CKPT_EVERY, 0);
     /* the premise: the Drain came while step 5 was still the runner's current step */
     assert_int_equal(r.cur_at_drain, S_CKPT_EVERY);
     assert_int_equal(r.aborted, 0);
@@ -187,7 +210,7 @@ static void test_drain_ahead(void **state)
 {
     (void)state;
     const int D = S_CKPT_EVERY + 2;
-    run_t r = s_run(s_dir, D);
+    run_t r = s_run(s_dir, D, 0);
     assert_int_equal(r.cur_at_drain, S_CKPT_EVERY);
     assert_int_equal(r.aborted, 0);
     if (r.result != NODE_DRAINED || r.drained_step != D)
@@ -196,11 +219,26 @@ static void test_drain_ahead(void **state)
     assert_int_equal(r.last_report, D);
 }
 
+static void test_stopped_after_the_last_step(void **state)
+{
+    (void)state;
+    run_t r = s_run(s_dir, 0, S_STEPS);
+    /* the premise: the stop came after the last step's report */
+    assert_int_equal(r.aborted, 1);
+    assert_int_equal(r.last_report, S_STEPS);
+    assert_int_equal(r.result, NODE_DONE); /* its stage is complete all the same */
+    if (r.fail_step != S_STEPS)
+        fail_msg("stopped while writing its last checkpoint: the runner says it stopped in step %d (want %d, "
+                 "the step the agent's event names)",
+                 r.fail_step, S_STEPS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_drain_after_the_check),
         cmocka_unit_test(test_drain_ahead),
+        cmocka_unit_test(test_stopped_after_the_last_step),
     };
     return cmocka_run_group_tests(tests, s_setup, NULL);
 }
