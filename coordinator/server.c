@@ -924,6 +924,8 @@ static int s_admit(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hello *
     return -1;
 }
 
+static void s_on_leaving(coord_t *c, cnode_t *n, cjob_t *j);
+
 static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hello *h, const char *uid)
 {
     if (!s_valid_name(h->name) || strncmp(h->endpoint, "tcp://", 6) != 0 || strlen(h->endpoint) >= 256 ||
@@ -1023,6 +1025,16 @@ static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hel
     log_info("node %s: joined from %s (%s, %d threads, %.1f GFLOP/s)%s", n->name, n->endpoint, n->backend,
              n->threads, n->gflops, adopt ? ", running its stage" : "");
     s_send_welcome(c, n, adopt, adopt ? aj->j.step : 0);
+    if (adopt && !strcmp(aj->j.state, "running")) {
+        /* every stage is back: a node that asked to leave while the job
+         * waited for the others gets its Drain now (else it would run on to
+         * the job's end) */
+        for (int k = 0; k < aj->j.stages; k++) {
+            cnode_t *m = s_node_by_name(c, aj->nodes[k]);
+            if (m && m->leaving && m->state == N_BUSY && m->job == aj->j.id)
+                s_on_leaving(c, m, aj);
+        }
+    }
     s_try_place(c);
 }
 
@@ -1035,7 +1047,9 @@ static void s_on_leaving(coord_t *c, cnode_t *n, cjob_t *j)
     n->leaving = 1;
     if (strcmp(j->j.state, "running") != 0 || j->drain_step > 0) {
         log_info("job %lld: node %s asks to leave (job %s%s)", (long long)j->j.id, n->name, j->j.state,
-                 j->drain_step > 0 ? ", already draining" : "");
+                 j->drain_step > 0 ? ", already draining"
+                 : j->adopting    ? "; it drains once every stage is re-adopted"
+                                  : "");
         return;
     }
     int D = 0;

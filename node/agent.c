@@ -23,6 +23,8 @@
  *               pipe 'X' (drained)     -> once replicated: DRAINED     IDLE (or exit if leaving)
  *               error(reannounce)      -> hello naming the job: a restarted
  *                                         coordinator re-adopts it      RUNNING
+ *               welcome(adopted)       -> resend the reports it missed, and
+ *                                         LEAVING again if leaving      RUNNING
  *               abort / peer silent /
  *               coordinator silent /
  *               second signal          -> 'A' to runner                STOPPING
@@ -877,6 +879,14 @@ static void s_on_coord(agent_t *a)
                 }
                 log_info("job %llu: the restarted coordinator keeps this stage (it has step %d; %d reports resent)",
                          (unsigned long long)a->job->id, e->welcome->step, resent);
+                /* a leave asked while it was down or had not re-adopted us
+                 * yet went unheard: ask again (a second one is harmless) */
+                if (a->leaving && a->state == A_RUNNING) {
+                    log_info("job %llu: asking the restarted coordinator again to move stage %d (leaving)",
+                             (unsigned long long)a->job->id, a->job->stage);
+                    s_send_event(a, TAH__JOB_EVENT_KIND__EVENT_LEAVING, atomic_load(&a->job->cur_step),
+                                 "node leaving (signal)", -1);
+                }
             } else {
                 s_abort(a, NODE_ABORTED, -1, "the restarted coordinator does not continue this job");
             }

@@ -30,7 +30,15 @@
  *                     and the node of stage 0 leaves meanwhile: the Drain
  *                     reaches a node still in LOADING. Both stages stop
  *                     after the same step (a `leave` event, no node_lost),
- *                     the spare takes stage 0 and the job succeeds. */
+ *                     the spare takes stage 0 and the job succeeds.
+ *   leave during re-adoption  2 stages and a spare; the coordinator is
+ *                     stopped, the node of stage 1 is held (SIGSTOP) so that
+ *                     it re-announces last, and the node of stage 0 is told
+ *                     to leave while the coordinator is down (its LEAVING is
+ *                     lost). The coordinator comes back and re-adopts stage
+ *                     0 first; the leaver asks again, and once stage 1 is
+ *                     back too the job drains: a `leave` event mid-job, the
+ *                     spare takes stage 0, no node_lost, the job succeeds. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -420,6 +428,51 @@ static void test_drain_while_loading(void **state)
     assert_int_equal(rt_stop(&r), 0);
 }
 
+static void test_leave_during_readoption(void **state)
+{
+    (void)state;
+    rt_t r;
+    rt_init(&r, "rt_leave_readopt");
+    rt_start_coord(&r, 3.0, 0); /* peer timeout 8 s, re-adoption deadline 11 s */
+    rt_start_nodes(&r, 3);      /* n0, n1 run the job; n2 is the spare */
+    char ini[1024], out[4096];
+    snprintf(ini, sizeof ini, s_job, S_STEPS, 2);
+    uint64_t job = rt_submit(&r, rt_write(&r, "readopt.ini", ini), out, sizeof out);
+    assert_true(job > 0);
+    assert_true(s_wait_step(&r, job, 20, 60) >= 20);
+    int port = atoi(strrchr(r.ep, ':') + 1);
+    assert_int_equal(rt_stop_coord(&r), 0);
+    rt_kill_node(&r, 1, SIGSTOP); /* stage 1 re-announces only after SIGCONT (< 8 s: its neighbour's patience) */
+    rt_kill_node(&r, 0, SIGTERM); /* graceful leave, asked while the coordinator is down */
+    int asked = 0;
+    for (int i = 0; i < 100 && !asked; i++) {
+        asked = rt_log_has(&r, "n0.log", "leaving after the coordinator moves stage 0");
+        if (!asked)
+            s_sleep(0.02);
+    }
+    assert_true(asked);
+    rt_start_coord(&r, 3.0, port);
+    /* stage 0 re-adopted, stage 1 not yet: the job is still re-adopting */
+    int adopted = s_wait_event(&r, job, "adopted", 1, 10);
+    Tah__Envelope *e = rt_status(&r, job);
+    Tah__JobInfo *j = s_job_info(e);
+    int paused = j && !strcmp(j->state, "paused");
+    wire_envelope_free(&e);
+    for (int i = 0; i < 60 && !rt_log_has(&r, "coord.log", "n0 asks to leave"); i++)
+        s_sleep(0.05); /* its LEAVING again, with the fix; without it, none comes */
+    rt_kill_node(&r, 1, SIGCONT);
+    assert_true(adopted);
+    assert_true(paused);
+    s_outcome_t o = s_watch(&r, job, 120);
+    if (o.lost || o.leave != 1 || o.leave_step <= 20 || o.leave_step >= S_STEPS || strcmp(o.state, "succeeded"))
+        fail_msg("a leave during re-adoption: %d leave events (step %d), %d node_lost events (%s), job %s "
+                 "(want 1 leave mid-job, no node_lost, succeeded)",
+                 o.leave, o.leave_step, o.lost, o.lost_detail, o.state);
+    assert_int_equal(rt_node_exit(&r, 0, 30), 0); /* n0 handed its stage over, then exited 0 */
+    assert_true(rt_log_has(&r, "n2.log", "resuming stage 0"));
+    assert_int_equal(rt_stop(&r), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -427,6 +480,7 @@ int main(void)
         cmocka_unit_test(test_coordinator_restart_mid_job),
         cmocka_unit_test(test_slow_last_checkpoint),
         cmocka_unit_test(test_drain_while_loading),
+        cmocka_unit_test(test_leave_during_readoption),
     };
     const char *only = getenv("TAH_TEST_FILTER"); /* one test by name (a glob), e.g. test_drain_while_loading */
     if (only)
