@@ -10,8 +10,10 @@
  *   FETCHING    ckpt_chunk             -> store; CkptGet(next) or, with the whole
  *                                         replica, start runner         LOADING
  *               drain(D)               -> runner will stop after D     FETCHING
+ *               SIGINT, SIGTERM        -> job event LEAVING, as RUNNING FETCHING
  *   LOADING     pipe 'Y'               -> connect neighbours, hello    RUNNING
  *               drain(D)               -> runner will stop after D     LOADING
+ *               SIGINT, SIGTERM        -> job event LEAVING, as RUNNING LOADING
  *               pipe 'X'               -> job event failed             IDLE
  *   RUNNING     data message           -> validate; 'D' to runner or reject + count
  *               pipe 'S' / 'R'         -> send to neighbour / coordinator
@@ -29,12 +31,16 @@
  *               coordinator silent /
  *               second signal          -> 'A' to runner                STOPPING
  *   STOPPING    pipe 'X'               -> job event aborted/failed     IDLE (or exit)
+ * A second signal while FETCHING, LOADING or RUNNING stops at once (as
+ * the coordinator's Abort does: FETCHING -> IDLE, else STOPPING).
  * A neighbour is "silent" (no message for the job's peer timeout) only
  * while the runner is in its step loop: after it, only our last checkpoint
  * is left to write and replicate, and finished neighbours go quiet.
- * The data ROUTER is read only while RUNNING: a neighbour's hello that
+ * The data ROUTER is read only while RUNNING, and while STOPPING a stage
+ * that got that far (its links and guard exist): a neighbour's hello that
  * arrives before this node has its assignment waits in ZeroMQ's queue
- * instead of being rejected.
+ * instead of being rejected, and a stage stopped while still loading
+ * leaves its neighbours' messages unread (it has no guard to check them).
  *
  * Link emulation (job keys link_rate_mbps, link_delay_ms; shape.h): a data
  * message for a shaped link waits in that link's FIFO until its release
@@ -143,7 +149,8 @@ typedef struct agent {
         int step;
         double progress;
     } fetch;
-    int leaving;            /* SIGTERM while running: LEAVING sent, waiting for Drain */
+    int leaving;            /* SIGTERM with a stage (fetching, loading or running): LEAVING sent,
+                               waiting for Drain */
     int readopt;            /* hello naming our running job sent to a restarted coordinator */
     double leave_wait;      /* > 0: DRAINED sent while leaving; waiting for the coordinator's Ok */
     struct s_backlog {      /* the latest step reports (packed Envelopes) */
@@ -341,6 +348,8 @@ static void s_abort(agent_t *a, int kind, int lost_stage, const char *reason)
                      0, reason, lost_stage);
         s_free_job(a);
         a->state = A_IDLE;
+        if (a->leaving) /* asked to leave; the stage is gone without a runner: nothing to hand over */
+            a->exiting = 1;
         return;
     }
     if (a->state != A_LOADING && a->state != A_RUNNING)
@@ -1459,8 +1468,12 @@ int node_agent_run(const node_opts_t *o)
         if (s_signal && !a->exiting) {
             int sig = (int)s_signal;
             s_signal = 0;
-            if (a->job && a->state == A_RUNNING && !a->leaving && !a->exit_pending) {
-                /* graceful: finish the step, checkpoint, hand the stage over */
+            if (a->job && (a->state == A_FETCHING || a->state == A_LOADING || a->state == A_RUNNING) &&
+                !a->leaving && !a->exit_pending) {
+                /* graceful: finish the step, checkpoint, hand the stage over. Also
+                 * while the stage is still fetched or loaded (Ctrl-C during start-up):
+                 * the coordinator's Drain is kept for the runner (see drain(D)), which
+                 * then runs with the others up to D; cur_step is 0 until it starts */
                 log_info("signal %d: leaving after the coordinator moves stage %d (signal again: stop now)", sig,
                          a->job->stage);
                 a->leaving = 1;
@@ -1502,7 +1515,9 @@ int node_agent_run(const node_opts_t *o)
             i_zap = ni;
             it[ni++] = (zmq_pollitem_t){ a->zap, 0, ZMQ_POLLIN, 0 };
         }
-        if (a->state == A_RUNNING || a->state == A_STOPPING) {
+        /* a->guard: s_on_ready opened the links (a stage stopped while
+         * loading has none, and no guard to check a message with) */
+        if ((a->state == A_RUNNING || a->state == A_STOPPING) && a->guard) {
             i_router = ni;
             it[ni++] = (zmq_pollitem_t){ a->router, 0, ZMQ_POLLIN, 0 };
             if (a->down) {

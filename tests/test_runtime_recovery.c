@@ -38,7 +38,15 @@
  *                     lost). The coordinator comes back and re-adopts stage
  *                     0 first; the leaver asks again, and once stage 1 is
  *                     back too the job drains: a `leave` event mid-job, the
- *                     spare takes stage 0, no node_lost, the job succeeds. */
+ *                     spare takes stage 0, no node_lost, the job succeeds.
+ *   signal while loading  the same, but the node told to leave (SIGTERM, as
+ *                     Ctrl-C) is the one still loading its stage: it tells
+ *                     the coordinator, keeps the Drain, runs up to it once
+ *                     loaded and hands over (a `leave`, no node_left).
+ *   second signal while loading  a second SIGTERM stops that node at once
+ *                     (node_left, rollback, the spare takes over) and it
+ *                     exits 0: the neighbour's messages waiting in its data
+ *                     socket stay unread (it has no guard to check them). */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -337,8 +345,8 @@ static void test_slow_last_checkpoint(void **state)
 /* Events of the job by kind, and its state: until it records a leave or a
  * loss, then until it ends. */
 typedef struct s_outcome {
-    int leave, lost, leave_step, recoveries;
-    char state[64], lost_detail[512];
+    int leave, lost, left, leave_step, recoveries;
+    char state[64], lost_detail[512], left_detail[512];
 } s_outcome_t;
 
 static s_outcome_t s_watch(rt_t *r, uint64_t job, double timeout)
@@ -348,7 +356,7 @@ static s_outcome_t s_watch(rt_t *r, uint64_t job, double timeout)
     for (double t = 0; t < timeout; t += 0.1) {
         Tah__Envelope *e = rt_status(r, job);
         Tah__JobInfo *j = s_job_info(e);
-        o.leave = o.lost = 0;
+        o.leave = o.lost = o.left = 0;
         for (size_t i = 0; j && i < j->n_events; i++) {
             const Tah__EventInfo *ev = j->events[i];
             if (!strcmp(ev->kind, "leave")) {
@@ -358,6 +366,10 @@ static s_outcome_t s_watch(rt_t *r, uint64_t job, double timeout)
             if (!strcmp(ev->kind, "node_lost")) {
                 o.lost++;
                 snprintf(o.lost_detail, sizeof o.lost_detail, "%.500s", ev->detail);
+            }
+            if (!strcmp(ev->kind, "node_left")) { /* stopped without draining */
+                o.left++;
+                snprintf(o.left_detail, sizeof o.left_detail, "%.500s", ev->detail);
             }
         }
         int ended = 0;
@@ -428,6 +440,62 @@ static void test_drain_while_loading(void **state)
     assert_int_equal(rt_stop(&r), 0);
 }
 
+/* SIGTERM (Ctrl-C) to a node that is still loading its stage: the same
+ * graceful leave as in a running stage. The leaver itself is in LOADING
+ * (TAH_NODE_TEST_LOAD_DELAY_MS holds it there); it tells the coordinator,
+ * takes the Drain in, runs step 1 with its neighbour once loaded, drains,
+ * and the spare takes its stage: a `leave` event, no node_left (a stop
+ * without draining, which rolls back) and no node_lost. */
+static void test_signal_while_loading(void **state)
+{
+    (void)state;
+    rt_t r;
+    rt_init(&r, "rt_sig_load");
+    rt_start_coord(&r, 3.0, 0); /* peer timeout 8 s: stage 0 waits in step 1 for the 4 s load */
+    rt_start_nodes(&r, 1);      /* n0: stage 0 */
+    setenv("TAH_NODE_TEST_LOAD_DELAY_MS", "4000", 1);
+    const char *extra[] = { NULL };
+    int slow = rt_spawn_node(&r, "slow", extra); /* stage 1, the leaver */
+    unsetenv("TAH_NODE_TEST_LOAD_DELAY_MS");
+    assert_true(rt_wait_nodes(&r, "idle", 2, 30));
+    rt_spawn_node(&r, "spare", extra); /* joins last: not placed first */
+    assert_true(rt_wait_nodes(&r, "idle", 3, 30));
+    char ini[1024], out[4096];
+    snprintf(ini, sizeof ini,
+             "[job]\nmodel = 4,2,64,32,256\ntrain_data = train.txt\nbatch = 2\nseq = 16\nsteps = 20\n"
+             "lr = 1e-3\nstages = 2\nmicro_batches = 2\nfwd_codec = fp32\nbwd_codec = fp32\n"
+             "checkpoint_every = 5\nseed = 11\n");
+    uint64_t job = rt_submit(&r, rt_write(&r, "sigload.ini", ini), out, sizeof out);
+    assert_true(job > 0);
+    int loading = 0;
+    for (int i = 0; i < 300 && !loading; i++) {
+        loading = rt_log_has(&r, "slow.log", "loading stage 1 takes 4000 ms longer");
+        if (!loading)
+            s_sleep(0.05);
+    }
+    assert_true(loading);
+    rt_kill_node(&r, slow, SIGTERM); /* Ctrl-C while it loads */
+    int handled = 0;
+    for (int i = 0; i < 100 && !handled; i++) {
+        handled = rt_log_has(&r, "slow.log", "signal 15");
+        if (!handled)
+            s_sleep(0.02);
+    }
+    /* the premise: the agent took the signal while its stage was still loading */
+    assert_true(handled);
+    assert_false(rt_log_has(&r, "slow.log", "stage 1 running"));
+    s_outcome_t o = s_watch(&r, job, 60);
+    if (o.lost || o.left || o.leave != 1 || o.leave_step != 1 || strcmp(o.state, "succeeded") != 0 ||
+        o.recoveries != 1)
+        fail_msg("SIGTERM while loading: %d leave events (step %d), %d node_left (%s), %d node_lost (%s), "
+                 "%d recoveries, job %s (want 1 leave after step 1, no node_left or node_lost, 1 recovery, "
+                 "succeeded)",
+                 o.leave, o.leave_step, o.left, o.left_detail, o.lost, o.lost_detail, o.recoveries, o.state);
+    assert_int_equal(rt_node_exit(&r, slow, 30), 0); /* it handed its stage over, then exited 0 */
+    assert_true(rt_log_has(&r, "spare.log", "resuming stage 1"));
+    assert_int_equal(rt_stop(&r), 0);
+}
+
 static void test_leave_during_readoption(void **state)
 {
     (void)state;
@@ -473,6 +541,62 @@ static void test_leave_during_readoption(void **state)
     assert_int_equal(rt_stop(&r), 0);
 }
 
+/* Wait until DIR/name contains text (polling every 20 ms). */
+static int s_wait_log(rt_t *r, const char *name, const char *text, double timeout)
+{
+    for (double t = 0; t < timeout; t += 0.02) {
+        if (rt_log_has(r, name, text))
+            return 1;
+        s_sleep(0.02);
+    }
+    return 0;
+}
+
+/* A second signal is a hard stop, also while the stage loads: the node
+ * stops at once (event node_left, the job rolls back and the spare takes
+ * the stage), and exits 0. Its neighbour's messages already wait in its
+ * data socket; a stage stopped before its links were up must leave them
+ * unread (it has no guard to check them with). */
+static void test_second_signal_while_loading(void **state)
+{
+    (void)state;
+    rt_t r;
+    rt_init(&r, "rt_sig2_load");
+    rt_start_coord(&r, 3.0, 0);
+    rt_start_nodes(&r, 1); /* n0: stage 0 */
+    setenv("TAH_NODE_TEST_LOAD_DELAY_MS", "4000", 1);
+    const char *extra[] = { NULL };
+    int slow = rt_spawn_node(&r, "slow", extra); /* stage 1 */
+    unsetenv("TAH_NODE_TEST_LOAD_DELAY_MS");
+    assert_true(rt_wait_nodes(&r, "idle", 2, 30));
+    rt_spawn_node(&r, "spare", extra);
+    assert_true(rt_wait_nodes(&r, "idle", 3, 30));
+    char ini[1024], out[4096];
+    snprintf(ini, sizeof ini,
+             "[job]\nmodel = 4,2,64,32,256\ntrain_data = train.txt\nbatch = 2\nseq = 16\nsteps = 20\n"
+             "lr = 1e-3\nstages = 2\nmicro_batches = 2\nfwd_codec = fp32\nbwd_codec = fp32\n"
+             "checkpoint_every = 5\nseed = 11\n");
+    uint64_t job = rt_submit(&r, rt_write(&r, "sig2.ini", ini), out, sizeof out);
+    assert_true(job > 0);
+    /* n0 runs step 1 and sends its activations towards slow, which loads */
+    assert_true(s_wait_log(&r, "n0.log", "stage 0 running", 15));
+    assert_true(s_wait_log(&r, "slow.log", "loading stage 1 takes 4000 ms longer", 15));
+    rt_kill_node(&r, slow, SIGTERM);
+    assert_true(s_wait_log(&r, "slow.log", "signal 15", 10));
+    rt_kill_node(&r, slow, SIGTERM); /* again: stop now */
+    int rc = rt_node_exit(&r, slow, 30);
+    if (rc != 0)
+        fail_msg("a second SIGTERM while loading: the node exited with %d (want 0; 139 = SIGSEGV)", rc);
+    assert_false(rt_log_has(&r, "slow.log", "stage 1 running")); /* premise: it never got past loading */
+    s_outcome_t o = s_watch(&r, job, 60);
+    if (o.lost || o.left != 1 || o.leave || strcmp(o.state, "succeeded") != 0)
+        fail_msg("a second SIGTERM while loading: %d node_left, %d leave, %d node_lost (%s), job %s (want 1 "
+                 "node_left, succeeded)",
+                 o.left, o.leave, o.lost, o.lost_detail, o.state);
+    assert_true(rt_log_has(&r, "spare.log", "assigned stage 1"));
+    assert_int_equal(rt_stop(&r), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -481,6 +605,8 @@ int main(void)
         cmocka_unit_test(test_slow_last_checkpoint),
         cmocka_unit_test(test_drain_while_loading),
         cmocka_unit_test(test_leave_during_readoption),
+        cmocka_unit_test(test_signal_while_loading),
+        cmocka_unit_test(test_second_signal_while_loading),
     };
     const char *only = getenv("TAH_TEST_FILTER"); /* one test by name (a glob), e.g. test_drain_while_loading */
     if (only)
