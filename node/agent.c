@@ -148,7 +148,9 @@ typedef struct agent {
         uint32_t crc;
         int step;
         double progress;
+        double start_at;    /* > 0: the first CkptGet waits until then (TAH_NODE_TEST_FETCH_DELAY_MS) */
     } fetch;
+    long fetch_delay_ms;    /* TAH_NODE_TEST_FETCH_DELAY_MS: fault injection for tests (a slow control link) */
     int leaving;            /* SIGTERM with a stage (fetching, loading or running): LEAVING sent,
                                waiting for Drain */
     int readopt;            /* hello naming our running job sent to a restarted coordinator */
@@ -604,7 +606,14 @@ static void s_on_assign(agent_t *a, const Tah__Assign *as)
         a->fetch.step = as->resume_step;
         a->fetch.off = 0;
         a->state = A_FETCHING;
-        s_fetch_next(a);
+        if (a->fetch_delay_ms > 0) { /* the loop sends the first CkptGet then */
+            log_warn("job %llu: TAH_NODE_TEST_FETCH_DELAY_MS: fetching the replica of stage %d starts %ld ms late",
+                     (unsigned long long)j->id, j->stage, a->fetch_delay_ms);
+            a->fetch.start_at = s_now() + a->fetch_delay_ms / 1e3;
+            a->fetch.progress = a->fetch.start_at; /* the fetch timeout counts from then */
+        } else {
+            s_fetch_next(a);
+        }
         log_info("job %llu: fetching the checkpoint replica of stage %d at step %d (%zu bytes)",
                  (unsigned long long)j->id, j->stage, as->resume_step, a->fetch.len);
         return;
@@ -1455,6 +1464,13 @@ int node_agent_run(const node_opts_t *o)
     log_info("data endpoint %s, coordinator %s, %.1f GFLOP/s (%d threads)", a->endpoint, ep, a->gflops,
              o->threads > 0 ? o->threads : 1);
 
+    /* TAH_NODE_TEST_FETCH_DELAY_MS=N: fetching a checkpoint replica starts
+     * N ms after the Assign (fault injection for tests: a slow control link;
+     * the agent stays in FETCHING meanwhile) */
+    if (node_test_delay_ms("TAH_NODE_TEST_FETCH_DELAY_MS", &a->fetch_delay_ms, err, sizeof err) != 0) {
+        log_error("%s", err);
+        goto out;
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = s_on_signal;
@@ -1493,6 +1509,10 @@ int node_agent_run(const node_opts_t *o)
         if (a->exiting && !a->job)
             break;
         s_pump_uploads(a);
+        if (a->state == A_FETCHING && a->fetch.start_at > 0 && s_now() >= a->fetch.start_at) {
+            a->fetch.start_at = 0;
+            s_fetch_next(a);
+        }
         if (a->state == A_FETCHING && s_now() - a->fetch.progress > S_FETCH_TIMEOUT_S)
             s_abort(a, NODE_FAILED, -1, "no answer from the coordinator while fetching the checkpoint replica");
         double next = a->job ? s_flush(a) : -1.0;

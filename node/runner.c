@@ -563,9 +563,7 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
 
 /* ---- setup ---- */
 
-/* A test-only fault-injection delay from the environment: *ms = 0 when
- * the variable is unset; a value outside 0..600000 ms is an error. */
-static int s_test_delay_ms(const char *name, long *ms, char *err, size_t errlen)
+int node_test_delay_ms(const char *name, long *ms, char *err, size_t errlen)
 {
     *ms = 0;
     const char *v = getenv(name);
@@ -748,7 +746,7 @@ static int s_setup(runner_t *r, int *start)
     }
     /* TAH_NODE_TEST_CKPT_DELAY_MS=N: each checkpoint write takes N ms longer
      * (fault injection for tests: a slow disk at the end of a step) */
-    if (s_test_delay_ms("TAH_NODE_TEST_CKPT_DELAY_MS", &r->ckpt_delay_ms, err, sizeof err) != 0)
+    if (node_test_delay_ms("TAH_NODE_TEST_CKPT_DELAY_MS", &r->ckpt_delay_ms, err, sizeof err) != 0)
         goto fail;
     if (r->ckpt_delay_ms > 0)
         log_warn("job %llu: TAH_NODE_TEST_CKPT_DELAY_MS: each checkpoint write takes %ld ms longer",
@@ -757,7 +755,7 @@ static int s_setup(runner_t *r, int *start)
      * (fault injection for tests: a slow disk or a big model; the agent
      * stays in LOADING meanwhile). The wait ends early on an abort. */
     long load_delay_ms = 0;
-    if (s_test_delay_ms("TAH_NODE_TEST_LOAD_DELAY_MS", &load_delay_ms, err, sizeof err) != 0)
+    if (node_test_delay_ms("TAH_NODE_TEST_LOAD_DELAY_MS", &load_delay_ms, err, sizeof err) != 0)
         goto fail;
     if (load_delay_ms > 0) {
         log_warn("job %llu: TAH_NODE_TEST_LOAD_DELAY_MS: loading stage %d takes %ld ms longer",

@@ -46,7 +46,11 @@
  *   second signal while loading  a second SIGTERM stops that node at once
  *                     (node_left, rollback, the spare takes over) and it
  *                     exits 0: the neighbour's messages waiting in its data
- *                     socket stay unread (it has no guard to check them). */
+ *                     socket stay unread (it has no guard to check them).
+ *   drain / signal while fetching  a node held fetching its replica after a
+ *                     resume (TAH_NODE_TEST_FETCH_DELAY_MS): a Drain caused
+ *                     by another node's leave, or its own SIGTERM, stops
+ *                     every stage after the same step, as above. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -552,6 +556,89 @@ static int s_wait_log(rt_t *r, const char *name, const char *text, double timeou
     return 0;
 }
 
+/* A node held in FETCHING: "slow" runs stage 0 and starts fetching each
+ * checkpoint replica 3 s late (TAH_NODE_TEST_FETCH_DELAY_MS); n1 (stage 1)
+ * leaves early in the job, so the job resumes from the drained step: the
+ * spare sp1 takes stage 1 and slow, kept for stage 0, fetches its replica.
+ * Returns with slow in that wait and sp1 running (waiting for stage 0 in
+ * the next step; its peer timeout, 3 + 5 s, outlasts the wait). sp2 is a
+ * second spare. */
+static uint64_t s_fetch_setup(rt_t *r, const char *name)
+{
+    rt_init(r, name);
+    rt_start_coord(r, 3.0, 0);
+    setenv("TAH_NODE_TEST_FETCH_DELAY_MS", "3000", 1);
+    const char *extra[] = { NULL };
+    rt_spawn_node(r, "slow", extra); /* index 0, stage 0 */
+    unsetenv("TAH_NODE_TEST_FETCH_DELAY_MS");
+    assert_true(rt_wait_nodes(r, "idle", 1, 30));
+    rt_spawn_node(r, "n1", extra); /* index 1, stage 1 */
+    assert_true(rt_wait_nodes(r, "idle", 2, 30));
+    rt_spawn_node(r, "sp1", extra); /* index 2 */
+    assert_true(rt_wait_nodes(r, "idle", 3, 30));
+    rt_spawn_node(r, "sp2", extra); /* index 3 */
+    assert_true(rt_wait_nodes(r, "idle", 4, 30));
+    char ini[1024], out[4096];
+    snprintf(ini, sizeof ini, s_job, S_STEPS, 2);
+    uint64_t job = rt_submit(r, rt_write(r, "fetch.ini", ini), out, sizeof out);
+    assert_true(job > 0);
+    assert_true(s_wait_step(r, job, 3, 60) >= 3);
+    rt_kill_node(r, 1, SIGTERM); /* n1 leaves while running: the job resumes from the drained step */
+    if (!s_wait_log(r, "slow.log", "fetching the replica of stage 0 starts 3000 ms late", 30))
+        fail_msg("the node of stage 0 did not start fetching a replica after n1 left");
+    if (!s_wait_log(r, "sp1.log", "stage 1 running", 10))
+        fail_msg("the spare did not take stage 1 after n1 left");
+    assert_int_equal(rt_node_exit(r, 1, 30), 0); /* n1 handed its stage over, then exited 0 */
+    return job;
+}
+
+/* A Drain that reaches a node still fetching its replica (the fetching
+ * half of test_drain_while_loading): sp1, running stage 1, leaves while
+ * slow waits to fetch. slow keeps the Drain for its runner, so both stop
+ * after the same step: a second `leave`, no node_lost, sp2 takes stage 1. */
+static void test_drain_while_fetching(void **state)
+{
+    (void)state;
+    rt_t r;
+    uint64_t job = s_fetch_setup(&r, "rt_drain_fetch");
+    rt_kill_node(&r, 2, SIGTERM); /* sp1 leaves */
+    /* the premise: the coordinator sent the Drain while slow was still fetching */
+    assert_true(s_wait_log(&r, "coord.log", "node sp1 (stage 1) leaves", 10));
+    assert_false(rt_log_has(&r, "slow.log", "resuming stage 0 from"));
+    s_outcome_t o = s_watch(&r, job, 120);
+    if (o.lost || o.left || o.leave != 2 || strcmp(o.state, "succeeded") != 0)
+        fail_msg("a Drain while a stage is fetched: %d leave events (last at step %d), %d node_lost (%s), "
+                 "%d node_left (%s), job %s (want 2 leaves, no node_lost or node_left, succeeded)",
+                 o.leave, o.leave_step, o.lost, o.lost_detail, o.left, o.left_detail, o.state);
+    assert_true(rt_log_has(&r, "slow.log", "(stage 0 still fetching)"));
+    assert_int_equal(rt_node_exit(&r, 2, 30), 0); /* sp1 handed its stage over, then exited 0 */
+    assert_true(rt_log_has(&r, "sp2.log", "resuming stage 1"));
+    assert_int_equal(rt_stop(&r), 0);
+}
+
+/* SIGTERM (Ctrl-C) to a node that is still fetching its replica: the
+ * graceful leave of a running stage (test_signal_while_loading's fetching
+ * half). slow tells the coordinator, keeps the Drain for its runner, then
+ * fetches, loads, runs the drain step with sp1 and hands stage 0 to sp2. */
+static void test_signal_while_fetching(void **state)
+{
+    (void)state;
+    rt_t r;
+    uint64_t job = s_fetch_setup(&r, "rt_sig_fetch");
+    rt_kill_node(&r, 0, SIGTERM); /* slow: Ctrl-C while it fetches */
+    /* the premise: the agent took the signal before the replica was in */
+    assert_true(s_wait_log(&r, "slow.log", "signal 15", 10));
+    assert_false(rt_log_has(&r, "slow.log", "resuming stage 0 from"));
+    s_outcome_t o = s_watch(&r, job, 120);
+    if (o.lost || o.left || o.leave != 2 || strcmp(o.state, "succeeded") != 0)
+        fail_msg("SIGTERM while fetching: %d leave events (last at step %d), %d node_left (%s), %d node_lost (%s), "
+                 "job %s (want 2 leaves, no node_left or node_lost, succeeded)",
+                 o.leave, o.leave_step, o.left, o.left_detail, o.lost, o.lost_detail, o.state);
+    assert_int_equal(rt_node_exit(&r, 0, 30), 0); /* slow handed its stage over, then exited 0 */
+    assert_true(rt_log_has(&r, "sp2.log", "resuming stage 0"));
+    assert_int_equal(rt_stop(&r), 0);
+}
+
 /* A second signal is a hard stop, also while the stage loads: the node
  * stops at once (event node_left, the job rolls back and the spare takes
  * the stage), and exits 0. Its neighbour's messages already wait in its
@@ -607,6 +694,8 @@ int main(void)
         cmocka_unit_test(test_leave_during_readoption),
         cmocka_unit_test(test_signal_while_loading),
         cmocka_unit_test(test_second_signal_while_loading),
+        cmocka_unit_test(test_drain_while_fetching),
+        cmocka_unit_test(test_signal_while_fetching),
     };
     const char *only = getenv("TAH_TEST_FILTER"); /* one test by name (a glob), e.g. test_drain_while_loading */
     if (only)
