@@ -25,7 +25,9 @@
  *    are shared by the 8).
  * 3. table: GB/s of fp32 input, bytes moved (each input read once, each
  *    output written once) / queued time, that as % of the copy rate; the
- *    idle-GPU %, the b2b % and the fixed cost beside it.
+ *    idle-GPU %, the b2b % and the fixed cost beside it. Rows "encode-bf16":
+ *    the same tensor rounded to bf16 and encoded from bf16 (cu_codec_encode_x),
+ *    2 bytes read per element; CSV gbs_input is GB/s of the input as stored.
  * 4. ceilings (round 7): trivial kernels with the codecs' byte mixes
  *    (cuda/cu_bench.cu: 4 bytes read and 1 written per element, 1 and 4,
  *    4 and 4, read only, write only), timed the same way, as % of copy:
@@ -55,6 +57,7 @@ static unsigned int s_stages = 15u; /* dir 2 of s_time: cu_codec_encode_stages w
 #define B2B_SPIN_US 400 /* the host enqueues all 8 calls while the spin runs */
 
 #define NBUF 4
+static void *s_dxb[NBUF]; /* the bench tensor as bf16 (dir 3 of s_time) */
 
 #define CU(call)                                                                                      \
     do {                                                                                              \
@@ -129,6 +132,8 @@ static int s_time(const codec_spec_t *spec, codec_shape_t shape, int dir, int qu
                 rc = cu_codec_encode(spec, shape, dx[bb], dp[bb], scratch, 0, err, errlen);
             else if (dir == 2)
                 rc = cu_codec_encode_stages(spec, shape, dx[bb], dp[bb], scratch, 0, s_stages, err, errlen);
+            else if (dir == 3)
+                rc = cu_codec_encode_x(spec, shape, CU_BF16, s_dxb[bb], dp[bb], scratch, 0, err, errlen);
             else
                 rc = cu_codec_decode(spec, shape, dp[bb], dy[bb], scratch, 0, err, errlen);
         }
@@ -249,10 +254,12 @@ static int s_ceilings(uint64_t n, float *const dx[], float *const dy[], uint8_t 
     return 0;
 }
 
+static const char *s_dir_name(int dir) { return dir == 0 ? "encode" : dir == 1 ? "decode" : "encode-bf16"; }
+
 typedef struct s_row {
     char codec[64];
     const char *dir;
-    double ms, gbs_in, gbs_moved, pct;
+    double ms, gbs_in, gbs_input, gbs_moved, pct;
     double ms_idle, pct_idle, us_fixed, ms_min, ms_max, ms_b2b, pct_b2b;
     uint64_t moved;
 } s_row_t;
@@ -343,11 +350,28 @@ int main(int argc, char **argv)
         CU(cudaMalloc((void **)&dp[b], n * sizeof(float))); /* fp32's payload is the largest */
         CU(cudaMemcpy(dx[b], hx, n * sizeof(float), cudaMemcpyHostToDevice));
     }
+    {
+        uint16_t *hb = malloc(n * sizeof *hb);
+        if (!hb) {
+            fprintf(stderr, "bench_cu_codec: out of host memory\n");
+            return 1;
+        }
+        for (uint64_t i = 0; i < n; i++) { /* round to nearest even (finite input) */
+            uint32_t u;
+            memcpy(&u, &hx[i], 4);
+            hb[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        }
+        for (int b = 0; b < NBUF; b++) {
+            CU(cudaMalloc(&s_dxb[b], n * sizeof *hb));
+            CU(cudaMemcpy(s_dxb[b], hb, n * sizeof *hb, cudaMemcpyHostToDevice));
+        }
+        free(hb);
+    }
     size_t scratch_bytes = 0;
     for (int k = 0; k < nspecs; k++) {
         codec_spec_t spec;
         codec_spec_parse(specs[k], &spec, NULL, 0);
-        size_t s = cu_codec_scratch_bytes(&spec, shape);
+        size_t s = cu_codec_scratch_bytes_x(&spec, shape, CU_BF16); /* >= the fp32 encode's */
         scratch_bytes = s > scratch_bytes ? s : scratch_bytes;
     }
     void *scratch = NULL;
@@ -356,7 +380,7 @@ int main(int argc, char **argv)
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
     float *t = malloc((size_t)reps * sizeof *t);
-    s_row_t rows[32];
+    s_row_t rows[40];
     int nrows = 0, failed = 0;
     char err[CODEC_ERRLEN];
 
@@ -366,7 +390,10 @@ int main(int argc, char **argv)
         codec_spec_t spec;
         codec_spec_parse(specs[k], &spec, NULL, 0);
         const uint64_t payload = (uint64_t)codec_frame_size(&spec, shape) - CODEC_HEADER_SIZE;
-        for (int dir = 0; dir < 2; dir++) {
+        static const int dirs[] = { 0, 1, 3 }; /* encode, decode, encode from bf16 */
+        for (int di = 0; di < 3; di++) {
+            const int dir = dirs[di];
+            const uint64_t in_bytes = dir == 3 ? 2 * n : 4 * n;
             if (dir == 1) { /* decode what the encoder wrote, in every buffer */
                 for (int b = 0; b < NBUF; b++)
                     if (cu_codec_encode(&spec, shape, dx[b], dp[b], scratch, 0, err, sizeof err) != 0 ||
@@ -394,20 +421,21 @@ int main(int argc, char **argv)
                                 err, sizeof err);
             }
             if (rc != 0) {
-                fprintf(stderr, "bench_cu_codec: %s %s: %s\n", specs[k], dir ? "decode" : "encode", err);
+                fprintf(stderr, "bench_cu_codec: %s %s: %s\n", specs[k], s_dir_name(dir), err);
                 failed = 1;
                 continue;
             }
             s_row_t *r = &rows[nrows++];
             snprintf(r->codec, sizeof r->codec, "%s", specs[k]);
-            r->dir = dir ? "decode" : "encode";
+            r->dir = s_dir_name(dir);
             r->ms = ms;
             r->ms_min = mn;
             r->ms_max = mx;
             r->ms_idle = ms_idle;
             r->us_fixed = 1e3 * ms_fixed;
-            r->moved = 4 * n + payload;
+            r->moved = in_bytes + payload;
             r->gbs_in = 4.0 * (double)n / (r->ms * 1e-3) / 1e9;
+            r->gbs_input = (double)in_bytes / (r->ms * 1e-3) / 1e9;
             r->gbs_moved = (double)r->moved / (r->ms * 1e-3) / 1e9;
             r->pct = 100.0 * r->gbs_moved * 1e9 / copy_bw;
             r->pct_idle = 100.0 * ((double)r->moved / (ms_idle * 1e-3)) / copy_bw;
@@ -419,27 +447,29 @@ int main(int argc, char **argv)
     FILE *f = fopen(csv, "w");
     if (f) {
         fprintf(f, "device,codec,direction,shape,ms,gbs_fp32,bytes_moved,gbs_moved,copy_gbs,pct_copy,"
-                   "ms_min,ms_max,ms_idle,pct_copy_idle,us_fixed,ms_b2b,pct_copy_b2b\n");
+                   "ms_min,ms_max,ms_idle,pct_copy_idle,us_fixed,ms_b2b,pct_copy_b2b,gbs_input\n");
         for (int i = 0; i < nrows; i++)
             fprintf(f,
-                    "\"%s\",\"%s\",%s,8x1024x1600,%.5f,%.1f,%llu,%.1f,%.1f,%.1f,%.5f,%.5f,%.5f,%.1f,%.2f,%.5f,%.1f\n",
+                    "\"%s\",\"%s\",%s,8x1024x1600,%.5f,%.1f,%llu,%.1f,%.1f,%.1f,%.5f,%.5f,%.5f,%.1f,%.2f,%.5f,%.1f,%.1f\n",
                     prop.name, rows[i].codec, rows[i].dir, rows[i].ms, rows[i].gbs_in,
                     (unsigned long long)rows[i].moved, rows[i].gbs_moved, copy_bw / 1e9, rows[i].pct,
                     rows[i].ms_min, rows[i].ms_max, rows[i].ms_idle, rows[i].pct_idle, rows[i].us_fixed,
-                    rows[i].ms_b2b, rows[i].pct_b2b);
+                    rows[i].ms_b2b, rows[i].pct_b2b, rows[i].gbs_input);
         fclose(f);
     } else {
         fprintf(stderr, "bench_cu_codec: cannot write %s\n", csv);
     }
-    printf("\n%-28s %-7s %8s %8s %12s %10s %7s %8s %7s %9s\n", "codec (8x1024x1600 fp32)", "dir", "ms", "min-max%",
-           "bytes moved", "GB/s moved", "% copy", "idle %", "b2b %", "fixed us");
+    printf("\n%-28s %-11s %8s %8s %12s %10s %8s %7s %8s %7s %9s\n", "codec (8x1024x1600)", "dir", "ms",
+           "min-max%", "bytes moved", "GB/s moved", "GB/s in", "% copy", "idle %", "b2b %", "fixed us");
     for (int i = 0; i < nrows; i++)
-        printf("%-28s %-7s %8.4f %8.1f %12llu %10.1f %6.1f%% %7.1f%% %6.1f%% %9.1f\n", rows[i].codec, rows[i].dir,
-               rows[i].ms, 100.0 * (rows[i].ms_max - rows[i].ms_min) / rows[i].ms, (unsigned long long)rows[i].moved,
-               rows[i].gbs_moved, rows[i].pct, rows[i].pct_idle, rows[i].pct_b2b, rows[i].us_fixed);
+        printf("%-28s %-11s %8.4f %8.1f %12llu %10.1f %8.1f %6.1f%% %7.1f%% %6.1f%% %9.1f\n", rows[i].codec,
+               rows[i].dir, rows[i].ms, 100.0 * (rows[i].ms_max - rows[i].ms_min) / rows[i].ms,
+               (unsigned long long)rows[i].moved, rows[i].gbs_moved, rows[i].gbs_input, rows[i].pct, rows[i].pct_idle,
+               rows[i].pct_b2b, rows[i].us_fixed);
     printf("ms/%% copy: queued device time (spin kernel ahead of the start event), median of %d; idle %%: GPU idle\n"
            "at the start event (host enqueue inside); b2b %%: %d calls back to back per queued region; fixed us:\n"
-           "queued time of a (1,1,256) call; min-max%%: spread of the queued repeats; copy roofline %.1f GB/s (%s);\n"
+           "queued time of a (1,1,256) call; min-max%%: spread of the queued repeats; GB/s in: of the input as stored\n"
+           "(fp32; encode-bf16: bf16); copy roofline %.1f GB/s (%s);\n"
            "CSV: %s\n",
            reps, B2B, copy_bw / 1e9, base_note, csv);
     if (!only && s_ceilings(n, dx, dy, dp, e0, e1, t, reps, copy_bw) != 0)
@@ -454,6 +484,7 @@ int main(int argc, char **argv)
         failed = 1;
 
     for (int b = 0; b < NBUF; b++) {
+        cudaFree(s_dxb[b]);
         cudaFree(dx[b]);
         cudaFree(dy[b]);
         cudaFree(dp[b]);

@@ -121,8 +121,9 @@ __device__ __forceinline__ float d_clampf(float y)
 
 // ---------------------------------------------------------------- block <= 256
 
-__global__ void __launch_bounds__(256) k_ash_enc_warp(const float *__restrict__ x, uint8_t *__restrict__ p,
-                                                      cu_hp head, s_ap a)
+template <typename X>
+__global__ void __launch_bounds__(256) k_ash_enc_warp(const X *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
+                                                      s_ap a)
 {
     d_mark(head);
     __shared__ double sq[8][256]; // one warp's squares, segment-major
@@ -366,8 +367,8 @@ __device__ __forceinline__ uint32_t d_absbits_max8(const float v[8])
 // also a whole number of warp iterations (nb % S_K == 0, no load guards), and one
 // warp-uniform test per iteration for the common case (below) instead of a zero-block and
 // a 1/s test per block.
-template <bool FULL>
-__global__ void __launch_bounds__(S_ENC_CTA, FULL ? 7 : 6) k_ash_enc256(const float *__restrict__ x, uint8_t *__restrict__ p,
+template <bool FULL, typename X>
+__global__ void __launch_bounds__(S_ENC_CTA, FULL ? 7 : 6) k_ash_enc256(const X *__restrict__ x, uint8_t *__restrict__ p,
                                                     cu_hp head, s_ap a)
 {
     d_mark(head);
@@ -381,12 +382,11 @@ __global__ void __launch_bounds__(S_ENC_CTA, FULL ? 7 : 6) k_ash_enc256(const fl
     for (uint64_t base = warp * S_K; base < a.nb; base += nwarps * S_K) {
         float v[S_K][8];
         if (FULL) {
-            const float *xw = x + 256u * (uint32_t)base + 4u * lane;
+            const X *xw = x + 256u * (uint32_t)base + 4u * lane;
 #pragma unroll
             for (uint32_t b = 0; b < S_K; b++) {
-                const float4 q0 = *(const float4 *)(xw + 256u * b), q1 = *(const float4 *)(xw + 256u * b + 128u);
-                v[b][0] = q0.x; v[b][1] = q0.y; v[b][2] = q0.z; v[b][3] = q0.w;
-                v[b][4] = q1.x; v[b][5] = q1.y; v[b][6] = q1.z; v[b][7] = q1.w;
+                d_load4v(xw + 256u * b, 0, v[b]);
+                d_load4v(xw + 256u * b + 128u, 0, v[b] + 4);
             }
         } else {
 #pragma unroll
@@ -664,8 +664,9 @@ __device__ uint32_t d_cta_maxu(uint32_t v, uint32_t *red)
 
 // ---------------------------------------------------------------- block >= 512
 
-__global__ void __launch_bounds__(256) k_ash_enc_cta(const float *__restrict__ x, uint8_t *__restrict__ p,
-                                                     cu_hp head, s_ap a, float *work)
+template <typename X>
+__global__ void __launch_bounds__(256) k_ash_enc_cta(const X *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
+                                                     s_ap a, float *work)
 {
     d_mark(head);
     extern __shared__ float smem[];
@@ -678,7 +679,7 @@ __global__ void __launch_bounds__(256) k_ash_enc_cta(const float *__restrict__ x
         const uint64_t off = b * n;
         const uint32_t m = (uint32_t)(a.total - off < n ? a.total - off : n);
         for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
-            const float v = i < m ? x[off + i] : 0.0f;
+            const float v = i < m ? d_ldx(x, off + i) : 0.0f;
             bad |= (uint32_t)d_nonfinite(v);
             buf[i] = v;
         }
@@ -899,15 +900,16 @@ size_t cu_ash_scratch(const codec_spec_t *spec, uint64_t n)
     return (size_t)(nb < S_BIG_GRID ? nb : S_BIG_GRID) * block * sizeof(float);
 }
 
-int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head,
-                  void *work, cudaStream_t st, char *err, size_t errlen)
+template <typename X>
+static int s_ash_encode(const codec_spec_t *spec, uint64_t n, const X *x, uint8_t *payload, cu_hp head, void *work,
+                        cudaStream_t st, char *err, size_t errlen)
 {
     const s_ap a = s_params(spec, n, x);
     if (a.n == 256) {
         if (s_full(a, payload) && a.nb % S_K == 0) // FULL encode: whole warp iterations
-            k_ash_enc256<true><<<cu_grid(a.nb, S_K * S_ENC_WARPS), S_ENC_CTA, 0, st>>>(x, payload, head, a);
+            k_ash_enc256<true, X><<<cu_grid(a.nb, S_K * S_ENC_WARPS), S_ENC_CTA, 0, st>>>(x, payload, head, a);
         else
-            k_ash_enc256<false><<<cu_grid(a.nb, S_K * S_ENC_WARPS), S_ENC_CTA, 0, st>>>(x, payload, head, a);
+            k_ash_enc256<false, X><<<cu_grid(a.nb, S_K * S_ENC_WARPS), S_ENC_CTA, 0, st>>>(x, payload, head, a);
         CU_CHECK_LAUNCH("k_ash_enc256");
     } else if (a.n <= 256) {
         const uint64_t per_block = 8u * (32u / a.tpg);
@@ -922,6 +924,14 @@ int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t 
         CU_CHECK_LAUNCH("k_ash_enc_cta");
     }
     return 0;
+}
+
+int cu_ash_encode(const codec_spec_t *spec, uint64_t n, cu_dtype_t xt, const void *x, uint8_t *payload,
+                  cu_hp head, void *work, cudaStream_t st, char *err, size_t errlen)
+{
+    if (xt == CU_BF16)
+        return s_ash_encode(spec, n, (const cu_bf16 *)x, payload, head, work, st, err, errlen);
+    return s_ash_encode(spec, n, (const float *)x, payload, head, work, st, err, errlen);
 }
 
 int cu_ash_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,

@@ -131,6 +131,31 @@ extern "C" size_t cu_codec_scratch_bytes(const codec_spec_t *spec, codec_shape_t
     return CU_SCRATCH_HEAD + work;
 }
 
+// tah's bf16 input: the widened floats past the codec's own scratch (256-aligned)
+static size_t s_widen_off(const codec_spec_t *spec, codec_shape_t shape)
+{
+    return (cu_codec_scratch_bytes(spec, shape) + 255u) & ~(size_t)255u;
+}
+
+extern "C" size_t cu_codec_scratch_bytes_x(const codec_spec_t *spec, codec_shape_t shape, cu_dtype_t xt)
+{
+    const size_t base = cu_codec_scratch_bytes(spec, shape);
+    if (base == 0 || xt != CU_BF16 || spec->id != CODEC_TAH)
+        return base;
+    return s_widen_off(spec, shape) + codec_shape_elems(shape) * sizeof(float);
+}
+
+// bf16 -> fp32, exact (TAH-Quant's kernels stage fp32 rows; the other encoders read bf16 themselves)
+__global__ static void k_widen_bf16(float *__restrict__ y, const cu_bf16 *__restrict__ x, uint64_t n, bool vec)
+{
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c * 8 < n; c += stride) {
+        float v[8];
+        d_load8(x, c * 8, n, vec, v);
+        d_store8(y, c * 8, n - c * 8 < 8 ? (uint32_t)(n - c * 8) : 8u, vec, v);
+    }
+}
+
 // Common checks; *n gets B*S*C.
 static int s_check(const codec_spec_t *spec, codec_shape_t shape, const void *a, const void *b,
                    const void *scratch, uint64_t *n, char *err, size_t errlen)
@@ -149,13 +174,22 @@ static int s_check(const codec_spec_t *spec, codec_shape_t shape, const void *a,
     return 0;
 }
 
-static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *d_x, uint8_t *d_payload,
-                    void *d_scratch, cudaStream_t stream, unsigned int stages, char *err, size_t errlen);
+static int s_encode(const codec_spec_t *spec, codec_shape_t shape, cu_dtype_t xt, const void *d_x,
+                    uint8_t *d_payload, void *d_scratch, cudaStream_t stream, unsigned int stages, char *err,
+                    size_t errlen);
 
 extern "C" int cu_codec_encode(const codec_spec_t *spec, codec_shape_t shape, const float *d_x, uint8_t *d_payload,
                                void *d_scratch, cudaStream_t stream, char *err, size_t errlen)
 {
-    return s_encode(spec, shape, d_x, d_payload, d_scratch, stream, CU_TAH_ALL, err, errlen);
+    return s_encode(spec, shape, CU_F32, d_x, d_payload, d_scratch, stream, CU_TAH_ALL, err, errlen);
+}
+
+extern "C" int cu_codec_encode_x(const codec_spec_t *spec, codec_shape_t shape, cu_dtype_t xt, const void *d_x,
+                                 uint8_t *d_payload, void *d_scratch, cudaStream_t stream, char *err, size_t errlen)
+{
+    if (xt != CU_F32 && xt != CU_BF16)
+        return s_fail(TAH_EINVAL, err, errlen, "cuda codec: unknown input type %d (CU_F32 or CU_BF16)", (int)xt);
+    return s_encode(spec, shape, xt, d_x, d_payload, d_scratch, stream, CU_TAH_ALL, err, errlen);
 }
 
 // Benchmark only (bench/bench_cu_codec.c declares it; not in cu_codec.h): a TAH encode that
@@ -167,11 +201,12 @@ extern "C" int cu_codec_encode_stages(const codec_spec_t *spec, codec_shape_t sh
                                       uint8_t *d_payload, void *d_scratch, cudaStream_t stream, unsigned int stages,
                                       char *err, size_t errlen)
 {
-    return s_encode(spec, shape, d_x, d_payload, d_scratch, stream, stages & CU_TAH_ALL, err, errlen);
+    return s_encode(spec, shape, CU_F32, d_x, d_payload, d_scratch, stream, stages & CU_TAH_ALL, err, errlen);
 }
 
-static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *d_x, uint8_t *d_payload,
-                    void *d_scratch, cudaStream_t stream, unsigned int stages, char *err, size_t errlen)
+static int s_encode(const codec_spec_t *spec, codec_shape_t shape, cu_dtype_t xt, const void *d_x,
+                    uint8_t *d_payload, void *d_scratch, cudaStream_t stream, unsigned int stages, char *err,
+                    size_t errlen)
 {
     uint64_t n = 0;
     int rc = s_check(spec, shape, d_x, d_payload, d_scratch, &n, err, errlen);
@@ -184,11 +219,21 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *
     switch (spec->id) {
     case CODEC_FP32:
     case CODEC_FP16:
-    case CODEC_BF16: return cu_raw_encode(spec, n, d_x, d_payload, head, stream, err, errlen);
+    case CODEC_BF16: return cu_raw_encode(spec, n, xt, d_x, d_payload, head, stream, err, errlen);
     case CODEC_FIXPT:
-    case CODEC_INT: return cu_group_encode(spec, n, d_x, d_payload, head, work, stream, err, errlen);
-    case CODEC_ASH_FP8: return cu_ash_encode(spec, n, d_x, d_payload, head, work, stream, err, errlen);
-    case CODEC_TAH: return cu_tah_encode(spec, shape, d_x, d_payload, head, work, stream, stages, err, errlen);
+    case CODEC_INT: return cu_group_encode(spec, n, xt, d_x, d_payload, head, work, stream, err, errlen);
+    case CODEC_ASH_FP8: return cu_ash_encode(spec, n, xt, d_x, d_payload, head, work, stream, err, errlen);
+    case CODEC_TAH: {
+        const float *xf = (const float *)d_x;
+        if (xt == CU_BF16) { // widened into the scratch's tail (cu_codec_scratch_bytes_x)
+            float *w = (float *)((uint8_t *)d_scratch + s_widen_off(spec, shape));
+            const bool vec = ((uintptr_t)d_x & 15u) == 0;
+            k_widen_bf16<<<cu_grid((n + 7) / 8, 256), 256, 0, stream>>>(w, (const cu_bf16 *)d_x, n, vec);
+            CU_CHECK_LAUNCH("k_widen_bf16");
+            xf = w;
+        }
+        return cu_tah_encode(spec, shape, xf, d_payload, head, work, stream, stages, err, errlen);
+    }
     }
     return s_fail(TAH_ECODEC, err, errlen, "cuda codec: unknown codec id %d", (int)spec->id);
 }

@@ -46,14 +46,29 @@
 extern "C" {
 #endif
 
+/* Element type of an encoder's input in device memory. A bf16 element is
+ * read as its exact float value, so encoding bf16 input writes the payload
+ * codec_encode() writes for the widened floats. */
+typedef enum cu_dtype { CU_F32 = 0, CU_BF16 = 1 } cu_dtype_t;
+
 /* Device scratch bytes needed by encode and decode of (spec, shape), or 0
  * if the spec or shape is invalid. */
 size_t cu_codec_scratch_bytes(const codec_spec_t *spec, codec_shape_t shape);
+
+/* The same for an encode of input type xt: tah widens bf16 input into the
+ * scratch first (4 bytes per element more); every other codec reads bf16
+ * in its own kernels and needs what cu_codec_scratch_bytes says. */
+size_t cu_codec_scratch_bytes_x(const codec_spec_t *spec, codec_shape_t shape, cu_dtype_t xt);
 
 /* Encode B*S*C floats at d_x (device, row-major (B,S,C)) into exactly
  * codec_frame_size() - 64 payload bytes at d_payload (device). */
 int cu_codec_encode(const codec_spec_t *spec, codec_shape_t shape, const float *d_x, uint8_t *d_payload,
                     void *d_scratch, cudaStream_t stream, char *err, size_t errlen);
+
+/* Encode B*S*C elements of type xt at d_x; d_scratch holds at least
+ * cu_codec_scratch_bytes_x(spec, shape, xt) bytes. */
+int cu_codec_encode_x(const codec_spec_t *spec, codec_shape_t shape, cu_dtype_t xt, const void *d_x,
+                      uint8_t *d_payload, void *d_scratch, cudaStream_t stream, char *err, size_t errlen);
 
 /* Decode a payload (device; its frame header already validated on the
  * host) into B*S*C floats at d_out (device). */

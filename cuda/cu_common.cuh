@@ -17,6 +17,7 @@
 #ifndef TAH_CU_COMMON_CUH
 #define TAH_CU_COMMON_CUH
 
+#include <cuda_bf16.h> // __nv_bfloat16 (bf16 input of the encoders)
 #include <cuda_fp16.h> // __float2half_rd, __float2half_ru
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -327,8 +328,57 @@ __device__ __forceinline__ uint32_t d_get_u32(const uint8_t *p)
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
+// ---- encoder input: fp32 or bf16 (cu_dtype_t) ----
+// Every encoder kernel reads x through the helpers below, templated on its element type X.
+// A bf16 element is widened exactly (its 16 bits above 16 zero bits), so an encode of bf16
+// input does the float operations of an encode of the widened floats: the same payload as
+// codec_encode of those floats. `vec` (16-byte aligned base) covers both types: a bf16
+// run of 8 is one 16-byte load, a run of 4 one 8-byte load.
+typedef __nv_bfloat16 cu_bf16;
+
+__device__ __forceinline__ float d_ldx(const float *x, uint64_t i) { return x[i]; }
+__device__ __forceinline__ float d_ldx(const cu_bf16 *x, uint64_t i)
+{
+    return __uint_as_float((uint32_t)__bfloat16_as_ushort(x[i]) << 16);
+}
+// two bf16 in a 32-bit word (little-endian: the lower address in the low half) as floats
+__device__ __forceinline__ float d_bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float d_bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Four consecutive elements from x[off..off+4) as floats (aligned: off % 4 == 0 and vec).
+__device__ __forceinline__ void d_load4v(const float *x, uint64_t off, float v[4])
+{
+    const float4 a = *(const float4 *)(x + off);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+}
+__device__ __forceinline__ void d_load4v(const cu_bf16 *x, uint64_t off, float v[4])
+{
+    const uint2 a = *(const uint2 *)(x + off);
+    v[0] = d_bf_lo(a.x); v[1] = d_bf_hi(a.x); v[2] = d_bf_lo(a.y); v[3] = d_bf_hi(a.y);
+}
+
+// The same four as a float4 (p 16-byte aligned for fp32, 8-byte for bf16).
+__device__ __forceinline__ float4 d_load_f4(const float *p) { return *(const float4 *)p; }
+__device__ __forceinline__ float4 d_load_f4(const cu_bf16 *p)
+{
+    const uint2 a = *(const uint2 *)p;
+    return make_float4(d_bf_lo(a.x), d_bf_hi(a.x), d_bf_lo(a.y), d_bf_hi(a.y));
+}
+
 // Eight consecutive floats from x[off..off+8) with zeros at and beyond
-// `end`; two 16-byte loads when the whole run is in range and aligned.
+// `end`; two 16-byte loads (bf16: one) when the whole run is in range and aligned.
+__device__ __forceinline__ void d_load8(const cu_bf16 *x, uint64_t off, uint64_t end, bool vec, float v[8])
+{
+    if (vec && off + 8 <= end) {
+        const uint4 a = *(const uint4 *)(x + off);
+        v[0] = d_bf_lo(a.x); v[1] = d_bf_hi(a.x); v[2] = d_bf_lo(a.y); v[3] = d_bf_hi(a.y);
+        v[4] = d_bf_lo(a.z); v[5] = d_bf_hi(a.z); v[6] = d_bf_lo(a.w); v[7] = d_bf_hi(a.w);
+    } else {
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            v[r] = off + r < end ? d_ldx(x, off + r) : 0.0f;
+    }
+}
 __device__ __forceinline__ void d_load8(const float *x, uint64_t off, uint64_t end, bool vec, float v[8])
 {
     if (vec && off + 8 <= end) {
@@ -373,21 +423,20 @@ __device__ __forceinline__ void d_store8(float *out, uint64_t off, uint32_t m, b
 // changes); for the group codecs and TAH's decoder it measured no faster, they keep
 // the consecutive layout (cuda/NOTES.md, round 7).
 
-// Load lane tl's 8 elements of the unit at x[off..off+len) (zeros past len).
-__device__ __forceinline__ void d_load8h(const float *x, uint64_t off, uint32_t len, uint32_t tl, uint32_t tpg,
+// Load lane tl's 8 elements of the unit at x[off..off+len) (zeros past len; off % 4 == 0).
+template <typename X>
+__device__ __forceinline__ void d_load8h(const X *x, uint64_t off, uint32_t len, uint32_t tl, uint32_t tpg,
                                          bool vec, float v[8])
 {
     const uint32_t p0 = 4u * tl, p1 = 4u * (tpg + tl);
     if (vec && p1 + 4u <= len) {
-        const float4 a = *(const float4 *)(x + off + p0);
-        const float4 b = *(const float4 *)(x + off + p1);
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        d_load4v(x, off + p0, v);
+        d_load4v(x, off + p1, v + 4);
     } else {
 #pragma unroll
         for (int r = 0; r < 8; r++) {
             const uint32_t i = (r < 4 ? p0 : p1) + (uint32_t)(r & 3);
-            v[r] = i < len ? x[off + i] : 0.0f;
+            v[r] = i < len ? d_ldx(x, off + i) : 0.0f;
         }
     }
 }
@@ -470,18 +519,18 @@ __device__ __forceinline__ uint32_t d_seg_minu(uint32_t v, uint32_t tpg)
 }
 
 // ---- per-codec entry points (cu_codec.cu dispatches; scratch is past the head) ----
-int cu_raw_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head,
-                  cudaStream_t st, char *err, size_t errlen);
+int cu_raw_encode(const codec_spec_t *spec, uint64_t n, cu_dtype_t xt, const void *x, uint8_t *payload,
+                  cu_hp head, cudaStream_t st, char *err, size_t errlen);
 int cu_raw_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,
                   cudaStream_t st, char *err, size_t errlen);
 size_t cu_group_scratch(const codec_spec_t *spec, uint64_t n);
-int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head, void *work,
-                    cudaStream_t st, char *err, size_t errlen);
+int cu_group_encode(const codec_spec_t *spec, uint64_t n, cu_dtype_t xt, const void *x, uint8_t *payload,
+                    cu_hp head, void *work, cudaStream_t st, char *err, size_t errlen);
 int cu_group_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,
                     cudaStream_t st, char *err, size_t errlen);
 size_t cu_ash_scratch(const codec_spec_t *spec, uint64_t n);
-int cu_ash_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head,
-                  void *work, cudaStream_t st, char *err, size_t errlen);
+int cu_ash_encode(const codec_spec_t *spec, uint64_t n, cu_dtype_t xt, const void *x, uint8_t *payload,
+                  cu_hp head, void *work, cudaStream_t st, char *err, size_t errlen);
 int cu_ash_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,
                   void *work, cudaStream_t st, char *err, size_t errlen);
 size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape);

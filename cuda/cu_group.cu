@@ -323,8 +323,8 @@ __device__ __forceinline__ void d_group_stats(const float v[8], uint32_t len, ui
 
 // group > 256: one CTA of S_CTA threads per group (thread tl takes chunks tl, tl + S_CTA, ..)
 // (int: blk_amax holds each exponent block's max |x| bits, from k_absmax)
-template <int MODE>
-__global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ x, uint8_t *__restrict__ p,
+template <int MODE, typename X>
+__global__ void __launch_bounds__(256) k_group_encode(const X *__restrict__ x, uint8_t *__restrict__ p,
                                                       const uint32_t *__restrict__ blk_amax, cu_hp head, s_gp g)
 {
     d_mark(head);
@@ -410,8 +410,8 @@ __global__ void __launch_bounds__(256) k_group_encode(const float *__restrict__ 
 // int 4) so the packing is a few shifts; BITS = 0 reads g.bits.
 // Per group, the arithmetic is k_group_encode's, in the same order.
 
-template <int MODE, int BITS, int U>
-__global__ void __launch_bounds__(256) k_group_enc_seg(const float *__restrict__ x, uint8_t *__restrict__ p,
+template <int MODE, int BITS, int U, typename X>
+__global__ void __launch_bounds__(256) k_group_enc_seg(const X *__restrict__ x, uint8_t *__restrict__ p,
                                                        const uint32_t *__restrict__ blk_amax, cu_hp head, s_gp g)
 {
     d_mark(head);
@@ -782,7 +782,8 @@ __global__ void __launch_bounds__(256) k_group_dec_row(const uint8_t *__restrict
 // by the host; a block is S_IBLK groups, blk_elems elements, a multiple of 8, so no 8-element
 // chunk straddles two blocks) and the finite check. A warp takes 32 consecutive chunks per
 // step, 4 steps' loads first; per step one atomicMax per block its chunks touch.
-__global__ void __launch_bounds__(256) k_absmax(const float *__restrict__ x, uint64_t n, bool vec,
+template <typename X>
+__global__ void __launch_bounds__(256) k_absmax(const X *__restrict__ x, uint64_t n, bool vec,
                                                 uint32_t *__restrict__ blk_amax, uint64_t blk_elems, cu_hp head)
 {
     d_mark(head);
@@ -864,8 +865,8 @@ __device__ __forceinline__ uint16_t d_int_meta(float2 sv, float pdown, const s_g
 }
 
 // k_int_stats' work for warp `warp` of `nwarps`; non-finite x in bad.
-template <int MODE, int U>
-__device__ __forceinline__ void d_int_stats(const float *__restrict__ x, float2 *__restrict__ st, const s_gp &g,
+template <int MODE, int U, typename X>
+__device__ __forceinline__ void d_int_stats(const X *__restrict__ x, float2 *__restrict__ st, const s_gp &g,
                                                 uint64_t warp, uint64_t nwarps, uint32_t &bad)
 {
     const uint32_t lane = threadIdx.x & 31u;
@@ -919,23 +920,23 @@ __device__ __forceinline__ int32_t d_blk_exp(const float2 *st, const s_gp &g, ui
     return d_int_exp(__reduce_max_sync(CU_FULL, m));
 }
 
-template <int MODE, int U>
-__global__ void __launch_bounds__(256) k_int_stats(const float *__restrict__ x, float2 *__restrict__ st,
+template <int MODE, int U, typename X>
+__global__ void __launch_bounds__(256) k_int_stats(const X *__restrict__ x, float2 *__restrict__ st,
                                                    cu_hp head, s_gp g)
 {
     d_mark(head);
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
     uint32_t bad = 0;
-    d_int_stats<MODE, U>(x, st, g, warp, nwarps, bad);
+    d_int_stats<MODE, U, X>(x, st, g, warp, nwarps, bad);
     if (bad)
         d_flag(head, CU_ST_NONFINITE);
 }
 
 // k_int_codes' work for warp `warp` of `nwarps`.
-template <int MODE, int BITS, int U>
+template <int MODE, int BITS, int U, typename X>
 // (st without __restrict__: in k_int_fused other CTAs wrote it in this launch.)
-__device__ __forceinline__ void d_int_codes(const float *__restrict__ x, const float2 *st,
+__device__ __forceinline__ void d_int_codes(const X *__restrict__ x, const float2 *st,
                                             uint8_t *__restrict__ p, const s_gp &g, uint64_t warp, uint64_t nwarps)
 {
     const uint32_t lane = threadIdx.x & 31u;
@@ -1011,14 +1012,14 @@ __device__ __forceinline__ void d_int_codes(const float *__restrict__ x, const f
     }
 }
 
-template <int MODE, int BITS, int U>
-__global__ void __launch_bounds__(256) k_int_codes(const float *__restrict__ x, const float2 *__restrict__ st,
+template <int MODE, int BITS, int U, typename X>
+__global__ void __launch_bounds__(256) k_int_codes(const X *__restrict__ x, const float2 *__restrict__ st,
                                                    uint8_t *__restrict__ p, cu_hp head, s_gp g)
 {
     d_mark(head);
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
-    d_int_codes<MODE, BITS, U>(x, st, p, g, warp, nwarps);
+    d_int_codes<MODE, BITS, U, X>(x, st, p, g, warp, nwarps);
 }
 
 // int encode in one cooperative launch (round 6, 4 <= tpg <= 32): k_int_stats' pass, one
@@ -1026,8 +1027,8 @@ __global__ void __launch_bounds__(256) k_int_codes(const float *__restrict__ x, 
 // still in L2). Replaces k_int_stats + k_int_codes: the same statistics, exponents and
 // codes.
 #define S_INT_MAXGRID 1024u
-template <int MODE, int BITS, int U, int MINB>
-__global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict__ x, float2 *st,
+template <int MODE, int BITS, int U, int MINB, typename X>
+__global__ void __launch_bounds__(256, MINB) k_int_fused(const X *__restrict__ x, float2 *st,
                                                       uint8_t *__restrict__ p, cu_hp head, s_gp g)
 {
     cooperative_groups::grid_group grid = cooperative_groups::this_grid();
@@ -1035,11 +1036,11 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const float *__restrict
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
     uint32_t bad = 0;
-    d_int_stats<MODE, U>(x, st, g, warp, nwarps, bad);
+    d_int_stats<MODE, U, X>(x, st, g, warp, nwarps, bad);
     if (bad)
         d_flag(head, CU_ST_NONFINITE);
     grid.sync(); // every group's statistics written
-    d_int_codes<MODE, BITS, U>(x, st, p, g, warp, nwarps);
+    d_int_codes<MODE, BITS, U, X>(x, st, p, g, warp, nwarps);
 }
 
 // int encode, the default int specs (4 bits, group 128, asymmetric or symmetric) on whole
@@ -1100,8 +1101,8 @@ __device__ __forceinline__ uint32_t d_int_codes4(float4 f, float pdown, float mn
     return w02 | (w13 << 4);
 }
 
-template <int MODE>
-__global__ void __launch_bounds__(S_INT_CTA) k_int_row(const float *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
+template <int MODE, typename X>
+__global__ void __launch_bounds__(S_INT_CTA) k_int_row(const X *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
                                                        s_gp g)
 {
     d_mark(head);
@@ -1114,10 +1115,10 @@ __global__ void __launch_bounds__(S_INT_CTA) k_int_row(const float *__restrict__
     float2 sv = make_float2(0.0f, 0.0f); // lane u: group g0 + u's (min, max)
     uint32_t amax = 0;
     if (live) {
-        const float *xw = x + 128u * (uint64_t)g0 + 4u * lane;
+        const X *xw = x + 128u * (uint64_t)g0 + 4u * lane;
 #pragma unroll
         for (uint32_t u = 0; u < S_ROW_INT; u++)
-            v[u] = g0 + u < ng ? *(const float4 *)(xw + 128u * u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[u] = g0 + u < ng ? d_load_f4(xw + 128u * u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (uint32_t u = 0; u < S_ROW_INT; u++) {
             const float4 f = v[u];
@@ -1200,8 +1201,8 @@ struct s_fbuf {
     float v[U][8];
 };
 
-template <int U>
-__device__ __forceinline__ void d_fix_load(const float *__restrict__ x, const s_gp &g, uint32_t base, uint32_t lane,
+template <int U, typename X>
+__device__ __forceinline__ void d_fix_load(const X *__restrict__ x, const s_gp &g, uint32_t base, uint32_t lane,
                                            s_fbuf<U> &b)
 {
     const uint32_t tpg = g.tpg, tl = lane % tpg, spw = 32u / tpg;
@@ -1287,8 +1288,8 @@ __device__ __forceinline__ void d_fix_iter(uint8_t *__restrict__ p, const s_gp &
     }
 }
 
-template <int MODE, int BITS, int U, int MINB>
-__global__ void __launch_bounds__(256, MINB) k_fix_enc(const float *__restrict__ x, uint8_t *__restrict__ p,
+template <int MODE, int BITS, int U, int MINB, typename X>
+__global__ void __launch_bounds__(256, MINB) k_fix_enc(const X *__restrict__ x, uint8_t *__restrict__ p,
                                                        cu_hp head, s_gp g)
 {
     d_mark(head);
@@ -1300,7 +1301,7 @@ __global__ void __launch_bounds__(256, MINB) k_fix_enc(const float *__restrict__
     uint32_t inmax = 0, range = 0;
     s_fbuf<U> b;
     for (uint32_t base = warp * nslot; base < ng; base += stride) { // uniform per warp
-        d_fix_load<U>(x, g, base, lane, b);
+        d_fix_load<U, X>(x, g, base, lane, b);
         d_fix_iter<MODE, BITS, U>(p, g, base, lane, b, inmax, range);
     }
     if (inmax >= 0x7f800000u)
@@ -1315,7 +1316,8 @@ __global__ void __launch_bounds__(256, MINB) k_fix_enc(const float *__restrict__
 // arithmetic), and every group's codes leave as one 128-byte store of the warp.
 #define S_ROW_ENC 4u // groups per warp (one iteration)
 
-__global__ void __launch_bounds__(256) k_fix_enc_row(const float *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
+template <typename X>
+__global__ void __launch_bounds__(256) k_fix_enc_row(const X *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
                                                      s_gp g)
 {
     d_mark(head);
@@ -1323,11 +1325,11 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const float *__restrict__ x
     const uint32_t g0 = (blockIdx.x * blockDim.x + threadIdx.x) / 32u * S_ROW_ENC;
     if (g0 >= ng)
         return; // warp-uniform
-    const float *xw = x + 128u * (uint64_t)g0 + 4u * lane;
+    const X *xw = x + 128u * (uint64_t)g0 + 4u * lane;
     float4 v[S_ROW_ENC];
 #pragma unroll
     for (uint32_t u = 0; u < S_ROW_ENC; u++) // past the end: zeros, nothing stored
-        v[u] = g0 + u < ng ? *(const float4 *)(xw + 128u * u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[u] = g0 + u < ng ? d_load_f4(xw + 128u * u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     uint32_t slot_bits = 0; // lane u: group g0 + u's max|x| bits
 #pragma unroll
     for (uint32_t u = 0; u < S_ROW_ENC; u++) {
@@ -1504,8 +1506,8 @@ size_t cu_group_scratch(const codec_spec_t *spec, uint64_t n)
            + 4u * (size_t)((ng + S_IBLK - 1) / S_IBLK);            // per-block max |x| bits: the generic paths
 }
 
-template <int MODE>
-static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp head, void *work, cudaStream_t st,
+template <int MODE, typename X>
+static int s_encode_mode(const s_gp &g, const X *x, uint8_t *payload, cu_hp head, void *work, cudaStream_t st,
                          char *err, size_t errlen)
 {
     if constexpr (MODE >= M_INT_ASYM) {
@@ -1520,13 +1522,13 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
             if (cu_fuse()) { // one cooperative launch, no memset (round 6; 2 rows per warp at 4
                              // CTAs per SM measured slower: 0.0565 vs 0.0505 ms, H200)
                 const void *kern = g.bits == s_fast_bits(MODE)
-                                       ? (const void *)k_int_fused<MODE, s_fast_bits(MODE), S_ROWS, 3>
-                                       : (const void *)k_int_fused<MODE, 0, S_ROWS, 3>;
+                                       ? (const void *)k_int_fused<MODE, s_fast_bits(MODE), S_ROWS, 3, X>
+                                       : (const void *)k_int_fused<MODE, 0, S_ROWS, 3, X>;
                 uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, 0);
                 blocks = blocks < S_INT_MAXGRID ? blocks : S_INT_MAXGRID;
                 blocks = blocks < grid ? blocks : grid;
                 if (blocks > 0) {
-                    const float *a_x = x;
+                    const X *a_x = x;
                     float2 *a_st = stats;
                     uint8_t *a_p = payload;
                     cu_hp a_head = head;
@@ -1589,8 +1591,9 @@ static int s_encode_mode(const s_gp &g, const float *x, uint8_t *payload, cu_hp 
     return 0;
 }
 
-int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head, void *work,
-                    cudaStream_t st, char *err, size_t errlen)
+template <typename X>
+static int s_group_encode(const codec_spec_t *spec, uint64_t n, const X *x, uint8_t *payload, cu_hp head, void *work,
+                          cudaStream_t st, char *err, size_t errlen)
 {
     const s_gp g = s_params(spec, n, x);
     switch (s_mode(spec)) {
@@ -1599,6 +1602,14 @@ int cu_group_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_
     case M_INT_ASYM: return s_encode_mode<M_INT_ASYM>(g, x, payload, head, work, st, err, errlen);
     default: return s_encode_mode<M_INT_SYM>(g, x, payload, head, work, st, err, errlen);
     }
+}
+
+int cu_group_encode(const codec_spec_t *spec, uint64_t n, cu_dtype_t xt, const void *x, uint8_t *payload,
+                    cu_hp head, void *work, cudaStream_t st, char *err, size_t errlen)
+{
+    if (xt == CU_BF16)
+        return s_group_encode(spec, n, (const cu_bf16 *)x, payload, head, work, st, err, errlen);
+    return s_group_encode(spec, n, (const float *)x, payload, head, work, st, err, errlen);
 }
 
 template <int MODE> // M_FIX_NEAR (both fixpt modes decode alike), M_INT_ASYM, M_INT_SYM

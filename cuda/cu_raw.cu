@@ -19,9 +19,8 @@ __device__ __forceinline__ uint16_t d_bf16(float f)
     return (uint16_t)(x >> 16);
 }
 
-template <int MODE>
-__global__ void k_raw_encode(const float *__restrict__ x, uint64_t n, uint8_t *__restrict__ p, cu_hp head,
-                             bool vec)
+template <int MODE, typename X>
+__global__ void k_raw_encode(const X *__restrict__ x, uint64_t n, uint8_t *__restrict__ p, cu_hp head, bool vec)
 {
     d_mark(head);
     const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
@@ -31,11 +30,10 @@ __global__ void k_raw_encode(const float *__restrict__ x, uint64_t n, uint8_t *_
         const uint32_t m = n - i0 < 4 ? (uint32_t)(n - i0) : 4u;
         float v[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
         if (vec && m == 4) {
-            float4 a = *(const float4 *)(x + i0);
-            v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+            d_load4v(x, i0, v);
         } else {
             for (uint32_t r = 0; r < m; r++)
-                v[r] = x[i0 + r];
+                v[r] = d_ldx(x, i0 + r);
         }
         uint32_t w[4];
 #pragma unroll
@@ -125,8 +123,9 @@ static bool s_aligned16(const void *a, const void *b)
     return (((uintptr_t)a | (uintptr_t)b) & 15u) == 0;
 }
 
-int cu_raw_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t *payload, cu_hp head,
-                  cudaStream_t st, char *err, size_t errlen)
+template <typename X>
+static int s_raw_encode(const codec_spec_t *spec, uint64_t n, const X *x, uint8_t *payload, cu_hp head,
+                        cudaStream_t st, char *err, size_t errlen)
 {
     const unsigned int grid = cu_grid((n + 3) / 4, 256);
     const bool vec = s_aligned16(x, payload);
@@ -137,6 +136,14 @@ int cu_raw_encode(const codec_spec_t *spec, uint64_t n, const float *x, uint8_t 
     }
     CU_CHECK_LAUNCH("k_raw_encode");
     return 0;
+}
+
+int cu_raw_encode(const codec_spec_t *spec, uint64_t n, cu_dtype_t xt, const void *x, uint8_t *payload,
+                  cu_hp head, cudaStream_t st, char *err, size_t errlen)
+{
+    if (xt == CU_BF16)
+        return s_raw_encode(spec, n, (const cu_bf16 *)x, payload, head, st, err, errlen);
+    return s_raw_encode(spec, n, (const float *)x, payload, head, st, err, errlen);
 }
 
 int cu_raw_decode(const codec_spec_t *spec, uint64_t n, const uint8_t *payload, float *out, cu_hp head,

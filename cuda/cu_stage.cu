@@ -711,11 +711,11 @@ static int s_create(stage_t *s, cs_dev *c)
 // ---- boundary tensors encoded on the device (stage_encode_boundary) ----
 // Rank 0's tensor (every rank holds the same output; the input gradient is
 // rank 0's). The codec runs on the stage's wire stream once the compute
-// stream has produced the tensor (an event), bf16 activations widened to
-// fp32 first (the codecs read fp32), then only the payload is copied to the
-// host frame (page-locked when it comes from b_host_alloc). The call returns
-// when the frame is sealed: the next forward / backward may reuse dres and
-// stage_f.
+// stream has produced the tensor (an event), bf16 activations read as bf16
+// by the encoder (cu_codec_encode_x: the frame of the widened floats), then
+// only the payload is copied to the host frame (page-locked when it comes
+// from b_host_alloc). The call returns when the frame is sealed: the next
+// forward / backward may reuse dres.
 
 static int s_grow(cs_dev *c, const stage_t *s, void **p, size_t *have, size_t need, const char *what)
 {
@@ -737,7 +737,7 @@ static int s_wire_prepare(stage_t *s, const codec_spec_t *spec, uint8_t *frame, 
     cs_dev *c = CS(s);
     cs_rank *g = &c->g[0];
     const codec_shape_t shape = { (uint32_t)s->o.B, (uint32_t)s->o.T, (uint32_t)s->o.cfg.C };
-    const size_t scr = cu_codec_scratch_bytes(spec, shape);
+    const size_t scr = cu_codec_scratch_bytes_x(spec, shape, c->bf16 ? CU_BF16 : CU_F32);
     if (!scr || len <= CODEC_HEADER_SIZE) {
         snprintf(err, errlen, "codec spec or shape (%u,%u,%u) not encodable on the device", shape.b, shape.s, shape.c);
         return TAH_EINVAL;
@@ -762,20 +762,15 @@ int cs_wire_launch(stage_t *s, const char *src)
 {
     cs_dev *c = CS(s);
     cs_rank *g = &c->g[0];
-    const size_t BTC = (size_t)s->o.B * s->o.T * s->o.cfg.C;
     const codec_shape_t shape = { (uint32_t)s->o.B, (uint32_t)s->o.T, (uint32_t)s->o.cfg.C };
     CK(cudaSetDevice(g->dev));
     CK(cudaEventRecord(c->wev, g->st));
     CK(cudaStreamWaitEvent(c->wst, c->wev, 0));
-    const float *x = (const float *)src;
-    if (c->bf16) {
-        CK(cl_to_f32<cu_bf16>(g->stage_f, (const cu_bf16 *)src, BTC, c->wst));
-        x = g->stage_f;
-    }
-    // no wait back: until the caller's s_wire_finish the compute streams touch
-    // neither src (dres or the slot's output) nor stage_f
+    // no wait back: until the caller's s_wire_finish the compute streams do not touch src (dres
+    // or the slot's output)
     char cerr[256] = "";
-    int rc = cu_codec_encode(c->wspec, shape, x, c->wpay, c->wscr, c->wst, cerr, sizeof cerr);
+    int rc = cu_codec_encode_x(c->wspec, shape, c->bf16 ? CU_BF16 : CU_F32, src, c->wpay, c->wscr, c->wst, cerr,
+                               sizeof cerr);
     if (rc) // the spec and shape passed s_wire_prepare: a launch failed
         return cs_fail(c, s, "cu_codec_encode", cerr, __FILE__, __LINE__);
     CK(cudaMemcpyAsync(c->wframe + CODEC_HEADER_SIZE, c->wpay, c->wlen - CODEC_HEADER_SIZE, cudaMemcpyDeviceToHost,

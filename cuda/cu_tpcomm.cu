@@ -5,7 +5,8 @@
 //
 // Kernels (grid-stride loops; thread t of the grid handles elements t,
 // t + gridDim*blockDim, ...):
-//   k_bf16_to_f32 / k_f32_to_bf16   one element per step
+//   k_bf16_to_f32 / k_f32_to_bf16   one element per step (bf16 input is widened only when
+//                                    it must be padded to whole chunks)
 //   k_sum_ranks                      one float4 of the chunk per step, the
 //                                    N decoded chunks added in rank order
 //   k_sticky                         one thread: sticky |= the codec status
@@ -264,12 +265,13 @@ static int s_new(cu_tp_t *t, const int *devices, char *err, size_t errlen)
         t->r[i].dev = devices[i];
     }
     if (t->compressed) {
-        t->unit = s_lcm(s_lcm(tp_codec_unit(&t->rs), tp_codec_unit(&t->ag)), 4); // and 16-byte starts
+        t->unit = s_lcm(s_lcm(tp_codec_unit(&t->rs), tp_codec_unit(&t->ag)), 4); // and 16-byte starts (fp32)
         t->kmax = s_chunk(t, t->max_n);
         t->npmax = t->kmax * (size_t)t->n;
         const size_t p1 = s_plen(&t->rs, t->kmax), p2 = s_plen(&t->ag, t->kmax);
         const codec_shape_t sh = { 1, 1, (uint32_t)t->kmax };
-        const size_t sb1 = p1 ? cu_codec_scratch_bytes(&t->rs, sh) : 0, sb2 = p2 ? cu_codec_scratch_bytes(&t->ag, sh) : 0;
+        const size_t sb1 = p1 ? cu_codec_scratch_bytes_x(&t->rs, sh, CU_BF16) : 0; // bf16 input encoded in place
+        const size_t sb2 = p2 ? cu_codec_scratch_bytes(&t->ag, sh) : 0;
         if (!p1 || !p2 || !sb1 || !sb2)
             return s_err(TAH_EINVAL, err, errlen, "tp all-reduce: the codecs cannot encode a chunk of %zu floats",
                          t->kmax);
@@ -367,13 +369,17 @@ static int s_twoshot(cu_tp_t *t, void *const *in, int in_type, void *const *out,
     const size_t k = s_chunk(t, n), npad = k * (size_t)N;
     const size_t p1 = s_plen(&t->rs, k), p2 = s_plen(&t->ag, k), cap1 = s_cap(p1), cap2 = s_cap(p2);
     const codec_shape_t sh = { 1, 1, (uint32_t)k };
-    const int direct_in = in_type == CU_TP_F32 && npad == n, direct_out = out_type == CU_TP_F32 && npad == n;
+    // an input of whole chunks is encoded where it lies, bf16 included (cu_codec_encode_x); the
+    // padded case goes through g->xf as fp32
+    const int direct_in = npad == n, direct_out = out_type == CU_TP_F32 && npad == n;
+    const cu_dtype_t xt = direct_in && in_type == CU_TP_BF16 ? CU_BF16 : CU_F32;
+    const size_t xs = xt == CU_BF16 ? 2 : 4; // bytes per input element
     int rc;
     if (parts & CU_TP_CODEC) // 0-1: fp32 copy, encode every chunk
         for (int i = 0; i < N; i++) {
             s_rank *g = &t->r[i];
             S_CU(cudaSetDevice(g->dev), i);
-            const float *src = direct_in ? (const float *)in[i] : g->xf;
+            const uint8_t *src = direct_in ? (const uint8_t *)in[i] : (const uint8_t *)g->xf;
             if (!direct_in) {
                 if (in_type == CU_TP_BF16) {
                     k_bf16_to_f32<<<s_blocks(n), 256, 0, st[i]>>>(g->xf, (const __nv_bfloat16 *)in[i], n);
@@ -385,8 +391,8 @@ static int s_twoshot(cu_tp_t *t, void *const *in, int in_type, void *const *out,
                     S_CU(cudaMemsetAsync(g->xf + n, 0, (npad - n) * 4, st[i]), i);
             }
             for (int j = 0; j < N; j++) {
-                rc = cu_codec_encode(&t->rs, sh, src + (size_t)j * k, g->rs_send + (size_t)j * cap1, g->scratch,
-                                     st[i], err, errlen);
+                rc = cu_codec_encode_x(&t->rs, sh, xt, src + (size_t)j * k * xs, g->rs_send + (size_t)j * cap1,
+                                       g->scratch, st[i], err, errlen);
                 if (rc)
                     return s_codec(rc, "reduce-scatter encode", i, j, err, errlen);
             }
