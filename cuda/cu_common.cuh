@@ -332,8 +332,8 @@ __device__ __forceinline__ uint32_t d_get_u32(const uint8_t *p)
 // Every encoder kernel reads x through the helpers below, templated on its element type X.
 // A bf16 element is widened exactly (its 16 bits above 16 zero bits), so an encode of bf16
 // input does the float operations of an encode of the widened floats: the same payload as
-// codec_encode of those floats. `vec` (16-byte aligned base) covers both types: a bf16
-// run of 8 is one 16-byte load, a run of 4 one 8-byte load.
+// codec_encode of those floats. `vec` (a 16-byte aligned base, and offsets that keep fp32
+// runs of 4 16-byte aligned) covers both types: a bf16 run of 4 is one 8-byte load.
 typedef __nv_bfloat16 cu_bf16;
 
 __device__ __forceinline__ float d_ldx(const float *x, uint64_t i) { return x[i]; }
@@ -366,11 +366,20 @@ __device__ __forceinline__ float4 d_load_f4(const cu_bf16 *p)
 }
 
 // Eight consecutive floats from x[off..off+8) with zeros at and beyond
-// `end`; two 16-byte loads (bf16: one) when the whole run is in range and aligned.
+// `end`; two 16-byte loads when the whole run is in range and aligned. The
+// callers' vec implies off % 4 == 0 (fp32: 16-byte aligned), not off % 8 == 0
+// (a group of 300 starts at 300 g): bf16 takes one 16-byte load where the run
+// is 16-byte aligned, else two of 8 bytes.
 __device__ __forceinline__ void d_load8(const cu_bf16 *x, uint64_t off, uint64_t end, bool vec, float v[8])
 {
     if (vec && off + 8 <= end) {
-        const uint4 a = *(const uint4 *)(x + off);
+        uint4 a;
+        if ((off & 7u) == 0) {
+            a = *(const uint4 *)(x + off);
+        } else {
+            const uint2 lo = *(const uint2 *)(x + off), hi = *(const uint2 *)(x + off + 4);
+            a = make_uint4(lo.x, lo.y, hi.x, hi.y);
+        }
         v[0] = d_bf_lo(a.x); v[1] = d_bf_hi(a.x); v[2] = d_bf_lo(a.y); v[3] = d_bf_hi(a.y);
         v[4] = d_bf_lo(a.z); v[5] = d_bf_hi(a.z); v[6] = d_bf_lo(a.w); v[7] = d_bf_hi(a.w);
     } else {
