@@ -24,7 +24,8 @@
 // bits; only codec payloads travel, in slots padded to 256 bytes). The
 // pairs: ash-fp8 / ash-fp8 and int:bits=4 / int:bits=8 (Flash
 // Communication's INT4 reduce-scatter with an INT8 all-gather). The bf16
-// input is converted to fp32 for the codecs inside; the output is fp32.
+// input is encoded as bf16 (cu_codec_encode_x; converted to fp32 first only
+// when it must be padded to whole chunks); the output is fp32.
 //
 // Timing (CUDA events on every stream, warm-up, mean of --iters): for each
 // variant, the whole loop of iterations is timed twice:
