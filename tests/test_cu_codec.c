@@ -17,6 +17,10 @@
  *   2. the CPU decodes the GPU frame;
  *   3. GPU decode of the CPU frame (output poisoned first) equals the CPU
  *      decode bit for bit.
+ * The same with bf16 input (cu_codec_encode_x, CU_BF16) for every spec
+ * and input kind: the inputs rounded to bf16 on the host, the GPU frame
+ * from the bf16 tensor equal byte for byte to the CPU frame of the widened
+ * floats.
  * Plus: the hardware E4M3 conversion against codecs/fp8.c on every float
  * bit pattern but NaN; status codes for non-finite input and corrupt
  * payloads. */
@@ -210,9 +214,25 @@ static double s_err2(const float *a, const float *x, uint64_t n)
     return sqrt(e);
 }
 
-/* One spec x shape x input. Offsets shift the device pointers (0: aligned). */
-static void s_case(s_dev_t *d, const char *spec_str, codec_shape_t shape, int kind, uint64_t seed, size_t xoff,
-                   size_t poff)
+/* x rounded to bf16 (nearest even; Inf stays Inf, NaN stays a NaN): its bits in xb, the
+ * widened value back in x */
+static void s_round_bf16(float *x, uint16_t *xb, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        if ((u & 0x7f800000u) == 0x7f800000u)
+            xb[i] = (uint16_t)((u >> 16) | ((u & 0x7fffffu) ? 0x40u : 0u));
+        else
+            xb[i] = bf16_from_f32(x[i]);
+        x[i] = bf16_to_f32(xb[i]);
+    }
+}
+
+/* One spec x shape x input, input type xt. Offsets shift the device pointers (0: aligned;
+ * xoff counts elements of xt). */
+static void s_case_x(s_dev_t *d, const char *spec_str, codec_shape_t shape, int kind, uint64_t seed, size_t xoff,
+                     size_t poff, cu_dtype_t xt)
 {
     char err[CODEC_ERRLEN], gerr[CODEC_ERRLEN];
     codec_spec_t spec;
@@ -223,27 +243,37 @@ static void s_case(s_dev_t *d, const char *spec_str, codec_shape_t shape, int ki
     const uint64_t n = (uint64_t)shape.b * shape.s * shape.c;
     const int64_t fsize = codec_frame_size(&spec, shape);
     const size_t plen = (size_t)fsize - CODEC_HEADER_SIZE;
-    const size_t scratch = cu_codec_scratch_bytes(&spec, shape);
+    const size_t scratch = cu_codec_scratch_bytes_x(&spec, shape, xt);
     CHECK(scratch > 0, "scratch bytes for %s", spec_str);
     s_reserve(d, n, plen, scratch);
     float *x = malloc(n * sizeof *x), *y_cpu = malloc(n * sizeof *y_cpu), *y = malloc(n * sizeof *y);
     uint8_t *f_cpu = malloc((size_t)fsize), *f_gpu = malloc((size_t)fsize);
-    if (!x || !y_cpu || !y || !f_cpu || !f_gpu) {
+    uint16_t *xb = malloc(n * sizeof *xb + 1);
+    if (!x || !y_cpu || !y || !f_cpu || !f_gpu || !xb) {
         fprintf(stderr, "FATAL: out of host memory\n");
         exit(2);
     }
     s_fill(x, shape, kind, seed);
+    if (xt == CU_BF16)
+        s_round_bf16(x, xb, n);
     char what[256];
-    snprintf(what, sizeof what, "%s (%u,%u,%u) %s seed %llu off %zu/%zu", spec_str, shape.b, shape.s, shape.c,
-             k_input_names[kind], (unsigned long long)seed, xoff, poff);
+    snprintf(what, sizeof what, "%s (%u,%u,%u) %s seed %llu off %zu/%zu%s", spec_str, shape.b, shape.s, shape.c,
+             k_input_names[kind], (unsigned long long)seed, xoff, poff, xt == CU_BF16 ? " bf16 input" : "");
 
     int rc_cpu = codec_encode(&spec, shape, x, f_cpu, (size_t)fsize, NULL, err, sizeof err);
     float *dx = d->x + xoff;
     uint8_t *dp = d->payload + poff;
     float *dout = d->out + xoff;
-    CU(cudaMemcpy(dx, x, n * sizeof *x, cudaMemcpyHostToDevice));
+    const void *dxin = dx;
+    if (xt == CU_BF16) {
+        uint16_t *dxb = (uint16_t *)d->x + xoff;
+        CU(cudaMemcpy(dxb, xb, n * sizeof *xb, cudaMemcpyHostToDevice));
+        dxin = dxb;
+    } else {
+        CU(cudaMemcpy(dx, x, n * sizeof *x, cudaMemcpyHostToDevice));
+    }
     CU(cudaMemset(dp, 0xcd, plen)); /* poison: every byte must be written */
-    int rc_gpu = cu_codec_encode(&spec, shape, dx, dp, d->scratch, 0, gerr, sizeof gerr);
+    int rc_gpu = cu_codec_encode_x(&spec, shape, xt, dxin, dp, d->scratch, 0, gerr, sizeof gerr);
     if (rc_gpu == 0)
         rc_gpu = cu_codec_status(d->scratch, 0, gerr, sizeof gerr);
     CHECK(rc_gpu == rc_cpu, "%s: GPU encode %d (%s), CPU encode %d (%s)", what, rc_gpu, rc_gpu ? gerr : "ok",
@@ -295,10 +325,17 @@ static void s_case(s_dev_t *d, const char *spec_str, codec_shape_t shape, int ki
     }
 out:
     free(x);
+    free(xb);
     free(y_cpu);
     free(y);
     free(f_cpu);
     free(f_gpu);
+}
+
+static void s_case(s_dev_t *d, const char *spec_str, codec_shape_t shape, int kind, uint64_t seed, size_t xoff,
+                   size_t poff)
+{
+    s_case_x(d, spec_str, shape, kind, seed, xoff, poff, CU_F32);
 }
 
 /* Hardware E4M3 (cvt.rn.satfinite) against codecs/fp8.c on every float but NaN. */
@@ -691,6 +728,24 @@ int main(int argc, char **argv)
         for (uint64_t seed = 0; seed < 3; seed++)
             s_case(&d, k_specs[k], (codec_shape_t){ 2, 64, 1600 }, IN_SYNTH, 500 + seed, 0, 0);
         printf("  %-58s %s\n", k_specs[k], g_fail == before ? "ok" : "FAILED");
+    }
+    /* bf16 input: every spec, every input kind on two shapes, an unaligned pointer (the
+     * scalar loads), and the default specs on a large shape (the fast kernels' bf16 forms) */
+    {
+        int before = g_fail;
+        for (size_t k = 0; k < N_SPECS; k++) {
+            for (int in = 0; in < N_INPUTS; in++) {
+                s_case_x(&d, k_specs[k], (codec_shape_t){ 3, 7, 130 }, in, 800 + (uint64_t)in, 0, 0, CU_BF16);
+                s_case_x(&d, k_specs[k], (codec_shape_t){ 4, 33, 1600 }, in, 820 + (uint64_t)in, 0, 0, CU_BF16);
+            }
+            s_case_x(&d, k_specs[k], (codec_shape_t){ 2, 3, 100 }, IN_SYNTH, 840, 1, 1, CU_BF16);
+        }
+        static const char *const big[] = { "fp32", "bf16", "fixpt", "fixpt:stochastic=1,seed=3", "int",
+                                           "int:symmetric=1", "ash-fp8", "tah" };
+        for (size_t k = 0; k < sizeof big / sizeof big[0]; k++)
+            s_case_x(&d, big[k], (codec_shape_t){ 4, 1024, 1600 }, IN_SYNTH, 850 + (uint64_t)k, 0, 0, CU_BF16);
+        printf("  %-58s %s\n", "bf16 input, every spec (frames of the widened floats)",
+               g_fail == before ? "ok" : "FAILED");
     }
     /* tah shapes where each thread of the shared-memory select/scan kernels owns
      * several allocation tiles (n_alloc 8192 and 2500: chunk boundaries, ties of
