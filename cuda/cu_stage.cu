@@ -772,7 +772,7 @@ int cs_wire_launch(stage_t *s, const char *src)
     int rc = cu_codec_encode_x(c->wspec, shape, c->bf16 ? CU_BF16 : CU_F32, src, c->wpay, c->wscr, c->wst, cerr,
                                sizeof cerr);
     if (rc) // the spec and shape passed s_wire_prepare: a launch failed
-        return cs_fail(c, s, "cu_codec_encode", cerr, __FILE__, __LINE__);
+        return cs_fail(c, s, "cu_codec_encode_x", cerr, __FILE__, __LINE__);
     CK(cudaMemcpyAsync(c->wframe + CODEC_HEADER_SIZE, c->wpay, c->wlen - CODEC_HEADER_SIZE, cudaMemcpyDeviceToHost,
                        c->wst));
     c->wlaunched = 1;

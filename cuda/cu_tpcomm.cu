@@ -375,7 +375,7 @@ static int s_twoshot(cu_tp_t *t, void *const *in, int in_type, void *const *out,
     const cu_dtype_t xt = direct_in && in_type == CU_TP_BF16 ? CU_BF16 : CU_F32;
     const size_t xs = xt == CU_BF16 ? 2 : 4; // bytes per input element
     int rc;
-    if (parts & CU_TP_CODEC) // 0-1: fp32 copy, encode every chunk
+    if (parts & CU_TP_CODEC) // 0-1: fp32 copy (padded input only), encode every chunk
         for (int i = 0; i < N; i++) {
             s_rank *g = &t->r[i];
             S_CU(cudaSetDevice(g->dev), i);
