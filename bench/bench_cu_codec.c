@@ -43,6 +43,7 @@
 
 #include "codec.h"
 #include "cu_codec.h"
+#include "half.h"  /* bf16_from_f32 */
 #include "synth.h" /* codec_synth_activations */
 
 int cu_bench_spin(cudaStream_t st, unsigned int us); /* cuda/cu_bench.cu */
@@ -356,11 +357,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_cu_codec: out of host memory\n");
             return 1;
         }
-        for (uint64_t i = 0; i < n; i++) { /* round to nearest even (finite input) */
-            uint32_t u;
-            memcpy(&u, &hx[i], 4);
-            hb[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        }
+        for (uint64_t i = 0; i < n; i++)
+            hb[i] = bf16_from_f32(hx[i]); /* finite input */
         for (int b = 0; b < NBUF; b++) {
             CU(cudaMalloc(&s_dxb[b], n * sizeof *hb));
             CU(cudaMemcpy(s_dxb[b], hb, n * sizeof *hb, cudaMemcpyHostToDevice));

@@ -345,24 +345,20 @@ __device__ __forceinline__ float d_ldx(const cu_bf16 *x, uint64_t i)
 __device__ __forceinline__ float d_bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float d_bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-// Four consecutive elements from x[off..off+4) as floats (aligned: off % 4 == 0 and vec).
-__device__ __forceinline__ void d_load4v(const float *x, uint64_t off, float v[4])
-{
-    const float4 a = *(const float4 *)(x + off);
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-}
-__device__ __forceinline__ void d_load4v(const cu_bf16 *x, uint64_t off, float v[4])
-{
-    const uint2 a = *(const uint2 *)(x + off);
-    v[0] = d_bf_lo(a.x); v[1] = d_bf_hi(a.x); v[2] = d_bf_lo(a.y); v[3] = d_bf_hi(a.y);
-}
-
-// The same four as a float4 (p 16-byte aligned for fp32, 8-byte for bf16).
+// Four consecutive elements at p as a float4 (p 16-byte aligned for fp32, 8-byte for bf16).
 __device__ __forceinline__ float4 d_load_f4(const float *p) { return *(const float4 *)p; }
 __device__ __forceinline__ float4 d_load_f4(const cu_bf16 *p)
 {
     const uint2 a = *(const uint2 *)p;
     return make_float4(d_bf_lo(a.x), d_bf_hi(a.x), d_bf_lo(a.y), d_bf_hi(a.y));
+}
+
+// The same four from x[off..off+4) into v (aligned: off % 4 == 0 and vec).
+template <typename X>
+__device__ __forceinline__ void d_load4v(const X *x, uint64_t off, float v[4])
+{
+    const float4 a = d_load_f4(x + off);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
 }
 
 // Eight consecutive floats from x[off..off+8) with zeros at and beyond

@@ -248,7 +248,7 @@ static void s_case_x(s_dev_t *d, const char *spec_str, codec_shape_t shape, int 
     s_reserve(d, n, plen, scratch);
     float *x = malloc(n * sizeof *x), *y_cpu = malloc(n * sizeof *y_cpu), *y = malloc(n * sizeof *y);
     uint8_t *f_cpu = malloc((size_t)fsize), *f_gpu = malloc((size_t)fsize);
-    uint16_t *xb = malloc(n * sizeof *xb + 1);
+    uint16_t *xb = malloc(n * sizeof *xb);
     if (!x || !y_cpu || !y || !f_cpu || !f_gpu || !xb) {
         fprintf(stderr, "FATAL: out of host memory\n");
         exit(2);
