@@ -225,7 +225,12 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, cu_dtype_t xt
     case CODEC_ASH_FP8: return cu_ash_encode(spec, n, xt, d_x, d_payload, head, work, stream, err, errlen);
     case CODEC_TAH: {
         const float *xf = (const float *)d_x;
-        if (xt == CU_BF16) { // widened into the scratch's tail (cu_codec_scratch_bytes_x)
+        if (xt == CU_BF16 && stages == CU_TAH_ALL) { // read as bf16 where k_tah_spec applies
+            rc = cu_tah_encode_bf16(spec, shape, (const cu_bf16 *)d_x, d_payload, head, work, stream, err, errlen);
+            if (rc <= 0)
+                return rc;
+        }
+        if (xt == CU_BF16) { // else widened into the scratch's tail (cu_codec_scratch_bytes_x)
             float *w = (float *)((uint8_t *)d_scratch + s_widen_off(spec, shape));
             const bool vec = ((uintptr_t)d_x & 15u) == 0;
             k_widen_bf16<<<cu_grid((n + 7) / 8, 256), 256, 0, stream>>>(w, (const cu_bf16 *)d_x, n, vec);

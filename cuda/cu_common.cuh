@@ -548,6 +548,11 @@ size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape);
 #define CU_TAH_ALL 15u
 int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload, cu_hp head,
                   void *work, cudaStream_t st, unsigned int stages, char *err, size_t errlen);
+// bf16 input read by the kernels themselves (k_tah_spec's staging): 0 or a TAH_E* code, 1 where
+// that encode does not apply (its shape and alignment conditions, TAH_CU_SPEC=0 or
+// TAH_CU_FUSE=0): the caller then widens x and runs cu_tah_encode.
+int cu_tah_encode_bf16(const codec_spec_t *spec, codec_shape_t shape, const cu_bf16 *x, uint8_t *payload, cu_hp head,
+                       void *work, cudaStream_t st, char *err, size_t errlen);
 int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *payload, float *out,
                   cu_hp head, void *work, cudaStream_t st, char *err, size_t errlen);
 

@@ -817,8 +817,8 @@ __device__ __forceinline__ void d_swap0(float z[8], uint32_t lane, uint32_t tl, 
 // G/8 lanes per tile, lane tl holds elements 8tl..8tl+7). Warp-uniform call.
 // TPG, BH, BL: tile/8 and the code widths when known at compile time (0: from g); with
 // them the segment loops unroll and the packing is constant shifts (round 6).
-template <int U, uint32_t TPG, uint32_t BH, uint32_t BL>
-__device__ __forceinline__ void d_tah_quant_u(const float *__restrict__ x, uint8_t *__restrict__ p,
+template <int U, uint32_t TPG, uint32_t BH, uint32_t BL, typename X>
+__device__ __forceinline__ void d_tah_quant_u(const X *__restrict__ x, uint8_t *__restrict__ p,
                                               uint16_t *__restrict__ flagv, const s_tg &g, const uint64_t tiles[U],
                                               const bool valids[U], const uint32_t phv[U], float down, float rho_down,
                                               bool flag_bytes, uint32_t lane, uint32_t &range)
@@ -1068,6 +1068,22 @@ __device__ __forceinline__ uint32_t d_rot_drop(uint32_t rm)
     return rm;
 }
 
+// Elements 8 i .. 8 i + 7 of a staged row: fp32 rows hold 64 floats; bf16 rows hold the tile's
+// 64 bf16 in their first 128 bytes (k_tah_spec<cu_bf16>), widened here exactly.
+template <typename X>
+__device__ __forceinline__ void d_row8(const float *row, uint32_t i, float z[8])
+{
+    if constexpr (sizeof(X) == 2) {
+        const uint4 a = ((const uint4 *)row)[i];
+        z[0] = d_bf_lo(a.x); z[1] = d_bf_hi(a.x); z[2] = d_bf_lo(a.y); z[3] = d_bf_hi(a.y);
+        z[4] = d_bf_lo(a.z); z[5] = d_bf_hi(a.z); z[6] = d_bf_lo(a.w); z[7] = d_bf_hi(a.w);
+    } else {
+        const float4 q0 = ((const float4 *)row)[2u * i], q1 = ((const float4 *)row)[2u * i + 1u];
+        z[0] = q0.x; z[1] = q0.y; z[2] = q0.z; z[3] = q0.w;
+        z[4] = q1.x; z[5] = q1.y; z[6] = q1.z; z[7] = q1.w;
+    }
+}
+
 // Staging (k_tah_fused<TPT>): each warp streams units of S_ST_UNIT consecutive tiles of
 // its CTA's run into one of its two shared-memory buffers with cp.async (16 bytes per
 // lane and copy, straight to shared memory, L2 only) while its pairs compute on the
@@ -1093,7 +1109,7 @@ __device__ __forceinline__ void d_stage_unit(float *buf, const float *x, uint64_
 // bits); m1 is read from lane t. Returns rm less the pass's tiles. LANE: k_tah_spec's lane per
 // tile (each tile its own scale factor dscale, read from lane t; the cheap pick); else
 // k_tah_fused's lane pairs (one dscale for all; __fns: see d_rot_pick).
-template <bool LANE>
+template <bool LANE, typename X = float>
 __device__ __forceinline__ uint32_t d_rot_pass(float *unit, float2 *mm, uint32_t rm, uint32_t me, float dscale, float m1,
                                                float norm, uint32_t lane, uint32_t &piv)
 {
@@ -1101,8 +1117,8 @@ __device__ __forceinline__ uint32_t d_rot_pass(float *unit, float2 *mm, uint32_t
     bool act;
     const uint32_t t = d_rot_pick<!LANE>(rm, lane, act);
     float4 *r4 = (float4 *)(unit + t * S_ST_ROWW) + 2u * sl;
-    const float4 q0 = r4[0], q1 = r4[1];
-    float z[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
+    float z[8];
+    d_row8<X>(unit + t * S_ST_ROWW, sl, z);
     const float dt = LANE ? __shfl_sync(CU_FULL, dscale, (int)t) : dscale;
 #pragma unroll
     for (int r = 0; r < 8; r++)
@@ -1567,9 +1583,14 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
 // chunk c % 16; one group of copies (committed also when n = 0). Full units evict first from
 // L2: x is read once, and the stream of it had pushed out k_tah_emit's records, which then
 // went to DRAM and came back (H100: 1.9 us of the encode).
-__device__ __forceinline__ void d_stage_unit32(float *buf, const float *x, uint64_t gt, uint32_t n, uint32_t lane)
+// bf16 input: each row's first 128 bytes (8 chunks), half the bytes of the stream.
+template <typename X>
+__device__ __forceinline__ void d_stage_unit32(float *buf, const X *x, uint64_t gt, uint32_t n, uint32_t lane)
 {
-    d_stage_rows<16u, S_ST_ROWW, 16u, true>(buf, x + gt * 64u, n, lane);
+    if constexpr (sizeof(X) == 2)
+        d_stage_rows<8u, S_ST_ROWW, 8u, true>(buf, (const float *)(x + gt * 64u), n, lane);
+    else
+        d_stage_rows<16u, S_ST_ROWW, 16u, true>(buf, x + gt * 64u, n, lane);
 }
 
 // The staged unit's tile of this lane (row `lane`; valid: the unit has it), as tah.c encodes
@@ -1584,19 +1605,31 @@ __device__ __forceinline__ void d_stage_unit32(float *buf, const float *x, uint6
 //    products as tah.c's (v - minf) inv when both scalings are exact, which |e_t| <= 100
 //    ensures (otherwise the record's e_t is 127: k_tah_emit quantises the tile again);
 //  - rotated tiles (about 3 in 16) in d_rot_pass, 4 at a time on their rows.
+template <typename X>
 __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool valid, uint4 *__restrict__ rec,
                                                    const s_tg &g, uint32_t lane, uint32_t &amax)
 {
     constexpr uint32_t BH = 4u, BL = 3u;
     const float4 *row = (const float4 *)(unit + lane * S_ST_ROWW);
     float v[64];
+    if constexpr (sizeof(X) == 2) { // the row's 64 bf16, widened (d_row8)
 #pragma unroll
-    for (int c = 0; c < 16; c++) {
-        const float4 q = valid ? row[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        v[4 * c] = q.x;
-        v[4 * c + 1] = q.y;
-        v[4 * c + 2] = q.z;
-        v[4 * c + 3] = q.w;
+        for (int c = 0; c < 8; c++) {
+            d_row8<X>((const float *)row, (uint32_t)c, v + 8 * c);
+            if (!valid)
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+                    v[8 * c + r] = 0.0f;
+        }
+    } else {
+#pragma unroll
+        for (int c = 0; c < 16; c++) {
+            const float4 q = valid ? row[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[4 * c] = q.x;
+            v[4 * c + 1] = q.y;
+            v[4 * c + 2] = q.z;
+            v[4 * c + 3] = q.w;
+        }
     }
     float S1 = 0.0f, SL = 0.0f, mn = v[0], mx = v[0];
     uint32_t b1 = 0, b2 = 0;
@@ -1643,7 +1676,7 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     uint32_t piv = 0;
     uint32_t rm = __ballot_sync(CU_FULL, rot); // bit t: tile t rotated
     while (rm != 0u) // warp-uniform
-        rm = d_rot_pass<true>(unit, mm, rm, lane, down, m1, g.norm, lane, piv);
+        rm = d_rot_pass<true, X>(unit, mm, rm, lane, down, m1, g.norm, lane, piv);
     if (!valid)
         return key;
     if (rot) { // the row holds the scaled, transformed tile now (as loaded above: valid)
@@ -1716,7 +1749,8 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
 // straight to the sample's histogram); the CTA's max |x| to gamax. A cooperative launch for
 // the words the CTAs share: CTA (b, 0) zeroes sample b's histogram and counter and tags ztag[b],
 // CTA 0 zeroes gamax and tags `flag`; every CTA waits for the tags before it uses them.
-__global__ void __launch_bounds__(128, 3) k_tah_spec(const float *__restrict__ x, uint4 *__restrict__ rec,
+template <typename X>
+__global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, uint4 *__restrict__ rec,
                                                      uint16_t *__restrict__ key16, s_fz z, cu_hp head, s_tg g,
                                                      uint32_t P, uint32_t nk, uint32_t lmax)
 {
@@ -1781,7 +1815,7 @@ __global__ void __launch_bounds__(128, 3) k_tah_spec(const float *__restrict__ x
         __syncwarp();
         const uint32_t lt = S_SP_UNIT * u + lane;
         const bool valid = lt < na;
-        const uint32_t key = d_tah_spec_t64(wb + k * S_SP_UNIT * S_ST_ROWW, s_mm[wid], valid,
+        const uint32_t key = d_tah_spec_t64<X>(wb + k * S_SP_UNIT * S_ST_ROWW, s_mm[wid], valid,
                                             rec + ((size_t)b * nUs + u) * S_REC_BLOCK + lane, g, lane, amax);
         if (valid)
             key16[(size_t)b * nk + lt] = (uint16_t)key;
@@ -1851,7 +1885,8 @@ __device__ __forceinline__ bool d_hshift(uint32_t &h, int32_t d)
 // and sums those of the sample's CTAs before it (a cooperative launch: they are all resident);
 // then each thread its two tiles (i = c0 + tid, c0 + 256 + tid): high or low, the high tiles
 // before it, and the record's codes of that width into the frame.
-__global__ void __launch_bounds__(256, 4) k_tah_emit(const float *__restrict__ x, const uint4 *__restrict__ rec,
+template <typename X>
+__global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, const uint4 *__restrict__ rec,
                                                   const uint16_t *__restrict__ key16, s_fz z, uint8_t *__restrict__ p,
                                                   cu_hp head, s_tg g, uint32_t PB, uint32_t nk)
 {
@@ -2611,7 +2646,7 @@ static s_fz s_fz_carve(const s_tw &t, const s_tg &g)
 // The lane-pair kernels' conditions: every quant tile full and an allocation tile
 // (C % 64 == 0, G = A = 64), 16-byte aligned rows, 8-aligned code regions and 4-aligned
 // meta words (TAH_CU_TPT=0 turns them off, for a same-run comparison).
-static bool s_pair_ok(const s_tg &g, const float *x, const uint8_t *payload)
+static bool s_pair_ok(const s_tg &g, const void *x, const uint8_t *payload)
 {
     const uintptr_t pa = (uintptr_t)payload;
     return cu_tpt() && g.G == 64 && g.k == 1 && g.C % 64u == 0 && ((uintptr_t)x & 15u) == 0 && (pa + g.codes_off) % 8u == 0 &&
@@ -2620,12 +2655,14 @@ static bool s_pair_ok(const s_tg &g, const float *x, const uint8_t *payload)
 
 // Round 17's encode (k_tah_spec + k_tah_emit) where it applies: 0 or a TAH_E* code, 1 when it
 // does not (the lane-pair conditions, the default widths, samples of fewer than 2^16 tiles).
-static int s_encode_spec(const s_tg &g, const float *x, uint8_t *payload, cu_hp head, const s_tw &t,
+// X: fp32 or bf16 input (cu_bf16: the staged rows are the bf16 tiles, widened as read).
+template <typename X>
+static int s_encode_spec(const s_tg &g, const X *x, uint8_t *payload, cu_hp head, const s_tw &t,
                          cudaStream_t st, char *err, size_t errlen)
 {
     if (!cu_spec() || !s_spec_shape(g) || !s_pair_ok(g, x, payload) || g.B > S_FUSE_MAXGRID)
         return 1;
-    const void *kern = (const void *)k_tah_spec;
+    const void *kern = (const void *)k_tah_spec<X>;
     const uint64_t lmax = S_SP_CAP * S_SP_UNIT; // the bag of keys
     const size_t smem = S_SP_CTA + 4 * lmax;
     CUDA_CHECK(cu_smem_allow(kern, smem));
@@ -2638,20 +2675,21 @@ static int s_encode_spec(const s_tg &g, const float *x, uint8_t *payload, cu_hp 
         return 1;
     // k_tah_emit's CTAs wait for the counts of those before them: all resident
     uint32_t a_PB = (uint32_t)((g.n_alloc + S_EM_TILES - 1) / S_EM_TILES);
-    if (g.B * a_PB > (uint64_t)cu_coop_blocks((const void *)k_tah_emit, 256, 0) || g.B * a_PB > S_FUSE_MAXGRID)
+    const void *ekern = (const void *)k_tah_emit<X>;
+    if (g.B * a_PB > (uint64_t)cu_coop_blocks(ekern, 256, 0) || g.B * a_PB > S_FUSE_MAXGRID)
         return 1;
     s_fz a_z = s_fz_carve(t, g);
     uint8_t *a_p = payload;
     uint4 *a_rec = (uint4 *)(((uintptr_t)(a_z.hist + CODEC_TAH_KEY_BINS * g.B) + 127) & ~(uintptr_t)127);
     uint16_t *a_key = (uint16_t *)(a_rec + g.B * s_spec_nu(g) * S_REC_BLOCK);
-    const float *a_x = x;
+    const X *a_x = x;
     cu_hp a_head = head;
     s_tg a_g = g;
     uint32_t a_P = (uint32_t)P, a_nk = (uint32_t)s_spec_nk(g), a_lmax = (uint32_t)lmax;
     void *args[] = { &a_x, &a_rec, &a_key, &a_z, &a_head, &a_g, &a_P, &a_nk, &a_lmax };
     CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)(P * g.B)), dim3(S_SP_WARPS * 32), args, smem, st));
     void *eargs[] = { &a_x, &a_rec, &a_key, &a_z, &a_p, &a_head, &a_g, &a_PB, &a_nk };
-    CUDA_CHECK(cudaLaunchCooperativeKernel((const void *)k_tah_emit, dim3((unsigned int)(g.B * a_PB)), dim3(256), eargs, 0, st));
+    CUDA_CHECK(cudaLaunchCooperativeKernel(ekern, dim3((unsigned int)(g.B * a_PB)), dim3(256), eargs, 0, st));
     return 0;
 }
 
@@ -2701,6 +2739,16 @@ static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp
         CU_CHECK_LAUNCH("k_tah_flags");
     }
     return 0;
+}
+
+int cu_tah_encode_bf16(const codec_spec_t *spec, codec_shape_t shape, const cu_bf16 *x, uint8_t *payload, cu_hp head,
+                       void *work, cudaStream_t st, char *err, size_t errlen)
+{
+    const s_tg g = s_geometry(spec, shape, x);
+    int rc = s_check_tile(g, err, errlen);
+    if (rc != 0)
+        return rc;
+    return cu_fuse() ? s_encode_spec(g, x, payload, head, s_carve(work, g), st, err, errlen) : 1;
 }
 
 int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload, cu_hp head,
