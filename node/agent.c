@@ -1002,6 +1002,7 @@ static void s_deliver(agent_t *a, int from, const char *peer, zmq_msg_t *hdr, zm
     size_t nbytes = nelem * (h->kind == TAH__DATA_KIND__DATA_NORM_PARTIAL ? sizeof(double) : sizeof(float));
     zmq_msg_t out;
     zmq_msg_init_size(&out, nbytes);
+    const double t_rx = s_now();
     int rc = link_check(&j->x, from, atomic_load(&j->cur_step), h, zmq_msg_data(payload), zmq_msg_size(payload),
                         zmq_msg_data(&out), nbytes, err, sizeof err);
     if (rc == 0 && h->kind != TAH__DATA_KIND__DATA_PING) {
@@ -1009,6 +1010,7 @@ static void s_deliver(agent_t *a, int from, const char *peer, zmq_msg_t *hdr, zm
         rc = guard_admit(a->guard, h->kind, h->step, h->mb, tensor ? zmq_msg_data(&out) : NULL,
                          tensor ? nelem : 0, err, sizeof err);
     }
+    atomic_fetch_add(&j->rx_ns, (unsigned long long)((s_now() - t_rx) * 1e9));
     if (rc) {
         s_strike(a, from, peer, err);
         zmq_msg_close(&out);

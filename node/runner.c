@@ -70,6 +70,13 @@ typedef struct s_pinned {
     atomic_int busy; /* 1 from the send until ZeroMQ is done with the bytes */
 } s_pinned_t;
 
+/* TAH_NODE_PROFILE=1: where each step's wall time goes on this node's compute
+ * thread, logged per step (the host's view: a phase that only launches
+ * device work counts until the launch returns) */
+enum { P_FWD, P_BWD, P_SEND, P_WAIT, P_TIED, P_TWAIT, P_NWAIT, P_UPDATE, P_N };
+static const char *const s_phase_names[P_N] = { "fwd",  "bwd",       "encode+send", "wait act/grad",
+                                                "tied", "wait tied", "wait norm",   "update" };
+
 typedef struct runner {
     node_job_t *job;
     link_expect_t *x;
@@ -97,6 +104,8 @@ typedef struct runner {
     uint64_t data_pos;
     double t_start;
     long ckpt_delay_ms;      /* TAH_NODE_TEST_CKPT_DELAY_MS (tests: a slow disk) */
+    int profile;             /* TAH_NODE_PROFILE=1 */
+    double ph[P_N];          /* this step's seconds per phase */
 } runner_t;
 
 static double s_now(void)
@@ -235,7 +244,7 @@ static int s_send_tensor(runner_t *r, int dest, uint32_t kind, int step, int mb,
 
 /* Wait for a message (kind, step, mb); returns its stash index, or -1 when
  * aborted (reason set). */
-static int s_wait(runner_t *r, uint32_t kind, int step, int mb)
+static int s_wait_msg(runner_t *r, uint32_t kind, int step, int mb)
 {
     for (;;) {
         for (int i = 0; i < r->nstash; i++) {
@@ -303,6 +312,16 @@ static int s_wait(runner_t *r, uint32_t kind, int step, int mb)
         zmq_msg_move(&r->stash[slot].msg, &data);
         zmq_msg_close(&data);
     }
+}
+
+static int s_wait(runner_t *r, uint32_t kind, int step, int mb)
+{
+    const double t = s_now();
+    int idx = s_wait_msg(r, kind, step, mb);
+    r->ph[kind == TAH__DATA_KIND__DATA_TIED  ? P_TWAIT
+          : kind == TAH__DATA_KIND__DATA_NORM || kind == TAH__DATA_KIND__DATA_NORM_PARTIAL ? P_NWAIT
+                                                                                           : P_WAIT] += s_now() - t;
+    return idx;
 }
 
 static void s_release(runner_t *r, int i)
@@ -407,16 +426,20 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
                     return s_aborted(r, step);
                 in = zmq_msg_data(&r->stash[idx].msg);
             }
+            double t = s_now();
             rc = stage_forward(st, m, r->inputs + m * BT, in, r->targets + m * BT,
                                k < S - 1 && !r->dev_enc ? r->tmp : NULL,
                                &r->losses[m]);
+            r->ph[P_FWD] += s_now() - t;
             if (idx >= 0)
                 s_release(r, idx);
             if (rc)
                 return s_fail(r, step, "schedule error: forward failed (%s)", tah_strerror(rc));
             if (k < S - 1) {
+                t = s_now();
                 rc = s_send_tensor(r, NODE_DEST_DOWN, TAH__DATA_KIND__DATA_ACT, step, m, &x->fwd, shape,
                                    r->dev_enc ? NULL : r->tmp, STAGE_WIRE_OUT, NULL);
+                r->ph[P_SEND] += s_now() - t;
                 if (rc)
                     return s_fail(r, step, "sending an activation failed (%s)", tah_strerror(rc));
                 r->fp32_fwd += (uint64_t)r->fp32_fs;
@@ -429,9 +452,11 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
                     return s_aborted(r, step);
                 dout = zmq_msg_data(&r->stash[idx].msg);
             }
+            double t = s_now();
             if (k > 0 && r->dev_enc) { /* backward and the encode of d(input), overlapped on the device */
                 rc = s_send_tensor(r, NODE_DEST_UP, TAH__DATA_KIND__DATA_GRAD, step, m, &x->bwd, shape, NULL,
                                    STAGE_WIRE_DINP, &(s_bwd_t){ dout, dloss });
+                r->ph[P_BWD] += s_now() - t;
                 if (idx >= 0)
                     s_release(r, idx);
                 if (rc)
@@ -440,13 +465,16 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
                 continue;
             }
             rc = stage_backward(st, m, dout, dloss, k > 0 ? r->tmp : NULL);
+            r->ph[P_BWD] += s_now() - t;
             if (idx >= 0)
                 s_release(r, idx);
             if (rc)
                 return s_fail(r, step, "schedule error: backward failed (%s)", tah_strerror(rc));
             if (k > 0) {
+                t = s_now();
                 rc = s_send_tensor(r, NODE_DEST_UP, TAH__DATA_KIND__DATA_GRAD, step, m, &x->bwd, shape, r->tmp,
                                    STAGE_WIRE_DINP, NULL);
+                r->ph[P_SEND] += s_now() - t;
                 if (rc)
                     return s_fail(r, step, "sending a gradient failed (%s)", tah_strerror(rc));
                 r->fp32_bwd += (uint64_t)r->fp32_fs;
@@ -460,6 +488,7 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
      * (link.h), which the last stage adds to its copy. With a lossy tied
      * codec each side first replaces what it sends by the decode of its own
      * frame (stage_tied_codec), so both sums have the same bits. */
+    const double t_tied = s_now();
     if (x->tied && S == 1) {
         stage_tied_sync(st, st);
     } else if (x->tied && (k == 0 || k == S - 1)) {
@@ -503,7 +532,10 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
             return s_fail(r, step, "copying the tied gradient to the GPU failed: %s", stage_error(st));
     }
 
+    r->ph[P_TIED] += s_now() - t_tied - r->ph[P_TWAIT];
+
     /* global norm over every stage, in tah-train's slot order */
+    const double t_upd = s_now();
     memset(r->slots, 0, x->nnorm * sizeof(double));
     stage_grad_sumsq(st, r->slots);
     if (k > 0) {
@@ -552,6 +584,7 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
     float scale = optim_clip_scale(norm, opt->grad_clip);
     float lr = optim_lr(opt, step - 1);
     stage_step(st, opt, lr, scale);
+    r->ph[P_UPDATE] += s_now() - t_upd - r->ph[P_NWAIT];
     double sum = 0.0;
     for (int m = 0; m < M; m++)
         sum += r->losses[m];
@@ -559,6 +592,23 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
     *norm_out = norm;
     *lr_out = lr;
     return 0;
+}
+
+/* One line per step: each phase's ms, what the phases leave out ("other"),
+ * and the agent's time on received tensors (validation and host decode: on
+ * its own thread, so it overlaps the phases). */
+static void s_log_profile(const runner_t *r, int step, double dt)
+{
+    char buf[512];
+    int n = 0;
+    double sum = 0.0;
+    for (int i = 0; i < P_N && n < (int)sizeof buf; i++) {
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "%s %.1f, ", s_phase_names[i], r->ph[i] * 1e3);
+        sum += r->ph[i];
+    }
+    log_info("job %llu stage %d step %d profile: %.1f ms = %sother %.1f | agent rx %.1f ms",
+             (unsigned long long)r->job->id, r->x->stage, step, dt * 1e3, buf, (dt - sum) * 1e3,
+             (double)atomic_load(&r->job->rx_ns) * 1e-6);
 }
 
 /* ---- setup ---- */
@@ -764,6 +814,8 @@ static int s_setup(runner_t *r, int *start)
             nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
     }
     /* TAH_NODE_HOST_ENCODE=1: encode on the host anyway (to compare the two paths) */
+    const char *pe = getenv("TAH_NODE_PROFILE");
+    r->profile = pe && !strcmp(pe, "1");
     const char *he = getenv("TAH_NODE_HOST_ENCODE");
     r->dev_enc = stage_encodes_on_device(r->st) && !(he && !strcmp(he, "1"));
     size_t cap = (size_t)(r->fwd_fs > r->bwd_fs ? r->fwd_fs : r->bwd_fs);
@@ -901,6 +953,8 @@ void *node_runner_main(void *arg)
             rc = s_eval(r, s1, &val_loss);
         if (!rc) {
             r->bytes_fwd = r->bytes_bwd = r->fp32_fwd = r->fp32_bwd = r->bytes_tied = 0;
+            memset(r->ph, 0, sizeof r->ph);
+            atomic_store(&j->rx_ns, 0);
             t0 = s_now();
             rc = s_step(r, s1, &loss, &norm, &lr);
         }
@@ -945,6 +999,8 @@ void *node_runner_main(void *arg)
         if (k == S - 1)
             log_info("job %llu step %d/%d: loss %.4f | norm %.4f | %.1f ms", (unsigned long long)j->id, s1, steps,
                      loss, norm, dt * 1e3);
+        if (r->profile)
+            s_log_profile(r, s1, dt);
         int ds = atomic_load(&j->drain_step);
         if (ds > 0 && s1 >= ds && s1 < steps) {
             drained = s1;
