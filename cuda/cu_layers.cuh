@@ -114,6 +114,12 @@ int cl_attention_supports(int hs);
 // ---- optimizer and gradient bookkeeping (cu_optim.cu) ----
 // One AdamW launch over every tensor of a stage: blockIdx.y picks the tensor.
 #define CL_MAX_TENSORS 24
+// Rows rows[0..n) of a (Vp, C) tensor t against a packed (n, C) buffer:
+// GET buf = t[rows]; SET t[rows] = buf (and t16[rows] = bf16(buf) unless
+// t16 is NULL); ADD t[rows] = buf + t[rows] (stage_tied_rows_*, stage.h).
+enum { CL_ROWS_GET = 0, CL_ROWS_SET = 1, CL_ROWS_ADD = 2 };
+cudaError_t cl_rows(float *t, cu_bf16 *t16, float *buf, const int *rows, size_t n, int C, int mode, cudaStream_t st);
+
 struct cl_adamw_tensors {
     size_t off[CL_MAX_TENSORS], n[CL_MAX_TENSORS]; // element offset in the allocation, elements per run
     size_t rows[CL_MAX_TENSORS], stride[CL_MAX_TENSORS]; // runs of n elements stride apart (rows <= 1: one run)

@@ -57,6 +57,33 @@ cudaError_t cl_adamw(float *p, cu_bf16 *p16, float *m, float *v, const float *g,
     return cudaGetLastError();
 }
 
+__global__ void k_rows(float *t, cu_bf16 *t16, float *buf, const int *rows, size_t n, int C, int mode)
+{
+    const size_t total = n * (size_t)C;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        const size_t i = e / (size_t)C, j = e - i * (size_t)C, k = (size_t)rows[i] * (size_t)C + j;
+        if (mode == CL_ROWS_GET) {
+            buf[e] = t[k];
+        } else if (mode == CL_ROWS_SET) {
+            t[k] = buf[e];
+            if (t16)
+                t16[k] = __float2bfloat16_rn(buf[e]);
+        } else {
+            t[k] = buf[e] + t[k];
+        }
+    }
+}
+
+cudaError_t cl_rows(float *t, cu_bf16 *t16, float *buf, const int *rows, size_t n, int C, int mode, cudaStream_t st)
+{
+    const size_t total = n * (size_t)C;
+    if (total == 0)
+        return cudaSuccess;
+    size_t blocks = (total + 255) / 256;
+    k_rows<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(t, t16, buf, rows, n, C, mode);
+    return cudaGetLastError();
+}
+
 __global__ void k_sumsq(double *partials, const float *x, const unsigned long long *segs)
 {
     __shared__ double sh[256];

@@ -289,7 +289,7 @@ static int s_step(stage_t *s, const optim_opts_t *o, float lr, float grad_scale)
         cl_adamw_tensors t;
         memset(&t, 0, sizeof t);
         for (int i = 0; i < STAGE_NTENSORS; i++) {
-            if (!s->sizes[i])
+            if (!s->sizes[i] || stage_step_skips(&s->o, i))
                 continue;
             int matrix = i == STAGE_HEAD || gpt2_tensor_is_matrix(i);
             size_t off = 0, n = s->sizes[i], rows = 1, stride = 0;
@@ -404,6 +404,45 @@ static int b_to_device(stage_t *s, int what)
     return 0;
 }
 
+// stage_tied_rows_get / _put: rows in chunks of CS_ROWS through each rank's
+// row buffer (allocated at first use). get reads rank 0's tensor (the ranks'
+// replicas are identical once the embedding gradient is settled); put writes
+// every rank's, and the parameters' bf16 copy.
+#define CS_ROWS 4096
+static int b_tied_rows(stage_t *s, int put, int grad, const int *rows, size_t R, float *buf)
+{
+    cs_dev *c = CS(s);
+    if (c->failed)
+        return TAH_EDEVICE;
+    int rc = s_settle_embed(s);
+    if (rc)
+        return rc;
+    const int t = s->o.first ? (int)GPT2_WTE : (int)STAGE_HEAD, C = s->o.cfg.C;
+    for (int r = 0; r < (put ? c->tp : 1); r++) {
+        cs_rank *g = &c->g[r];
+        CK(cudaSetDevice(g->dev));
+        CK(cudaStreamSynchronize(g->st));
+        if (!g->rowbuf) {
+            CK(cudaMalloc((void **)&g->rowbuf, (size_t)CS_ROWS * C * sizeof(float)));
+            CK(cudaMalloc((void **)&g->rowidx, CS_ROWS * sizeof(int)));
+        }
+        float *m = grad ? cs_g(c, g, t, 0) : cs_p(c, g, t, 0);
+        cu_bf16 *m16 = !grad && put && g->p16 ? g->p16 + c->off[t] : NULL;
+        for (size_t i0 = 0; i0 < R; i0 += CS_ROWS) {
+            const size_t n = R - i0 < CS_ROWS ? R - i0 : CS_ROWS, bytes = n * (size_t)C * sizeof(float);
+            CK(cudaMemcpyAsync(g->rowidx, rows + i0, n * sizeof(int), cudaMemcpyHostToDevice, g->st));
+            if (put)
+                CK(cudaMemcpyAsync(g->rowbuf, buf + i0 * C, bytes, cudaMemcpyHostToDevice, g->st));
+            CK(cl_rows(m, m16, g->rowbuf, g->rowidx, n, C, put ? (grad ? CL_ROWS_ADD : CL_ROWS_SET) : CL_ROWS_GET,
+                       g->st));
+            if (!put)
+                CK(cudaMemcpyAsync(buf + i0 * C, g->rowbuf, bytes, cudaMemcpyDeviceToHost, g->st));
+            CK(cudaStreamSynchronize(g->st)); // the chunk's buffers are reused
+        }
+    }
+    return 0;
+}
+
 static void b_describe(const stage_t *s, char *buf, size_t buflen)
 {
     cs_dev *c = CS(s);
@@ -451,6 +490,8 @@ static void b_destroy(stage_t *s)
             continue;
         cudaSetDevice(g->dev);
         cudaStreamSynchronize(g->st);
+        cudaFree(g->rowbuf);
+        cudaFree(g->rowidx);
         cudaFree(g->params);
         cudaFree(g->grads);
         cudaFree(g->moments);
@@ -522,7 +563,7 @@ static int s_norm_segments(cs_dev *c, stage_t *s, int r)
         }
         int k = 0;
         for (int i = 0; i < STAGE_NTENSORS; i++) {
-            if (!s->sizes[i] || (i == STAGE_HEAD && o->tied))
+            if (!s->sizes[i] || stage_norm_skips(o, i))
                 continue;
             size_t off = 0, n = 0, rows = 1, stride = 0;
             const int sharded = cs_shard(o, i, r, c->tp, 1, &off, &n, &rows, &stride);
@@ -537,7 +578,7 @@ static int s_norm_segments(cs_dev *c, stage_t *s, int r)
                 hsegs[4 * k + 1] = sharded ? n : per;
                 hsegs[4 * k + 2] = sharded ? rows : 1;
                 hsegs[4 * k + 3] = sharded ? stride : 0;
-                g->seg_slot[k] = stage_norm_slot(&o->cfg, i, o->layer0 + l);
+                g->seg_slot[k] = stage_norm_slot(&o->cfg, stage_norm_tensor(o, i), o->layer0 + l);
             }
         }
         nseg = k;
@@ -909,7 +950,7 @@ static void *b_create(stage_t *s, char *err, size_t errlen)
 static const stage_backend_t k_backend = {
     "cuda",        b_create,  b_destroy, b_forward,  b_backward,  b_discard, b_inflight, b_zero_grad,
     b_tied_sync_self, b_grad_sumsq, b_step, b_to_host, b_to_device, b_describe, b_error,
-    b_encode,      b_backward_encode, b_host_alloc, b_host_free,
+    b_encode,      b_backward_encode, b_tied_rows, b_host_alloc, b_host_free,
 };
 
 extern "C" void cu_stage_register(void)

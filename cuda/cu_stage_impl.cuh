@@ -71,6 +71,8 @@ struct cs_rank {
     void *ws;
     float *params, *grads, *moments; // nparams, nparams, 2 nparams (full tensors, stage.c's carving)
     cu_bf16 *p16;                    // bf16 copy of params (bf16 mode) or NULL
+    float *rowbuf;                   // stage_tied_rows_*: CS_ROWS rows of C floats (first use)
+    int *rowidx;                     // their ids
     char *acts;                      // all slots' activations
     int *toks;                       // all slots' tokens and targets
     char *scratch;                   // dres, dbuf, dqkv, dbig (X), dsum (float), stage_f (float)

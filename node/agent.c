@@ -1091,6 +1091,8 @@ static void s_on_router(agent_t *a)
         p->rid_len = rl;
         a->heard[s_peer_index(j, from)] = s_now();
         log_info("job %llu: stage %d (%s) connected", (unsigned long long)j->id, from, j->names[from]);
+        if (from == 0 && j->stage == j->S - 1)
+            atomic_store(&j->tied_peer, 1);
         goto out;
     }
     s_deliver(a, p->stage, peer, &parts[1], &parts[2]);

@@ -23,10 +23,11 @@ int link_roles(const link_expect_t *x, int from)
     return r;
 }
 
-/* Rows of a TIED frame: R (1..Vp) from the first stage to the last, else Vp. */
+/* Rows of a TIED frame: R (1..Vp) either way between the first and the last
+ * stage (the receiver checks R against its own tokens), else Vp. */
 static uint32_t s_tied_rows(const link_expect_t *x, const Tah__DataHeader *h)
 {
-    if (h->from_stage == 0 && x->stage == x->S - 1 && x->S > 1 && h->t >= 1 && h->t <= (uint32_t)x->Vp)
+    if (x->S > 1 && h->t >= 1 && h->t <= (uint32_t)x->Vp)
         return h->t;
     return (uint32_t)x->Vp;
 }
@@ -165,9 +166,12 @@ int link_check(const link_expect_t *x, int from, int cur_step, const Tah__DataHe
         memcpy(out, payload, len);
         return 0;
     }
-    /* tensor kinds: codec frame */
+    /* tensor kinds: codec frame. TIED: the first stage's gradient rows through
+     * the tied codec, the last stage's weight rows in fp32 (docs/runtime.md) */
+    codec_spec_t fp32;
+    codec_spec_default(CODEC_FP32, &fp32);
     const codec_spec_t *want = h->kind == TAH__DATA_KIND__DATA_GRAD   ? &x->bwd
-                               : h->kind == TAH__DATA_KIND__DATA_TIED ? &x->tied_spec
+                               : h->kind == TAH__DATA_KIND__DATA_TIED ? (h->from_stage == 0 ? &x->tied_spec : &fp32)
                                                                       : &x->fwd;
     codec_shape_t shape = h->kind == TAH__DATA_KIND__DATA_TIED
                               ? (codec_shape_t){ 1, s_tied_rows(x, h), (uint32_t)x->C }

@@ -7,17 +7,22 @@
  *   ACT           stage k-1        fwd codec frame (B,T,C)    s     0..M-1
  *   EVAL          stage k-1        fwd codec frame (B,T,C)    s     0..val_batches-1
  *   GRAD          stage k+1        bwd codec frame (B,T,C)    s     0..M-1
- *   TIED          last stage       tied codec frame (1,Vp,C)  s     0
+ *   TIED          last stage       fp32 frame (1,R',C): the    s     0
+ *                                  head's rows step s reads
  *                 first stage      tied codec frame (1,R,C):  s     0
  *                                  rows of wte its step touched
  *   NORM_PARTIAL  stage k-1        nnorm float64 (LE), >= 0   s     0
  *   NORM          stage k+1        empty; header value >= 0   s     0
  *   PING          any neighbour    empty                      0     0
  * The tied partner of the first stage is the last one and vice versa. The
- * first stage's wte gradient is zero outside the rows of the tokens of its
- * step's M batches, which the last stage reads too: it sends only those R
- * rows (the distinct token ids, ascending, 1 <= R <= Vp), and the last
- * stage, which knows the same rows, checks R.
+ * last stage's head is the tied matrix; the first stage's wte is a cache
+ * of it. At the start of step s the last stage sends the rows the first
+ * stage's forward passes of step s read (R': the distinct token ids of its
+ * M batches, and of the validation batches when step s validates); at the
+ * end, the first stage sends its wte gradient, which is zero outside the
+ * rows of its M batches' tokens: only those R rows. Rows are distinct token
+ * ids ascending, 1 <= R <= Vp; each receiver knows the same tokens and
+ * checks R.
  * Connections: stage k connects (DEALER) to stage k+1's listening ROUTER,
  * and the first stage also to the last one's (tied embeddings, S > 2).
  *
@@ -58,8 +63,8 @@ typedef struct link_expect {
 /* Roles stage `from` holds for the receiver (0: none, it may not talk to us). */
 int link_roles(const link_expect_t *x, int from);
 /* Elements the decoded payload of this header needs (floats; doubles for
- * NORM_PARTIAL): for TIED rows from the first stage, R * C when the header's
- * R is in 1..Vp (link_check rejects other shapes). */
+ * NORM_PARTIAL): for TIED rows, R * C when the header's R is in 1..Vp
+ * (link_check rejects other shapes). */
 size_t link_payload_elems(const link_expect_t *x, const Tah__DataHeader *h);
 
 /* Validate header + payload from a sender whose stage is `from` (already

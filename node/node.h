@@ -74,6 +74,8 @@ typedef struct node_job {
     atomic_int steps_over;         /* set by the runner once it has left its step loop: it waits for
                                       no neighbour any more (only its last checkpoint is left) */
     atomic_ullong *rejected;       /* the agent's rejection counter */
+    atomic_int tied_peer;          /* last stage: the first stage has connected (its hello came), so
+                                      TIED can go to it (set by the agent) */
     atomic_ullong rx_ns;           /* the agent's time validating and decoding received tensors
                                       (TAH_NODE_PROFILE: the runner reads and resets it per step) */
 } node_job_t;

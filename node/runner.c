@@ -91,8 +91,9 @@ typedef struct runner {
     float *tmp;              /* (B,T,C) */
     int dev_enc;             /* the stage encodes its boundary tensors on its device */
     uint8_t *rowmask;        /* tied, first or last stage: (Vp) */
+    uint8_t *valmask;        /* (Vp): the tokens of the validation batches */
     int *rows;               /* (Vp): the wte rows of the step (stage_tied_rows) */
-    float *rowbuf;           /* first stage: (Vp, C), stage_tied_codec's scratch for those rows */
+    float *rowbuf;           /* (R, C) rows of the tied exchange (R <= min(Vp, tokens of a step)) */
     s_pinned_t pinned[R_NPINNED];
     float *losses;           /* (M) */
     double *slots;           /* nnorm */
@@ -357,6 +358,97 @@ static int s_aborted(runner_t *r, int step)
     return 1;
 }
 
+/* Send rows r->rows[0..R) of r->rowbuf (R x C floats) as TIED (1, R, C)
+ * through spec to the tied partner. */
+static int s_send_rows(runner_t *r, int step, const codec_spec_t *spec, size_t R)
+{
+    codec_shape_t ts = { 1, (uint32_t)R, (uint32_t)r->x->C };
+    int64_t fs = codec_frame_size(spec, ts);
+    zmq_msg_t frame;
+    if (fs < 0)
+        return (int)fs;
+    if (zmq_msg_init_size(&frame, (size_t)fs) != 0)
+        return TAH_ENOMEM;
+    char cerr[CODEC_ERRLEN] = "";
+    int rc = stage_tied_codec(spec, r->rowbuf, (int)R, r->x->C, NULL, R, NULL, zmq_msg_data(&frame), (size_t)fs, cerr,
+                              sizeof cerr);
+    if (rc) {
+        zmq_msg_close(&frame);
+        log_warn("job %llu step %d: encoding tied rows: %s", (unsigned long long)r->job->id, step, cerr);
+        return rc;
+    }
+    return s_send_frame(r, NODE_DEST_TIED, TAH__DATA_KIND__DATA_TIED, step, 0, spec, ts, &frame);
+}
+
+/* Stashed TIED message idx holds R rows (the agent checked the frame; the
+ * row count is what only this end knows); else the step fails. */
+static int s_rows_ok(runner_t *r, int step, int idx, size_t R, const char *what)
+{
+    size_t have = zmq_msg_size(&r->stash[idx].msg), want = R * (size_t)r->x->C * sizeof(float);
+    if (have == want)
+        return 1;
+    char why[160];
+    snprintf(why, sizeof why, "%zu bytes of %s rows from stage %d, expected %zu rows (%zu bytes)", have, what,
+             r->x->stage == 0 ? r->x->S - 1 : 0, R, want);
+    s_release(r, idx);
+    s_fail(r, step, "tied exchange: %s", why);
+    return 0;
+}
+
+/* The rows step s's forward passes on the first stage read: its M
+ * batches' tokens, and the validation batches' when step s validates
+ * (r->valmask); into r->rows, returns R. */
+static size_t s_weight_rows(runner_t *r, int eval)
+{
+    const link_expect_t *x = r->x;
+    const size_t n = (size_t)x->M * x->B * x->T;
+    stage_tied_rows(r->inputs, n, x->Vp, r->rowmask, r->rows);
+    size_t R = 0;
+    for (int v = 0; v < x->Vp; v++)
+        if (r->rowmask[v] || (eval && r->valmask[v]))
+            r->rows[R++] = v;
+    return R;
+}
+
+/* Start of step s on a tied first or last stage of S > 1: the last stage
+ * sends the rows of its head (the tied matrix, after step s - 1's update)
+ * that the first stage reads in step s, in fp32; the first stage puts them
+ * into its wte before its first forward. */
+static int s_tied_weights(runner_t *r, int step, int eval)
+{
+    const link_expect_t *x = r->x;
+    const double t0 = s_now(), w0 = r->ph[P_TWAIT];
+    const size_t R = s_weight_rows(r, eval);
+    int rc = 0;
+    if (x->stage == x->S - 1) {
+        /* the first stage's connection carries this; it may not be up yet at the first step */
+        while (!atomic_load(&r->job->tied_peer)) {
+            if (atomic_load(&r->job->abort))
+                return s_aborted(r, step);
+            nanosleep(&(struct timespec){ 0, 1000000 }, NULL);
+        }
+        codec_spec_t fp32;
+        codec_spec_default(CODEC_FP32, &fp32);
+        if (stage_tied_rows_get(r->st, 0, r->rows, R, r->rowbuf) != 0)
+            return s_fail(r, step, "reading the tied matrix's rows failed: %s", stage_error(r->st));
+        rc = s_send_rows(r, step, &fp32, R);
+        if (rc)
+            return s_fail(r, step, "sending the tied matrix's rows failed (%s)", tah_strerror(rc));
+    } else {
+        int idx = s_wait(r, TAH__DATA_KIND__DATA_TIED, step, 0);
+        if (idx < 0)
+            return s_aborted(r, step);
+        if (!s_rows_ok(r, step, idx, R, "weight"))
+            return TAH_ESHAPE;
+        rc = stage_tied_rows_put(r->st, 0, r->rows, R, zmq_msg_data(&r->stash[idx].msg));
+        s_release(r, idx);
+        if (rc)
+            return s_fail(r, step, "putting the tied matrix's rows failed: %s", stage_error(r->st));
+    }
+    r->ph[P_TIED] += s_now() - t0 - (r->ph[P_TWAIT] - w0);
+    return 0;
+}
+
 /* Validation pass (forward only), as trainer_eval: batch i of the val
  * loader from position 0, micro-batch slot 0. */
 static int s_eval(runner_t *r, int step, double *val_loss)
@@ -411,10 +503,7 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
     stage_t *st = r->st;
     int rc;
 
-    if (k == 0 || k == S - 1)
-        for (int m = 0; m < M; m++)
-            data_next_batch(&r->dl, r->inputs + m * BT, r->targets + m * BT);
-    stage_zero_grad(st);
+    stage_zero_grad(st); /* the first and last stage loaded the step's batches (s_load) */
     for (int a = 0; a < 2 * M; a++) {
         sched_action_t act = r->acts[a];
         int m = act.mb, idx = -1;
@@ -482,57 +571,37 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
         }
     }
 
-    /* tied embeddings: both copies become first + last. The last stage
-     * sends its dense head gradient as soon as its backward passes are
-     * done; the first stage sends only the rows of wte its step touched
-     * (link.h), which the last stage adds to its copy. With a lossy tied
-     * codec each side first replaces what it sends by the decode of its own
-     * frame (stage_tied_codec), so both sums have the same bits. */
-    const double t_tied = s_now();
+    /* tied embeddings (link.h): the first stage sends the rows of its wte
+     * gradient its step touched, the last stage adds them to its head's
+     * gradient (first + last, as stage_tied_sync): the head is the tied
+     * matrix, whose rows the first stage gets before its next forward
+     * (s_tied_weights). With a lossy tied codec the rows are the decode of
+     * the frame, as tah-train --tied-codec computes them. */
+    const double t_tied = s_now(), w_tied = r->ph[P_TWAIT];
     if (x->tied && S == 1) {
         stage_tied_sync(st, st);
     } else if (x->tied && (k == 0 || k == S - 1)) {
-        const size_t C = (size_t)x->C, R = stage_tied_rows(r->inputs, (size_t)M * BT, x->Vp, r->rowmask, r->rows);
-        float *mine = k == 0 ? st->g[GPT2_WTE] : st->g[STAGE_HEAD];
-        if (stage_sync_to_host(st, STAGE_SYNC_TIED) != 0) /* GPU stage: mine is its host mirror */
-            return s_fail(r, step, "copying the tied gradient from the GPU failed: %s", stage_error(st));
-        codec_shape_t ts = { 1, (uint32_t)(k == 0 ? R : (size_t)x->Vp), (uint32_t)C };
-        int64_t fs = codec_frame_size(&x->tied_spec, ts);
-        zmq_msg_t frame;
-        if (fs < 0 || zmq_msg_init_size(&frame, (size_t)fs) != 0)
-            return s_fail(r, step, "tied gradient: %s", fs < 0 ? tah_strerror((int)fs) : "out of memory");
-        char cerr[CODEC_ERRLEN] = "";
-        rc = stage_tied_codec(&x->tied_spec, mine, x->Vp, x->C, k == 0 ? r->rows : NULL, R, r->rowbuf,
-                              zmq_msg_data(&frame), (size_t)fs, cerr, sizeof cerr);
-        if (rc) {
-            zmq_msg_close(&frame);
-            return s_fail(r, step, "encoding the tied gradient failed: %s", cerr);
-        }
-        rc = s_send_frame(r, NODE_DEST_TIED, TAH__DATA_KIND__DATA_TIED, step, 0, &x->tied_spec, ts, &frame);
-        if (rc)
-            return s_fail(r, step, "sending the tied gradient failed (%s)", tah_strerror(rc));
-        int idx = s_wait(r, TAH__DATA_KIND__DATA_TIED, step, 0);
-        if (idx < 0)
-            return s_aborted(r, step);
-        const float *peer = zmq_msg_data(&r->stash[idx].msg);
+        const size_t R = stage_tied_rows(r->inputs, (size_t)M * BT, x->Vp, r->rowmask, r->rows);
         if (k == 0) {
-            stage_tied_reduce(mine, peer, (size_t)x->Vp * C, 1);
-        } else if (zmq_msg_size(&r->stash[idx].msg) != R * C * sizeof(float)) {
-            char why[128];
-            snprintf(why, sizeof why, "%zu bytes of rows from the first stage, expected %zu rows (%zu bytes)",
-                     zmq_msg_size(&r->stash[idx].msg), R, R * C * sizeof(float));
-            s_release(r, idx);
-            return s_fail(r, step, "tied gradient: %s", why);
+            if (stage_tied_rows_get(st, 1, r->rows, R, r->rowbuf) != 0)
+                return s_fail(r, step, "reading the tied gradient's rows failed: %s", stage_error(st));
+            rc = s_send_rows(r, step, &x->tied_spec, R);
+            if (rc)
+                return s_fail(r, step, "sending the tied gradient failed (%s)", tah_strerror(rc));
         } else {
-            for (size_t i = 0; i < R; i++)
-                stage_tied_reduce(mine + (size_t)r->rows[i] * C, peer + i * C, C, 0);
+            int idx = s_wait(r, TAH__DATA_KIND__DATA_TIED, step, 0);
+            if (idx < 0)
+                return s_aborted(r, step);
+            if (!s_rows_ok(r, step, idx, R, "gradient"))
+                return TAH_ESHAPE;
+            rc = stage_tied_rows_put(st, 1, r->rows, R, zmq_msg_data(&r->stash[idx].msg));
+            s_release(r, idx);
+            if (rc)
+                return s_fail(r, step, "adding the tied gradient's rows failed: %s", stage_error(st));
         }
-        s_release(r, idx);
-        if (stage_sync_to_device(st, STAGE_SYNC_TIED) != 0)
-            return s_fail(r, step, "copying the tied gradient to the GPU failed: %s", stage_error(st));
     }
 
-    r->ph[P_TIED] += s_now() - t_tied - r->ph[P_TWAIT];
+    r->ph[P_TIED] += s_now() - t_tied - (r->ph[P_TWAIT] - w_tied);
 
     /* global norm over every stage, in tah-train's slot order */
     const double t_upd = s_now();
@@ -662,6 +731,7 @@ static int s_setup(runner_t *r, int *start)
         goto fail;
     }
     stage_opts_t so = { .cfg = *cfg, .B = t->batch, .T = t->seq, .tied = !t->untied,
+                        .tied_link = !t->untied && j->S > 1,
                         .tp = j->tp > 0 ? j->tp : t->tp,
                         .backend = j->cuda ? STAGE_CUDA : STAGE_CPU, .device = j->device,
                         .ndevices = j->cuda ? j->ndevices : 0,
@@ -788,11 +858,24 @@ static int s_setup(runner_t *r, int *start)
     if (!r->inputs || !r->targets || !r->vin || !r->vtg || !r->tmp || !r->losses || !r->slots || !r->stash)
         goto nomem;
     if (x->tied && x->S > 1 && (x->stage == 0 || x->stage == x->S - 1)) {
+        /* rows of a tied exchange: at most Vp, at most the tokens of a step */
+        size_t maxr = (size_t)(x->M + x->val_batches) * BT;
+        maxr = maxr < (size_t)x->Vp ? maxr : (size_t)x->Vp;
         r->rowmask = malloc((size_t)x->Vp);
+        r->valmask = calloc((size_t)x->Vp, 1);
         r->rows = malloc((size_t)x->Vp * sizeof(int));
-        r->rowbuf = x->stage == 0 ? malloc((size_t)x->Vp * x->C * sizeof(float)) : NULL;
-        if (!r->rowmask || !r->rows || (x->stage == 0 && !r->rowbuf))
+        r->rowbuf = malloc(maxr * x->C * sizeof(float));
+        if (!r->rowmask || !r->valmask || !r->rows || !r->rowbuf)
             goto nomem;
+        if (x->val_batches > 0) { /* every validation reads the same batches (s_eval) */
+            r->vl.pos = 0;
+            for (int i = 0; i < x->val_batches; i++) {
+                data_next_batch(&r->vl, r->vin, r->vtg);
+                for (size_t e = 0; e < BT; e++)
+                    r->valmask[r->vin[e]] = 1;
+            }
+            r->vl.pos = 0;
+        }
     }
     /* TAH_NODE_TEST_CKPT_DELAY_MS=N: each checkpoint write takes N ms longer
      * (fault injection for tests: a slow disk at the end of a step) */
@@ -871,6 +954,7 @@ static void s_teardown(runner_t *r)
     free(r->rowmask);
     free(r->rows);
     free(r->rowbuf);
+    free(r->valmask);
     free(r->losses);
     free(r->slots);
     free(r->spec);
@@ -946,18 +1030,29 @@ void *node_runner_main(void *arg)
         }
         s_purge(r, s1);
         const uint64_t pos_before = r->data_pos; /* the data position after step s1 - 1 */
-        double val_loss = NAN, t0 = s_now(), loss = 0.0, norm = 0.0;
+        double val_loss = NAN, t0 = s_now(), t_eval = 0.0, loss = 0.0, norm = 0.0;
         float lr = 0.0f;
         int rc = 0;
-        if (r->x->val_batches && (s1 == 1 || s1 % t->val_every == 0 || s1 == steps))
+        const int eval = r->x->val_batches && (s1 == 1 || s1 % t->val_every == 0 || s1 == steps);
+        r->bytes_fwd = r->bytes_bwd = r->fp32_fwd = r->fp32_bwd = r->bytes_tied = 0;
+        memset(r->ph, 0, sizeof r->ph);
+        atomic_store(&j->rx_ns, 0);
+        if (k == 0 || k == S - 1) /* the step's batches (the tied exchange's rows need them first) */
+            for (int m = 0; m < r->x->M; m++)
+                data_next_batch(&r->dl, r->inputs + (size_t)m * r->x->B * r->x->T,
+                                r->targets + (size_t)m * r->x->B * r->x->T);
+        if (r->x->tied && S > 1 && (k == 0 || k == S - 1))
+            rc = s_tied_weights(r, s1, eval);
+        if (!rc && eval) { /* not part of the step's time and phases */
+            double ph[P_N];
+            memcpy(ph, r->ph, sizeof ph);
+            const double te = s_now();
             rc = s_eval(r, s1, &val_loss);
-        if (!rc) {
-            r->bytes_fwd = r->bytes_bwd = r->fp32_fwd = r->fp32_bwd = r->bytes_tied = 0;
-            memset(r->ph, 0, sizeof r->ph);
-            atomic_store(&j->rx_ns, 0);
-            t0 = s_now();
-            rc = s_step(r, s1, &loss, &norm, &lr);
+            t_eval = s_now() - te;
+            memcpy(r->ph, ph, sizeof ph);
         }
+        if (!rc)
+            rc = s_step(r, s1, &loss, &norm, &lr);
         if (rc) {
             int ds = atomic_load(&j->drain_step);
             if (ds > 0 && ds < s1) { /* drained: step s1 was abandoned before its update */
@@ -967,7 +1062,7 @@ void *node_runner_main(void *arg)
             }
             goto out; /* failed, or aborted (out: says which) */
         }
-        double dt = s_now() - t0;
+        double dt = s_now() - t0 - t_eval;
         if (k == S - 1 && !isfinite(loss)) {
             snprintf(j->reason, sizeof j->reason, "step %d: loss is %f; HINT: lower lr or enable grad_clip", s1,
                      loss);

@@ -495,6 +495,65 @@ int stage_tied_codec(const codec_spec_t *spec, float *g, int Vp, int C, const in
     return rc;
 }
 
+int stage_norm_skips(const stage_opts_t *o, int i)
+{
+    if (!o->tied)
+        return 0;
+    if (o->tied_link && !(o->first && o->last))
+        return i == GPT2_WTE && o->first;
+    return i == STAGE_HEAD;
+}
+
+int stage_norm_tensor(const stage_opts_t *o, int i)
+{
+    return i == STAGE_HEAD && o->tied ? GPT2_WTE : i;
+}
+
+int stage_step_skips(const stage_opts_t *o, int i)
+{
+    return o->tied && o->tied_link && o->first && !o->last && i == GPT2_WTE;
+}
+
+static int s_tied_rows(stage_t *s, int put, int grad, const int *rows, size_t R, float *buf)
+{
+    if (!s->o.tied || (!s->o.first && !s->o.last) || (R && (!rows || !buf))) {
+        snprintf(s->err, sizeof s->err, "tied rows: not a tied first or last stage, or NULL rows");
+        return TAH_EINVAL;
+    }
+    const int Vp = s->o.cfg.Vp;
+    for (size_t i = 0; i < R; i++)
+        if (rows[i] < 0 || rows[i] >= Vp) {
+            snprintf(s->err, sizeof s->err, "tied rows: row %d outside 0..%d", rows[i], Vp - 1);
+            return TAH_EINVAL;
+        }
+    if (s->cu)
+        return s_backend->tied_rows(s, put, grad, rows, R, buf);
+    const int t = s->o.first ? GPT2_WTE : STAGE_HEAD;
+    float *m = grad ? s->g[t] : s->p[t];
+    const size_t C = (size_t)s->o.cfg.C;
+    for (size_t i = 0; i < R; i++) {
+        float *row = m + (size_t)rows[i] * C, *b = buf + i * C;
+        if (!put)
+            memcpy(b, row, C * sizeof(float));
+        else if (!grad)
+            memcpy(row, b, C * sizeof(float));
+        else
+            for (size_t j = 0; j < C; j++) /* first + last, as stage_tied_sync */
+                row[j] = b[j] + row[j];
+    }
+    return 0;
+}
+
+int stage_tied_rows_get(stage_t *s, int grad, const int *rows, size_t R, float *buf)
+{
+    return s_tied_rows(s, 0, grad, rows, R, buf);
+}
+
+int stage_tied_rows_put(stage_t *s, int grad, const int *rows, size_t R, const float *buf)
+{
+    return s_tied_rows(s, 1, grad, rows, R, (float *)buf);
+}
+
 void stage_tied_reduce(float *mine, const float *peer, size_t n, int mine_is_first)
 {
 #pragma omp parallel for schedule(static)
@@ -569,7 +628,7 @@ void stage_grad_sumsq(stage_t *s, double *slots)
         return;
     }
     for (int i = 0; i < STAGE_NTENSORS; i++) {
-        if (!s->sizes[i] || (i == STAGE_HEAD && s->o.tied))
+        if (!s->sizes[i] || stage_norm_skips(&s->o, i))
             continue;
         if (gpt2_tensor_per_layer(i)) {
             size_t per = gpt2_tensor_layer_size(&s->o.cfg, i);
@@ -577,7 +636,8 @@ void stage_grad_sumsq(stage_t *s, double *slots)
                 slots[stage_norm_slot(&s->o.cfg, i, s->o.layer0 + l)] +=
                     s_sumsq(s->g[i] + (size_t)l * per, per, s->partials);
         } else {
-            slots[stage_norm_slot(&s->o.cfg, i, 0)] += s_sumsq(s->g[i], s->sizes[i], s->partials);
+            slots[stage_norm_slot(&s->o.cfg, stage_norm_tensor(&s->o, i), 0)] +=
+                s_sumsq(s->g[i], s->sizes[i], s->partials);
         }
     }
 }
@@ -598,7 +658,7 @@ void stage_step(stage_t *s, const optim_opts_t *o, float lr, float grad_scale)
         return;
     }
     for (int i = 0; i < STAGE_NTENSORS; i++) {
-        if (!s->sizes[i])
+        if (!s->sizes[i] || stage_step_skips(&s->o, i))
             continue;
         int matrix = i == STAGE_HEAD || gpt2_tensor_is_matrix(i);
         float wd = matrix ? o->weight_decay : 0.0f;

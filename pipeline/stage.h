@@ -52,6 +52,11 @@ typedef struct stage_opts {
     int B, T;           /* micro-batch shape, 1 <= T <= maxT */
     int nslots;         /* micro-batches in flight at most (>= 1) */
     int tied;           /* 1: HEAD is a tied copy of wte */
+    int tied_link;      /* tied, first and last on two nodes (tah-node; docs/runtime.md): the last
+                           stage's head is the tied matrix and the first stage's wte a cache of it,
+                           refreshed row by row (stage_tied_rows_put) before the rows are used.
+                           The first stage neither counts wte in the norm nor updates it; the
+                           last stage counts its head's gradient in wte's norm slot. */
     int backend;        /* STAGE_CPU (0, the default) or STAGE_CUDA (stage_backend.h) */
     int device;         /* STAGE_CUDA: GPU index (cuda:device); at tp > 1 ranks r on cuda:device+r ... */
     int ndevices;       /* STAGE_CUDA: ... unless this is tp (> 0): rank r on cuda:devices[r] (distinct) */
@@ -175,19 +180,38 @@ size_t stage_tied_rows(const int *tokens, size_t n, int Vp, uint8_t *mask, int *
 int stage_tied_codec(const codec_spec_t *spec, float *g, int Vp, int C, const int *rows, size_t nrows,
                      float *scratch, uint8_t *frame, size_t cap, char *err, size_t errlen);
 
+/* Rows of the tied matrix on this stage (wte on the first stage, the head
+ * on the last; tied only): rows[0..R) distinct ids < Vp, C floats each in
+ * buf (R * C). get: buf = (grad ? g : p)[rows]. put: grad: g[rows] = buf +
+ * g[rows] (the first stage's rows added to the last stage's gradient, in
+ * stage_tied_sync's order); else p[rows] = buf (a device stage refreshes
+ * its bf16 copy too). On a device stage these run on the device (no full
+ * host sync). 0, TAH_EINVAL or TAH_EDEVICE. */
+int stage_tied_rows_get(stage_t *s, int grad, const int *rows, size_t R, float *buf);
+int stage_tied_rows_put(stage_t *s, int grad, const int *rows, size_t R, const float *buf);
+
 /* Global-norm bookkeeping that gives the same bits for every split: one
  * double sum of squares per (tensor, layer) in a canonical slot, summed in
  * slot order by stage_norm_total. */
 size_t stage_norm_nslots(const gpt2_config_t *cfg);
 /* Add this stage's sums of squares into slots[stage_norm_nslots()]. The
- * tied HEAD copy is not counted (its gradient is wte's). */
+ * tied HEAD copy is not counted (its gradient is wte's), except with
+ * tied_link, where it is counted in wte's slot and the first stage's wte is
+ * not. */
 void stage_grad_sumsq(stage_t *s, double *slots);
 double stage_norm_total(const double *slots, size_t n);
 /* The canonical slot of tensor i (layer: the model layer of a per-layer
  * tensor, else ignored); STAGE_HEAD has its own. */
 size_t stage_norm_slot(const gpt2_config_t *cfg, int i, int layer);
+/* Both backends' rules: whether tensor i's gradient is left out of the
+ * norm, the tensor whose slot it is counted in (the tied head: wte's), and
+ * whether AdamW leaves tensor i alone (tied_link: the first stage's wte). */
+int stage_norm_skips(const stage_opts_t *o, int i);
+int stage_norm_tensor(const stage_opts_t *o, int i);
+int stage_step_skips(const stage_opts_t *o, int i);
 
-/* AdamW on every parameter of this stage (t increments). */
+/* AdamW on every parameter of this stage (t increments); with tied_link
+ * not on the first stage's wte (a cache of the last stage's head). */
 void stage_step(stage_t *s, const optim_opts_t *o, float lr, float grad_scale);
 
 /* Host mirrors of a device stage (no-ops, 0, on the CPU backend):

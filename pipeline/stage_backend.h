@@ -46,6 +46,8 @@ typedef struct stage_backend {
     /* stage_backward_encode (stage.h); the stage checked the role and the frame size */
     int (*backward_encode)(stage_t *s, int mb, const float *dout, float dloss, const codec_spec_t *spec,
                            uint8_t *frame, size_t len, char *err, size_t errlen);
+    /* stage_tied_rows_get / _put (stage.h); the stage checked tied, rows and R */
+    int (*tied_rows)(stage_t *s, int put, int grad, const int *rows, size_t R, float *buf);
     void *(*host_alloc)(size_t bytes); /* page-locked, NULL on failure */
     void (*host_free)(void *p);
 } stage_backend_t;

@@ -226,19 +226,16 @@ int trainer_accumulate(trainer_t *t, data_loader_t *dl, double *loss, char *err,
         }
     }
     if (t->o.tied && S > 1 && t->tied.id != CODEC_FP32) {
-        /* as tah-node: the first stage's touched rows and the last stage's
-         * whole gradient cross the link through the tied codec */
-        stage_t *f = t->stages[0], *l = t->stages[S - 1];
+        /* as tah-node: the first stage's touched rows cross the link through
+         * the tied codec (the last stage's gradient stays where it is) */
+        stage_t *f = t->stages[0];
         size_t nrows = stage_tied_rows(t->inputs, (size_t)M * BT, t->o.cfg.Vp, t->rowmask, t->rows);
         char cerr[256] = "";
-        int rc = stage_sync_to_host(f, STAGE_SYNC_TIED) || stage_sync_to_host(l, STAGE_SYNC_TIED) ? TAH_EDEVICE : 0;
+        int rc = stage_sync_to_host(f, STAGE_SYNC_TIED) ? TAH_EDEVICE : 0;
         if (!rc)
             rc = stage_tied_codec(&t->tied, f->g[GPT2_WTE], t->o.cfg.Vp, t->o.cfg.C, t->rows, nrows, NULL, NULL, 0,
                                   cerr, sizeof cerr);
-        if (!rc)
-            rc = stage_tied_codec(&t->tied, l->g[STAGE_HEAD], t->o.cfg.Vp, t->o.cfg.C, NULL, 0, NULL, NULL, 0, cerr,
-                                  sizeof cerr);
-        if (!rc && (stage_sync_to_device(f, STAGE_SYNC_TIED) || stage_sync_to_device(l, STAGE_SYNC_TIED)))
+        if (!rc && stage_sync_to_device(f, STAGE_SYNC_TIED))
             rc = TAH_EDEVICE;
         if (rc) {
             if (err)

@@ -451,6 +451,96 @@ static void s_attn_ref(double *out, double *dqkv, const float *qkv, const float 
 
 /* ---- the same step twice gives the same bits ---- */
 
+/* tied_link (tah-node's tied exchange) on the device: the first stage's
+ * gradient rows and the last stage's weight rows read on the GPU equal the
+ * host mirrors' rows bit for bit; the rows added into the last stage's head
+ * gradient give what stage_tied_rows_put gives on the CPU stage, bit for
+ * bit; the norm counts the head in wte's slot on the last stage and nothing
+ * of wte on the first; AdamW leaves the first stage's wte alone; weight rows
+ * put into it land there. */
+static void s_tied_link(const gpt2_model_t *model, int precision)
+{
+    const gpt2_config_t *cfg = &model->cfg;
+    const int C = cfg->C, Vp = cfg->Vp;
+    const size_t n = (size_t)Vp * C;
+    char err[512];
+    stage_t *cpu[2] = { 0 }, *gpu[2] = { 0 };
+    for (int k = 0; k < 2; k++) {
+        stage_opts_t o = { .cfg = *cfg, .B = 1, .T = 4, .nslots = 1, .tied = 1, .tied_link = 1,
+                           .layer0 = k ? 1 : 0, .layer1 = k ? cfg->L : 1, .first = !k, .last = k };
+        cpu[k] = stage_new(&o, err, sizeof err);
+        CHECK(cpu[k] != NULL, "cpu stage_new: %s", err);
+        o.backend = STAGE_CUDA;
+        o.precision = precision;
+        gpu[k] = stage_new(&o, err, sizeof err);
+        CHECK(gpu[k] != NULL, "cuda stage_new: %s", err);
+        if (!cpu[k] || !gpu[k])
+            goto out;
+        CHECK(stage_load_params(cpu[k], model) == 0 && stage_load_params(gpu[k], model) == 0, "load params");
+        uint64_t rs = 5 + (uint64_t)k;
+        for (size_t i = 0; i < cpu[k]->nparams; i++)
+            cpu[k]->grads[i] = (float)(1e-3 * gpt2_rand_normal(&rs));
+        memcpy(gpu[k]->grads, cpu[k]->grads, cpu[k]->nparams * sizeof(float));
+        CHECK(stage_sync_to_device(gpu[k], STAGE_SYNC_GRADS) == 0, "grads to device: %s", stage_error(gpu[k]));
+    }
+    {
+        enum { R = 5 };
+        const int rows[R] = { 0, 1, 17, Vp / 2, Vp - 1 };
+        float *bc = malloc((size_t)R * C * sizeof(float)), *bg = malloc((size_t)R * C * sizeof(float));
+        float *wte0 = malloc(n * sizeof(float));
+        CHECK(stage_tied_rows_get(gpu[0], 1, rows, R, bg) == 0, "get grad rows: %s", stage_error(gpu[0]));
+        CHECK(stage_tied_rows_get(cpu[0], 1, rows, R, bc) == 0, "get grad rows (cpu)");
+        CHECK(!memcmp(bg, bc, (size_t)R * C * sizeof(float)), "device gradient rows differ from the host's");
+        CHECK(stage_tied_rows_put(gpu[1], 1, rows, R, bc) == 0, "add grad rows: %s", stage_error(gpu[1]));
+        CHECK(stage_tied_rows_put(cpu[1], 1, rows, R, bc) == 0, "add grad rows (cpu)");
+        CHECK(stage_sync_to_host(gpu[1], STAGE_SYNC_GRADS) == 0, "grads to host: %s", stage_error(gpu[1]));
+        CHECK(!memcmp(gpu[1]->g[STAGE_HEAD], cpu[1]->g[STAGE_HEAD], n * sizeof(float)),
+              "head gradient after the rows' add differs from the CPU stage's");
+        size_t nn = stage_norm_nslots(cfg), sw = stage_norm_slot(cfg, GPT2_WTE, 0);
+        double *s0 = calloc(nn, sizeof(double)), *s1 = calloc(nn, sizeof(double)), *sc = calloc(nn, sizeof(double));
+        stage_grad_sumsq(gpu[0], s0);
+        stage_grad_sumsq(gpu[1], s1);
+        stage_grad_sumsq(cpu[1], sc);
+        CHECK(s0[sw] == 0.0, "first stage counted wte in the norm: %g", s0[sw]);
+        CHECK(s1[sw] > 0.0 && fabs(s1[sw] - sc[sw]) <= 1e-9 * sc[sw], "last stage's wte slot %.17g, cpu %.17g",
+              s1[sw], sc[sw]);
+        free(s0);
+        free(s1);
+        free(sc);
+        CHECK(stage_sync_to_host(gpu[0], STAGE_SYNC_PARAMS) == 0, "params to host");
+        memcpy(wte0, gpu[0]->p[GPT2_WTE], n * sizeof(float));
+        optim_opts_t oo;
+        optim_defaults(&oo);
+        stage_step(gpu[0], &oo, 1e-2f, 1.0f);
+        stage_step(gpu[1], &oo, 1e-2f, 1.0f);
+        CHECK(stage_sync_to_host(gpu[0], STAGE_SYNC_PARAMS) == 0, "params to host");
+        CHECK(!memcmp(gpu[0]->p[GPT2_WTE], wte0, n * sizeof(float)), "AdamW changed the first stage's wte");
+        CHECK(memcmp(gpu[0]->p[GPT2_WPE], cpu[0]->p[GPT2_WPE], gpu[0]->sizes[GPT2_WPE] * sizeof(float)) != 0,
+              "AdamW did not update the first stage's wpe");
+        CHECK(stage_tied_rows_get(gpu[1], 0, rows, R, bg) == 0, "get weight rows: %s", stage_error(gpu[1]));
+        CHECK(stage_sync_to_host(gpu[1], STAGE_SYNC_PARAMS) == 0, "params to host");
+        for (int i = 0; i < R; i++)
+            CHECK(!memcmp(bg + (size_t)i * C, gpu[1]->p[STAGE_HEAD] + (size_t)rows[i] * C, (size_t)C * sizeof(float)),
+                  "weight row %d differs from the host mirror's", rows[i]);
+        CHECK(stage_tied_rows_put(gpu[0], 0, rows, R, bg) == 0, "put weight rows: %s", stage_error(gpu[0]));
+        CHECK(stage_sync_to_host(gpu[0], STAGE_SYNC_PARAMS) == 0, "params to host");
+        for (int v = 0, i = 0; v < Vp; v++) {
+            const int hit = i < R && rows[i] == v;
+            const float *want = hit ? bg + (size_t)i * C : wte0 + (size_t)v * C;
+            CHECK(!memcmp(gpu[0]->p[GPT2_WTE] + (size_t)v * C, want, (size_t)C * sizeof(float)), "wte row %d", v);
+            i += hit;
+        }
+        free(bc);
+        free(bg);
+        free(wte0);
+    }
+out:
+    for (int k = 0; k < 2; k++) {
+        stage_destroy(&cpu[k]);
+        stage_destroy(&gpu[k]);
+    }
+}
+
 /* A one-stage model (embeddings, tied head) on tokens that repeat (V = 100,
  * 96 positions, and token 5 at every eighth one): two forward + backward
  * passes of the same micro-batch from zero gradients give bitwise equal
@@ -992,6 +1082,8 @@ int main(int argc, char **argv)
         }
     s_determinism(model, STAGE_FP32);
     s_determinism(model, STAGE_BF16);
+    s_tied_link(model, STAGE_FP32);
+    s_tied_link(model, STAGE_BF16);
     gpt2_model_destroy(&model);
 
     s_attention_long(0);

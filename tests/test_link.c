@@ -211,8 +211,8 @@ static void test_tied_and_norm(void **state)
     assert_int_equal(s_check(&mid, 0, &t, out, n), TAH_EINVAL); /* stage 0 is not stage 2's tied partner */
     free(t.payload);
 
-    /* the first stage sends the R rows of wte its step touched: 1 <= R <= Vp
-     * rows to the last stage; the last stage always sends all Vp */
+    /* rows either way, 1 <= R <= Vp: the first stage's gradient rows to the
+     * last stage, the last stage's weight rows to the first */
     const link_expect_t first = s_expect(0);
     msg_t rows = s_tensor(&last, TAH__DATA_KIND__DATA_TIED, 0, "fp32", (codec_shape_t){ 1, 3, C }, g);
     rows.h.mb = 0;
@@ -222,8 +222,9 @@ static void test_tied_and_norm(void **state)
     free(rows.payload);
     rows = s_tensor(&first, TAH__DATA_KIND__DATA_TIED, 3, "fp32", (codec_shape_t){ 1, 3, C }, g);
     rows.h.mb = 0;
-    assert_int_equal(link_payload_elems(&first, &rows.h), n);
-    assert_int_equal(s_check(&first, 3, &rows, out, n), TAH_ESHAPE); /* rows only travel first -> last */
+    assert_int_equal(link_payload_elems(&first, &rows.h), (size_t)3 * C);
+    assert_int_equal(s_check(&first, 3, &rows, out, n), 0);
+    assert_memory_equal(out, g, (size_t)3 * C * sizeof(float));
     free(rows.payload);
     t = s_tensor(&first, TAH__DATA_KIND__DATA_TIED, 3, "fp32", (codec_shape_t){ 1, VP, C }, g);
     t.h.mb = 0;
@@ -236,6 +237,10 @@ static void test_tied_and_norm(void **state)
     assert_int_equal(link_payload_elems(&last, &rows.h), n);
     assert_int_equal(s_check(&last, 0, &rows, out, n), TAH_ESHAPE); /* more rows than the vocabulary */
     free(rows.payload);
+    rows = s_tensor(&first, TAH__DATA_KIND__DATA_TIED, 3, "fp32", (codec_shape_t){ 1, VP + 1, C }, big);
+    rows.h.mb = 0;
+    assert_int_equal(s_check(&first, 3, &rows, out, n), TAH_ESHAPE);
+    free(rows.payload);
     /* the tied codec is the job's: fixpt rows pass a fixpt job, not an fp32 one */
     link_expect_t last8 = last;
     codec_spec_parse("fixpt:bits=8", &last8.tied_spec, NULL, 0);
@@ -243,6 +248,17 @@ static void test_tied_and_norm(void **state)
     rows.h.mb = 0;
     assert_int_equal(s_check(&last8, 0, &rows, out, n), 0);
     assert_int_equal(s_check(&last, 0, &rows, out, n), TAH_ESHAPE);
+    free(rows.payload);
+    /* ... and only the gradient's: the weight rows are fp32 whatever the tied codec */
+    link_expect_t first8 = first;
+    first8.tied_spec = last8.tied_spec;
+    rows = s_tensor(&first8, TAH__DATA_KIND__DATA_TIED, 3, "fixpt:bits=8", (codec_shape_t){ 1, 5, C }, g);
+    rows.h.mb = 0;
+    assert_int_equal(s_check(&first8, 3, &rows, out, n), TAH_ESHAPE);
+    free(rows.payload);
+    rows = s_tensor(&first8, TAH__DATA_KIND__DATA_TIED, 3, "fp32", (codec_shape_t){ 1, 5, C }, g);
+    rows.h.mb = 0;
+    assert_int_equal(s_check(&first8, 3, &rows, out, n), 0);
     free(rows.payload);
 
     /* norm partials: exactly nnorm finite non-negative doubles */

@@ -173,6 +173,105 @@ static void test_tied_reduce_matches_sync(void **state)
         assert_true(a2[i] == a[i] + b[i]);
 }
 
+static void s_fill_rand(float *x, size_t n, uint64_t *rs, double scale)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(scale * gpt2_rand_normal(rs));
+}
+
+/* tied_link (tah-node's exchange, docs/runtime.md): the first stage's
+ * touched gradient rows added to the last stage's head gradient
+ * (stage_tied_rows_*) give the head the bits stage_tied_sync gives it; the
+ * norm, counted on the last stage in wte's slot and not on the first, is
+ * the classic one bit for bit; AdamW then gives the last stage the classic
+ * head and leaves the first stage's wte alone, whose rows the last stage's
+ * weight rows refresh. */
+static void test_tied_link_matches_sync(void **state)
+{
+    (void)state;
+    char err[256];
+    stage_t *st[2][2]; /* [link][first, last] */
+    for (int l = 0; l < 2; l++)
+        for (int k = 0; k < 2; k++) {
+            stage_opts_t o = { .cfg = s_cfg, .layer0 = k ? 2 : 0, .layer1 = k ? 4 : 2, .first = !k, .last = k,
+                               .B = 1, .T = 4, .nslots = 1, .tied = 1, .tied_link = l };
+            st[l][k] = stage_new(&o, err, sizeof err);
+            assert_non_null(st[l][k]);
+        }
+    const int Vp = s_cfg.Vp, C = s_cfg.C;
+    const int rows[] = { 0, 5, 6, 47 };
+    const size_t R = 4, n = (size_t)Vp * C;
+    for (int k = 0; k < 2; k++) {
+        uint64_t rs = 11 + (uint64_t)k;
+        s_fill_rand(st[0][k]->params, st[0][k]->nparams, &rs, 0.1);
+        s_fill_rand(st[0][k]->grads, st[0][k]->nparams, &rs, 0.01);
+        memcpy(st[1][k]->params, st[0][k]->params, st[0][k]->nparams * sizeof(float));
+        memcpy(st[1][k]->grads, st[0][k]->grads, st[0][k]->nparams * sizeof(float));
+    }
+    /* the first stage's wte gradient is zero outside its tokens' rows */
+    for (int l = 0; l < 2; l++) {
+        float *g = st[l][0]->g[GPT2_WTE];
+        for (int v = 0, i = 0; v < Vp; v++) {
+            if (i < (int)R && rows[i] == v)
+                i++;
+            else
+                memset(g + (size_t)v * C, 0, (size_t)C * sizeof(float));
+        }
+    }
+    memcpy(st[0][1]->p[STAGE_HEAD], st[0][0]->p[GPT2_WTE], n * sizeof(float)); /* tied: the same matrix */
+    memcpy(st[1][1]->p[STAGE_HEAD], st[0][0]->p[GPT2_WTE], n * sizeof(float));
+    float buf[4 * 16];
+    assert_int_equal(C, 16);
+    stage_tied_sync(st[0][0], st[0][1]);
+    assert_int_equal(stage_tied_rows_get(st[1][0], 1, rows, R, buf), 0);
+    assert_int_equal(stage_tied_rows_put(st[1][1], 1, rows, R, buf), 0);
+    assert_memory_equal(st[1][1]->g[STAGE_HEAD], st[0][1]->g[STAGE_HEAD], n * sizeof(float));
+    const size_t ns = stage_norm_nslots(&s_cfg);
+    double *sa = calloc(ns, sizeof(double)), *sb = calloc(ns, sizeof(double));
+    assert_true(sa && sb);
+    for (int k = 0; k < 2; k++) {
+        stage_grad_sumsq(st[0][k], sa);
+        stage_grad_sumsq(st[1][k], sb);
+    }
+    assert_memory_equal(sa, sb, ns * sizeof(double));
+    assert_true(stage_norm_total(sa, ns) == stage_norm_total(sb, ns));
+    float *wte0 = malloc(n * sizeof(float));
+    assert_non_null(wte0);
+    memcpy(wte0, st[1][0]->p[GPT2_WTE], n * sizeof(float));
+    optim_opts_t oo;
+    optim_defaults(&oo);
+    oo.weight_decay = 0.1f;
+    for (int l = 0; l < 2; l++)
+        for (int k = 0; k < 2; k++)
+            stage_step(st[l][k], &oo, 1e-2f, 1.0f);
+    assert_memory_equal(st[1][1]->params, st[0][1]->params, st[0][1]->nparams * sizeof(float));
+    assert_memory_equal(st[1][0]->p[GPT2_WTE], wte0, n * sizeof(float)); /* a cache: not updated */
+    assert_memory_not_equal(st[0][0]->p[GPT2_WTE], wte0, n * sizeof(float));
+    /* the last stage's weight rows into the first stage's cache */
+    assert_int_equal(stage_tied_rows_get(st[1][1], 0, rows, R, buf), 0);
+    assert_int_equal(stage_tied_rows_put(st[1][0], 0, rows, R, buf), 0);
+    for (int v = 0, i = 0; v < Vp; v++) {
+        const float *want = (i < (int)R && rows[i] == v) ? st[0][0]->p[GPT2_WTE] : wte0;
+        assert_memory_equal(st[1][0]->p[GPT2_WTE] + (size_t)v * C, want + (size_t)v * C, (size_t)C * sizeof(float));
+        if (i < (int)R && rows[i] == v)
+            i++;
+    }
+    /* refused: a row outside the vocabulary, a stage without the tied matrix */
+    const int bad[] = { Vp };
+    assert_int_equal(stage_tied_rows_get(st[1][1], 0, bad, 1, buf), TAH_EINVAL);
+    stage_opts_t mid = { .cfg = s_cfg, .layer0 = 1, .layer1 = 3, .B = 1, .T = 4, .nslots = 1, .tied = 1 };
+    stage_t *m = stage_new(&mid, err, sizeof err);
+    assert_non_null(m);
+    assert_int_equal(stage_tied_rows_get(m, 0, rows, R, buf), TAH_EINVAL);
+    stage_destroy(&m);
+    free(wte0);
+    free(sa);
+    free(sb);
+    for (int l = 0; l < 2; l++)
+        for (int k = 0; k < 2; k++)
+            stage_destroy(&st[l][k]);
+}
+
 /* A stage holds at most nslots micro-batches; unknown ones are refused. */
 static void test_stage_slots(void **state)
 {
@@ -212,6 +311,7 @@ int main(void)
         cmocka_unit_test(test_split_untied),
         cmocka_unit_test(test_fp32_codec_is_exact),
         cmocka_unit_test(test_tied_reduce_matches_sync),
+        cmocka_unit_test(test_tied_link_matches_sync),
         cmocka_unit_test(test_stage_slots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
