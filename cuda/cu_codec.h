@@ -55,9 +55,12 @@ typedef enum cu_dtype { CU_F32 = 0, CU_BF16 = 1 } cu_dtype_t;
  * if the spec or shape is invalid. */
 size_t cu_codec_scratch_bytes(const codec_spec_t *spec, codec_shape_t shape);
 
-/* The same for an encode of input type xt: tah widens bf16 input into the
- * scratch first (4 bytes per element more); every other codec reads bf16
- * in its own kernels and needs what cu_codec_scratch_bytes says. */
+/* The same for an encode of input type xt. tah reads bf16 in its own
+ * kernels where its default encode applies (k_tah_spec: 64-element tiles,
+ * C a multiple of 64, 16-byte aligned input) and otherwise widens bf16 input
+ * into the scratch first, which this reserves (4 bytes per element more);
+ * every other codec reads bf16 in its own kernels and needs what
+ * cu_codec_scratch_bytes says. */
 size_t cu_codec_scratch_bytes_x(const codec_spec_t *spec, codec_shape_t shape, cu_dtype_t xt);
 
 /* Encode B*S*C floats at d_x (device, row-major (B,S,C)) into exactly
