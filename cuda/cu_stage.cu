@@ -120,6 +120,17 @@ static cs_slot *s_find(cs_dev *c, const stage_t *s, int mb)
     return NULL;
 }
 
+// A forward without `in` (backward without `dout`) takes the tensor stage_decode_boundary
+// decoded for its micro-batch: c->dsrc for the call's s_upload, consumed by it.
+static int s_take_decoded(cs_dev *c, int w, int mb)
+{
+    if (c->dec_mb[w] != mb || !c->dec[w])
+        return TAH_EINVAL;
+    c->dsrc = c->dec[w];
+    c->dec_mb[w] = -1;
+    return 0;
+}
+
 static int b_forward(stage_t *s, int mb, const int *tokens, const float *in, const int *targets, float *out,
                      float *loss)
 {
@@ -130,9 +141,10 @@ static int b_forward(stage_t *s, int mb, const int *tokens, const float *in, con
     if (mb < 0 || s_find(c, s, mb))
         return TAH_EINVAL;
     cs_slot *sl = s_find(c, s, -1);
-    if (!sl)
+    if (!sl || (!s->o.first && !in && s_take_decoded(c, 0, mb) != 0))
         return TAH_EINVAL;
     int rc = cs_forward(s, sl, tokens, in, targets, out, loss);
+    c->dsrc = NULL;
     if (rc == 0)
         sl->mb = mb;
     return rc;
@@ -145,9 +157,10 @@ static int b_backward(stage_t *s, int mb, const float *dout, float dloss, float 
         return TAH_EDEVICE;
     c->lasterr[0] = 0;
     cs_slot *sl = mb >= 0 ? s_find(c, s, mb) : NULL;
-    if (!sl)
+    if (!sl || (!s->o.last && !dout && s_take_decoded(c, 1, mb) != 0))
         return TAH_EINVAL;
     int rc = cs_backward(s, sl, dout, dloss, dinp);
+    c->dsrc = NULL;
     c->dinp_mb = rc == 0 && !s->o.first ? mb : -1;
     sl->mb = -1;
     return rc;
@@ -513,6 +526,13 @@ static void b_destroy(stage_t *s)
         cudaSetDevice(c->g[0].dev);
         cudaFree(c->wscr);
         cudaFree(c->wpay);
+        cudaFree(c->dpay);
+        cudaFree(c->dscr);
+        cudaFree(c->dec[0]);
+        cudaFree(c->dec[1]);
+        cudaFree(c->dseg);
+        cudaFree(c->dpart);
+        cudaFreeHost(c->h_dpart);
         if (c->wst)
             cudaStreamDestroy(c->wst);
         if (c->wev)
@@ -771,6 +791,69 @@ static int s_grow(cs_dev *c, const stage_t *s, void **p, size_t *have, size_t ne
     return rc;
 }
 
+// stage_decode_boundary: tp = 1 (a tensor-parallel stage would need it on every rank: its
+// frames are decoded on the host)
+static int b_decodes_on_device(const stage_t *s)
+{
+    return CS(s)->tp == 1;
+}
+
+static int s_decode(stage_t *s, int w, int mb, const uint8_t *frame, size_t len, double *norm, char *err,
+                    size_t errlen)
+{
+    cs_dev *c = CS(s);
+    codec_frame_info_t info;
+    int rc = codec_frame_info(frame, len, &info, err, errlen);
+    if (rc)
+        return rc;
+    const codec_shape_t shape = { (uint32_t)s->o.B, (uint32_t)s->o.T, (uint32_t)s->o.cfg.C };
+    if (info.shape.b != shape.b || info.shape.s != shape.s || info.shape.c != shape.c) {
+        snprintf(err, errlen, "frame of shape (%u,%u,%u), the stage's is (%u,%u,%u)", info.shape.b, info.shape.s,
+                 info.shape.c, shape.b, shape.s, shape.c);
+        return TAH_ESHAPE;
+    }
+    const size_t BTC = (size_t)shape.b * shape.s * shape.c, pay = len - CODEC_HEADER_SIZE;
+    cs_rank *g = &c->g[0];
+    CK(cudaSetDevice(g->dev));
+    if (!c->dseg) {
+        const unsigned long long seg[4] = { 0, BTC, 1, 0 };
+        if ((rc = s_alloc(c, s, 0, (void **)&c->dseg, sizeof seg, "norm segment")) != 0 ||
+            (rc = s_alloc(c, s, 0, (void **)&c->dpart, CL_SUMSQ_BLOCKS * sizeof(double), "norm partials")) != 0)
+            return rc;
+        CK(cudaMemcpy(c->dseg, seg, sizeof seg, cudaMemcpyHostToDevice));
+        CK(cudaMallocHost((void **)&c->h_dpart, CL_SUMSQ_BLOCKS * sizeof(double)));
+    }
+    if ((rc = s_grow(c, s, &c->dscr, &c->dscr_n, cu_codec_scratch_bytes(&info.spec, shape), "codec scratch")) ||
+        (rc = s_grow(c, s, (void **)&c->dpay, &c->dpay_n, pay ? pay : 1, "received payload")) ||
+        (rc = s_grow(c, s, (void **)&c->dec[w], &c->dec_n[w], BTC * sizeof(float), "decoded tensor")))
+        return rc;
+    CK(cudaMemcpyAsync(c->dpay, frame + CODEC_HEADER_SIZE, pay, cudaMemcpyHostToDevice, g->st));
+    if ((rc = cu_codec_decode(&info.spec, shape, c->dpay, c->dec[w], c->dscr, g->st, err, errlen)) != 0 ||
+        (rc = cu_codec_status(c->dscr, g->st, err, errlen)) != 0)
+        return rc == TAH_EDEVICE ? cs_fail(c, s, "cu_codec_decode", err, __FILE__, __LINE__) : rc;
+    CK(cl_sumsq(c->dpart, c->dec[w], c->dseg, 1, g->st));
+    CK(cudaMemcpyAsync(c->h_dpart, c->dpart, CL_SUMSQ_BLOCKS * sizeof(double), cudaMemcpyDeviceToHost, g->st));
+    CK(cudaStreamSynchronize(g->st));
+    double ss = 0.0;
+    for (int j = 0; j < CL_SUMSQ_BLOCKS; j++)
+        ss += c->h_dpart[j];
+    *norm = sqrt(ss);
+    c->dec_mb[w] = mb;
+    return 0;
+}
+
+static int b_decode(stage_t *s, int what, int mb, const uint8_t *frame, size_t len, double *norm, char *err,
+                    size_t errlen)
+{
+    cs_dev *c = CS(s);
+    const int w = what == STAGE_WIRE_IN ? 0 : 1;
+    c->dec_mb[w] = -1;
+    int rc = c->failed ? TAH_EDEVICE : s_decode(s, w, mb, frame, len, norm, err, errlen);
+    if (rc == TAH_EDEVICE)
+        snprintf(err, errlen, "%s", c->err);
+    return rc;
+}
+
 // Check the request (spec, frame of len bytes) and get the wire stream,
 // codec scratch and payload buffer ready; then set it as c's request.
 static int s_wire_prepare(stage_t *s, const codec_spec_t *spec, uint8_t *frame, size_t len, char *err, size_t errlen)
@@ -886,6 +969,10 @@ static int b_backward_encode(stage_t *s, int mb, const float *dout, float dloss,
     int rc = c->failed ? TAH_EDEVICE : !sl ? TAH_EINVAL : 0;
     if (rc == TAH_EINVAL)
         snprintf(err, errlen, "micro-batch %d is not in flight", mb);
+    if (!rc && !s->o.last && !dout && s_take_decoded(c, 1, mb) != 0) {
+        rc = TAH_EINVAL;
+        snprintf(err, errlen, "no output gradient for micro-batch %d (none given, none decoded)", mb);
+    }
     c->lasterr[0] = 0;
     if (!rc)
         rc = s_wire_prepare(s, spec, frame, len, err, errlen);
@@ -931,6 +1018,7 @@ static void *b_create(stage_t *s, char *err, size_t errlen)
     c->bf16 = s->o.precision == STAGE_BF16;
     c->xs = c->bf16 ? sizeof(cu_bf16) : sizeof(float);
     c->dinp_mb = -1;
+    c->dec_mb[0] = c->dec_mb[1] = -1;
     int n = 0;
     for (int r = 0; r < c->tp; r++) {
         c->g[r].dev = stage_device(&s->o, r);
@@ -950,7 +1038,7 @@ static void *b_create(stage_t *s, char *err, size_t errlen)
 static const stage_backend_t k_backend = {
     "cuda",        b_create,  b_destroy, b_forward,  b_backward,  b_discard, b_inflight, b_zero_grad,
     b_tied_sync_self, b_grad_sumsq, b_step, b_to_host, b_to_device, b_describe, b_error,
-    b_encode,      b_backward_encode, b_tied_rows, b_host_alloc, b_host_free,
+    b_encode,      b_backward_encode, b_decodes_on_device, b_decode, b_tied_rows, b_host_alloc, b_host_free,
 };
 
 extern "C" void cu_stage_register(void)

@@ -112,6 +112,17 @@ struct cs_dev {
     uint8_t *wpay;
     size_t wscr_n, wpay_n;
     int dinp_mb;                // micro-batch whose input gradient rank 0's dres holds, -1 when none
+    // stage_decode_boundary (tp = 1): the received payload, the codec's scratch, the decoded
+    // tensors (0: an input, 1: an output gradient, fp32 (B,T,C)) and the micro-batch each holds
+    // (-1: none); dsrc is the one the running forward / backward uploads instead of host memory
+    uint8_t *dpay;
+    void *dscr;
+    size_t dpay_n, dscr_n, dec_n[2];
+    float *dec[2];
+    int dec_mb[2];
+    const float *dsrc;
+    unsigned long long *dseg;   // its one norm segment (0, B*T*C, 1, 0)
+    double *dpart, *h_dpart;    // the norm's partial sums, device and host
     // stage_backward_encode's request while its backward runs (wspec NULL otherwise)
     const codec_spec_t *wspec;
     uint8_t *wframe;

@@ -320,6 +320,7 @@ static int s_finish(stage_t *s)
 // ---- forward / backward ----
 
 // host (B,T,C) fp32 -> every rank's dst (X)
+// src NULL: the tensor stage_decode_boundary left on the device (c->dsrc; tp = 1)
 template <class X> static int s_upload(stage_t *s, X *const *dst, const float *src)
 {
     cs_dev *c = CS(s);
@@ -327,7 +328,14 @@ template <class X> static int s_upload(stage_t *s, X *const *dst, const float *s
     for (int r = 0; r < c->tp; r++) {
         cs_rank *g = &c->g[r];
         CK(cudaSetDevice(g->dev));
-        if (sizeof(X) == sizeof(float)) {
+        if (!src) {
+            if (!c->dsrc || r > 0)
+                return TAH_EINVAL;
+            if (sizeof(X) == sizeof(float))
+                CK(cudaMemcpyAsync(dst[r], c->dsrc, BTC * sizeof(float), cudaMemcpyDeviceToDevice, g->st));
+            else
+                CK(cl_from_f32<X>(dst[r], c->dsrc, BTC, g->st));
+        } else if (sizeof(X) == sizeof(float)) {
             CK(cudaMemcpyAsync(dst[r], src, BTC * sizeof(float), cudaMemcpyHostToDevice, g->st));
         } else {
             CK(cudaMemcpyAsync(g->stage_f, src, BTC * sizeof(float), cudaMemcpyHostToDevice, g->st));

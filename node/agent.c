@@ -998,18 +998,25 @@ static void s_deliver(agent_t *a, int from, const char *peer, zmq_msg_t *hdr, zm
         wire_header_free(&h);
         return;
     }
-    size_t nelem = link_payload_elems(&j->x, h);
+    /* a stage that decodes on its device gets boundary frames as they came, checked up to the
+     * decode; it decodes and checks the tensor itself (runner.c, s_wait_tensor) */
+    const int frame = atomic_load(&j->dev_dec) &&
+                      (h->kind == TAH__DATA_KIND__DATA_ACT || h->kind == TAH__DATA_KIND__DATA_GRAD ||
+                       h->kind == TAH__DATA_KIND__DATA_EVAL);
+    size_t nelem = frame ? 0 : link_payload_elems(&j->x, h);
     size_t nbytes = nelem * (h->kind == TAH__DATA_KIND__DATA_NORM_PARTIAL ? sizeof(double) : sizeof(float));
     zmq_msg_t out;
     zmq_msg_init_size(&out, nbytes);
     const double t_rx = s_now();
     int rc = link_check(&j->x, from, atomic_load(&j->cur_step), h, zmq_msg_data(payload), zmq_msg_size(payload),
-                        zmq_msg_data(&out), nbytes, err, sizeof err);
+                        frame ? NULL : zmq_msg_data(&out), nbytes, err, sizeof err);
     if (rc == 0 && h->kind != TAH__DATA_KIND__DATA_PING) {
         int tensor = h->kind != TAH__DATA_KIND__DATA_NORM_PARTIAL && h->kind != TAH__DATA_KIND__DATA_NORM;
-        rc = guard_admit(a->guard, h->kind, h->step, h->mb, tensor ? zmq_msg_data(&out) : NULL,
+        rc = guard_admit(a->guard, h->kind, h->step, h->mb, tensor && !frame ? zmq_msg_data(&out) : NULL,
                          tensor ? nelem : 0, err, sizeof err);
     }
+    if (rc == 0 && frame)
+        zmq_msg_move(&out, payload);
     atomic_fetch_add(&j->rx_ns, (unsigned long long)((s_now() - t_rx) * 1e9));
     if (rc) {
         s_strike(a, from, peer, err);
@@ -1025,7 +1032,8 @@ static void s_deliver(agent_t *a, int from, const char *peer, zmq_msg_t *hdr, zm
         wire_header_free(&h);
         return;
     }
-    node_meta_t meta = { .kind = h->kind, .step = h->step, .mb = h->mb, .data_pos = h->data_pos, .value = h->value };
+    node_meta_t meta = { .kind = h->kind, .step = h->step, .mb = h->mb, .frame = (uint32_t)frame,
+                         .data_pos = h->data_pos, .value = h->value };
     char cmd = 'D';
     zmq_send(a->pipe, &cmd, 1, ZMQ_SNDMORE);
     zmq_send(a->pipe, &meta, sizeof meta, ZMQ_SNDMORE);
@@ -1261,6 +1269,19 @@ static void s_on_pipe(agent_t *a)
     case 'S':
         if (a->state == A_RUNNING && n == 4)
             s_forward(a, parts + 1);
+        break;
+    case 'B': /* the runner rejected a frame it decoded: [stage (int32)][reason] */
+        if (n == 3 && a->state == A_RUNNING && a->job && zmq_msg_size(&parts[1]) == sizeof(int32_t)) {
+            int32_t from;
+            memcpy(&from, zmq_msg_data(&parts[1]), sizeof from);
+            char why[512];
+            snprintf(why, sizeof why, "%.*s", (int)zmq_msg_size(&parts[2]), (const char *)zmq_msg_data(&parts[2]));
+            if (from >= 0 && from < a->job->S) {
+                char peer[96];
+                snprintf(peer, sizeof peer, "stage %d (%s)", from, a->job->names[from]);
+                s_strike(a, from, peer, why);
+            }
+        }
         break;
     case 'R':
         if (n == 2 && a->state == A_RUNNING) {

@@ -74,8 +74,21 @@ static double s_sumsq(const float *x, size_t n)
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
+static int s_admit(guard_t *g, uint32_t kind, int step, int mb, int tensor, double norm, char *err, size_t errlen);
+
 int guard_admit(guard_t *g, uint32_t kind, int step, int mb, const float *data, size_t n, char *err,
                 size_t errlen)
+{
+    const int tensor = s_tensor_kind(kind) && data;
+    return s_admit(g, kind, step, mb, tensor, tensor ? sqrt(s_sumsq(data, n)) : 0.0, err, errlen);
+}
+
+int guard_admit_norm(guard_t *g, uint32_t kind, int step, int mb, double norm, char *err, size_t errlen)
+{
+    return s_admit(g, kind, step, mb, s_tensor_kind(kind), norm, err, errlen);
+}
+
+static int s_admit(guard_t *g, uint32_t kind, int step, int mb, int tensor, double norm, char *err, size_t errlen)
 {
     const char *kn = wire_data_kind_name(kind);
     if (kind == TAH__DATA_KIND__DATA_PING || kind == TAH__DATA_KIND__DATA_HELLO)
@@ -95,9 +108,7 @@ int guard_admit(guard_t *g, uint32_t kind, int step, int mb, const float *data, 
         snprintf(err, errlen, "%s step %d mb %d: replayed (step %d already seen)", kn, step, mb, w->step[p]);
         return TAH_ERANGE;
     }
-    double norm = 0.0;
-    if (s_tensor_kind(kind) && data) {
-        norm = sqrt(s_sumsq(data, n));
+    if (tensor) {
         if (!isfinite(norm)) { /* only reachable if a caller skipped codec_decode's finite check */
             snprintf(err, errlen, "%s step %d mb %d: L2 norm is not finite", kn, step, mb);
             return TAH_ENONFINITE;
@@ -117,7 +128,7 @@ int guard_admit(guard_t *g, uint32_t kind, int step, int mb, const float *data, 
             w->seen[p][i] = 0;
     }
     w->seen[p][mb] = 1;
-    if (s_tensor_kind(kind) && data) {
+    if (tensor) {
         g->est[kind] = g->have_est[kind] ? (1.0 - GUARD_EMA_WEIGHT) * g->est[kind] + GUARD_EMA_WEIGHT * norm : norm;
         g->have_est[kind] = 1;
     }

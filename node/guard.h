@@ -42,6 +42,9 @@ void guard_destroy(guard_t **g_p);
  * with the reason in err. */
 int guard_admit(guard_t *g, uint32_t kind, int step, int mb, const float *data, size_t n, char *err,
                 size_t errlen);
+/* The same for a tensor decoded elsewhere (a GPU stage's decoder), whose
+ * L2 norm the caller computed. */
+int guard_admit_norm(guard_t *g, uint32_t kind, int step, int mb, double norm, char *err, size_t errlen);
 
 /* Running norm estimate of a tensor kind (0 if none yet). */
 double guard_norm_estimate(const guard_t *g, uint32_t kind);

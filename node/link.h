@@ -69,8 +69,10 @@ size_t link_payload_elems(const link_expect_t *x, const Tah__DataHeader *h);
 
 /* Validate header + payload from a sender whose stage is `from` (already
  * authenticated by the caller), at receiver step cur_step (1-based).
- * Tensor kinds decode into out (out_elems floats); NORM_PARTIAL copies the
- * doubles into out (as bytes). 0 or a negative TAH_E* code + err. */
+ * Tensor kinds decode into out (out_elems floats), or with out NULL are
+ * checked up to the decode, which is then the caller's (the frame's header,
+ * CRC, codec and shape are); NORM_PARTIAL copies the doubles into out (as
+ * bytes). 0 or a negative TAH_E* code + err. */
 int link_check(const link_expect_t *x, int from, int cur_step, const Tah__DataHeader *h, const uint8_t *payload,
                size_t len, void *out, size_t out_bytes, char *err, size_t errlen);
 

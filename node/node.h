@@ -33,7 +33,8 @@ enum { NODE_DONE = 1, NODE_FAILED = 2, NODE_ABORTED = 3, NODE_DRAINED = 4 };
 typedef struct node_meta { /* what the agent tells the runner about a data message */
     uint32_t kind;
     int32_t step, mb;
-    uint32_t reserved;
+    uint32_t frame;        /* 1: the data is the received frame, checked up to its decode, which is
+                              the runner's (dev_dec); 0: the decoded tensor */
     uint64_t data_pos;     /* NORM_PARTIAL */
     double value;          /* NORM */
 } node_meta_t;
@@ -74,6 +75,8 @@ typedef struct node_job {
     atomic_int steps_over;         /* set by the runner once it has left its step loop: it waits for
                                       no neighbour any more (only its last checkpoint is left) */
     atomic_ullong *rejected;       /* the agent's rejection counter */
+    atomic_int dev_dec;            /* the runner decodes ACT, GRAD and EVAL frames on its stage's
+                                      device (set before 'Y'); the agent checks them up to that */
     atomic_int tied_peer;          /* last stage: the first stage has connected (its hello came), so
                                       TIED can go to it (set by the agent) */
     atomic_ullong rx_ns;           /* the agent's time validating and decoding received tensors

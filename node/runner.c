@@ -47,6 +47,7 @@
 #include "data.h"     /* data_load, data_loader_* */
 #include "errors.h"
 #include "gpt2.h"
+#include "guard.h"    /* guard_admit_norm: the checks of tensors decoded on the device */
 #include "jobfile.h"  /* jobfile_parse, jobfile_resolve */
 #include "layers.h"   /* layers_set_threads */
 #include "log.h"
@@ -73,9 +74,9 @@ typedef struct s_pinned {
 /* TAH_NODE_PROFILE=1: where each step's wall time goes on this node's compute
  * thread, logged per step (the host's view: a phase that only launches
  * device work counts until the launch returns) */
-enum { P_FWD, P_BWD, P_SEND, P_WAIT, P_TIED, P_TWAIT, P_NWAIT, P_UPDATE, P_N };
-static const char *const s_phase_names[P_N] = { "fwd",  "bwd",       "encode+send", "wait act/grad",
-                                                "tied", "wait tied", "wait norm",   "update" };
+enum { P_FWD, P_BWD, P_SEND, P_WAIT, P_DEC, P_TIED, P_TWAIT, P_NWAIT, P_UPDATE, P_N };
+static const char *const s_phase_names[P_N] = { "fwd",    "bwd",  "encode+send", "wait act/grad", "decode",
+                                                "tied",   "wait tied", "wait norm", "update" };
 
 typedef struct runner {
     node_job_t *job;
@@ -90,6 +91,8 @@ typedef struct runner {
     int *vin, *vtg;          /* (B,T) */
     float *tmp;              /* (B,T,C) */
     int dev_enc;             /* the stage encodes its boundary tensors on its device */
+    int dev_dec;             /* ... and decodes the received ones there (j->dev_dec) */
+    guard_t *dguard;         /* dev_dec: the agent's norm bound, for the tensors decoded here */
     uint8_t *rowmask;        /* tied, first or last stage: (Vp) */
     uint8_t *valmask;        /* (Vp): the tokens of the validation batches */
     int *rows;               /* (Vp): the wte rows of the step (stage_tied_rows) */
@@ -358,6 +361,52 @@ static int s_aborted(runner_t *r, int step)
     return 1;
 }
 
+/* Wait for tensor message (kind, step, mb). A frame the agent left encoded
+ * (dev_dec) is decoded here into the stage (what, for micro-batch smb of
+ * the stage) and its tensor checked as the agent checks the tensors it
+ * decodes (finite values by the decoder, then the norm bound); one that
+ * fails is its sender's fault: reported to the agent as a strike, dropped,
+ * and the wait goes on, as for a frame the agent rejects. Returns the stash
+ * index with *data the decoded host tensor, or NULL when it is on the
+ * device; -1 when aborted, -2 on a device error (reason set). */
+static int s_wait_tensor(runner_t *r, uint32_t kind, int step, int mb, int what, int smb, const float **data)
+{
+    for (;;) {
+        int idx = s_wait(r, kind, step, mb);
+        if (idx < 0)
+            return -1;
+        s_entry_t *e = &r->stash[idx];
+        if (!e->m.frame) {
+            *data = zmq_msg_data(&e->msg);
+            return idx;
+        }
+        char err[512] = "";
+        double norm = 0.0;
+        const double t = s_now();
+        int rc = stage_decode_boundary(r->st, what, smb, zmq_msg_data(&e->msg), zmq_msg_size(&e->msg), &norm, err,
+                                       sizeof err);
+        if (rc == 0)
+            rc = guard_admit_norm(r->dguard, kind, step, mb, norm, err, sizeof err);
+        r->ph[P_DEC] += s_now() - t;
+        if (rc == 0) {
+            *data = NULL;
+            return idx;
+        }
+        s_release(r, idx);
+        if (rc == TAH_EDEVICE || rc == TAH_EINVAL) {
+            s_fail(r, step, "decoding a received tensor on the GPU failed: %s", err);
+            return -2;
+        }
+        const int32_t from = kind == TAH__DATA_KIND__DATA_GRAD ? r->x->stage + 1 : r->x->stage - 1;
+        char why[600];
+        int n = snprintf(why, sizeof why, "%s step %d mb %d: %s (%s)", wire_data_kind_name(kind), step, mb, err,
+                         tah_strerror(rc));
+        if (zmq_send(r->pipe, "B", 1, ZMQ_SNDMORE) < 0 || zmq_send(r->pipe, &from, sizeof from, ZMQ_SNDMORE) < 0 ||
+            zmq_send(r->pipe, why, n > 0 ? (size_t)n : 0, 0) < 0)
+            log_warn("job %llu: %s", (unsigned long long)r->job->id, why);
+    }
+}
+
 /* Send rows r->rows[0..R) of r->rowbuf (R x C floats) as TIED (1, R, C)
  * through spec to the tied partner. */
 static int s_send_rows(runner_t *r, int step, const codec_spec_t *spec, size_t R)
@@ -464,10 +513,9 @@ static int s_eval(runner_t *r, int step, double *val_loss)
         const float *in = NULL;
         int idx = -1;
         if (k > 0) {
-            idx = s_wait(r, TAH__DATA_KIND__DATA_EVAL, step, i);
+            idx = s_wait_tensor(r, TAH__DATA_KIND__DATA_EVAL, step, i, STAGE_WIRE_IN, 0, &in);
             if (idx < 0)
-                return s_aborted(r, step);
-            in = zmq_msg_data(&r->stash[idx].msg);
+                return idx == -1 ? s_aborted(r, step) : TAH_EDEVICE;
         }
         float l = 0.0f;
         int rc = stage_forward(r->st, 0, r->vin, in, r->vtg, r->dev_enc ? NULL : r->tmp, &l);
@@ -510,10 +558,9 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
         if (act.op == SCHED_F) {
             const float *in = NULL;
             if (k > 0) {
-                idx = s_wait(r, TAH__DATA_KIND__DATA_ACT, step, m);
+                idx = s_wait_tensor(r, TAH__DATA_KIND__DATA_ACT, step, m, STAGE_WIRE_IN, m, &in);
                 if (idx < 0)
-                    return s_aborted(r, step);
-                in = zmq_msg_data(&r->stash[idx].msg);
+                    return idx == -1 ? s_aborted(r, step) : TAH_EDEVICE;
             }
             double t = s_now();
             rc = stage_forward(st, m, r->inputs + m * BT, in, r->targets + m * BT,
@@ -536,10 +583,9 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
         } else {
             const float *dout = NULL;
             if (k < S - 1) {
-                idx = s_wait(r, TAH__DATA_KIND__DATA_GRAD, step, m);
+                idx = s_wait_tensor(r, TAH__DATA_KIND__DATA_GRAD, step, m, STAGE_WIRE_DOUT, m, &dout);
                 if (idx < 0)
-                    return s_aborted(r, step);
-                dout = zmq_msg_data(&r->stash[idx].msg);
+                    return idx == -1 ? s_aborted(r, step) : TAH_EDEVICE;
             }
             double t = s_now();
             if (k > 0 && r->dev_enc) { /* backward and the encode of d(input), overlapped on the device */
@@ -901,6 +947,12 @@ static int s_setup(runner_t *r, int *start)
     r->profile = pe && !strcmp(pe, "1");
     const char *he = getenv("TAH_NODE_HOST_ENCODE");
     r->dev_enc = stage_encodes_on_device(r->st) && !(he && !strcmp(he, "1"));
+    /* TAH_NODE_HOST_DECODE=1: received frames decoded by the agent on the host (comparisons) */
+    const char *hd = getenv("TAH_NODE_HOST_DECODE");
+    r->dev_dec = stage_decodes_on_device(r->st) && !(hd && !strcmp(hd, "1"));
+    if (r->dev_dec && !(r->dguard = guard_new(x->M, x->val_batches, x->max_norm_ratio)))
+        goto nomem;
+    atomic_store(&j->dev_dec, r->dev_dec);
     size_t cap = (size_t)(r->fwd_fs > r->bwd_fs ? r->fwd_fs : r->bwd_fs);
     for (int i = 0; r->dev_enc && i < R_NPINNED; i++) {
         r->pinned[i].buf = stage_host_alloc(r->st, cap);
@@ -909,9 +961,11 @@ static int s_setup(runner_t *r, int *start)
     }
     char d[256];
     stage_describe(r->st, d, sizeof d);
-    log_info("job %llu: stage %d/%d: %s; codecs fwd %s (%lld B/frame) bwd %s (%lld B/frame), encoded on the %s",
+    log_info("job %llu: stage %d/%d: %s; codecs fwd %s (%lld B/frame) bwd %s (%lld B/frame), encoded on the %s, "
+             "decoded on the %s",
              (unsigned long long)j->id, j->stage, j->S, d, t->fwd_codec, (long long)r->fwd_fs, t->bwd_codec,
-             (long long)r->bwd_fs, r->dev_enc ? "device into page-locked frames" : "host");
+             (long long)r->bwd_fs, r->dev_enc ? "device into page-locked frames" : "host",
+             r->dev_dec ? "device" : "host");
     return 0;
 nomem:
     snprintf(err, sizeof err, "out of memory building the stage");
@@ -955,6 +1009,7 @@ static void s_teardown(runner_t *r)
     free(r->rows);
     free(r->rowbuf);
     free(r->valmask);
+    guard_destroy(&r->dguard);
     free(r->losses);
     free(r->slots);
     free(r->spec);

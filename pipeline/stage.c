@@ -720,6 +720,23 @@ int stage_encode_boundary(stage_t *s, int what, int mb, const codec_spec_t *spec
     return rc;
 }
 
+int stage_decodes_on_device(const stage_t *s)
+{
+    return s->cu != NULL && s_backend->decode != NULL && s_backend->decodes_on_device(s);
+}
+
+int stage_decode_boundary(stage_t *s, int what, int mb, const uint8_t *frame, size_t len, double *norm, char *err,
+                          size_t errlen)
+{
+    if (!stage_decodes_on_device(s) || !frame || !norm || mb < 0 ||
+        !((what == STAGE_WIRE_IN && !s->o.first) || (what == STAGE_WIRE_DOUT && !s->o.last))) {
+        snprintf(err, errlen, "this stage does not decode %s frames on its device",
+                 what == STAGE_WIRE_IN ? "input" : "gradient");
+        return TAH_EINVAL;
+    }
+    return s_backend->decode(s, what, mb, frame, len, norm, err, errlen);
+}
+
 int stage_backward_encode(stage_t *s, int mb, const float *dout, float dloss, const codec_spec_t *spec,
                           uint8_t *frame, size_t cap, size_t *written, char *err, size_t errlen)
 {

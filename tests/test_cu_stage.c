@@ -541,6 +541,93 @@ out:
     }
 }
 
+/* Received frames decoded on the device (stage_decode_boundary, tah-node's
+ * path on GPU nodes): a middle stage's forward from a decoded input frame
+ * and its backward from a decoded gradient frame give bit for bit what the
+ * same GPU stage gives from the host decode of the same frames (the GPU
+ * decoder writes the CPU decoder's floats); the norm it returns is the
+ * decoded tensor's; a corrupt frame, a frame of another shape and a
+ * forward with nothing decoded are refused. */
+static void s_device_decode(const gpt2_model_t *model, int precision)
+{
+    const gpt2_config_t *cfg = &model->cfg;
+    const int B = 2, T = cfg->maxT, C = cfg->C;
+    const size_t BTC = (size_t)B * T * C;
+    const codec_shape_t shape = { (uint32_t)B, (uint32_t)T, (uint32_t)C };
+    char err[512];
+    stage_opts_t o = { .cfg = *cfg, .B = B, .T = T, .nslots = 3, .tied = 1, .layer0 = 1, .layer1 = 2,
+                       .backend = STAGE_CUDA, .precision = precision };
+    stage_t *g = stage_new(&o, err, sizeof err);
+    CHECK(g != NULL, "cuda stage_new: %s", err);
+    if (!g)
+        return;
+    CHECK(stage_decodes_on_device(g), "a tp = 1 CUDA stage decodes on its device");
+    CHECK(stage_load_params(g, model) == 0, "load params");
+    float *x = malloc(BTC * sizeof(float)), *y = malloc(BTC * sizeof(float)), *dy = malloc(BTC * sizeof(float));
+    float *o1 = malloc(BTC * sizeof(float)), *o2 = malloc(BTC * sizeof(float));
+    float *d1 = malloc(BTC * sizeof(float)), *d2 = malloc(BTC * sizeof(float));
+    uint64_t rs = 3;
+    for (size_t i = 0; i < BTC; i++)
+        x[i] = (float)gpt2_rand_normal(&rs);
+    static const char *const specs[2] = { "tah", "fixpt:bits=8" }; /* the runtime's defaults: fwd, bwd */
+    uint8_t *f[2];
+    size_t len[2];
+    for (int k = 0; k < 2; k++) {
+        codec_spec_t sp;
+        codec_spec_parse(specs[k], &sp, NULL, 0);
+        len[k] = (size_t)codec_frame_size(&sp, shape);
+        f[k] = malloc(len[k]);
+        for (size_t i = 0; k == 1 && i < BTC; i++)
+            x[i] *= 1e-3f; /* gradient-sized */
+        CHECK(codec_encode(&sp, shape, x, f[k], len[k], NULL, err, sizeof err) == 0, "encode %s: %s", specs[k], err);
+    }
+    CHECK(codec_decode(f[0], len[0], y, BTC, NULL, err, sizeof err) == 0, "host decode: %s", err);
+    CHECK(codec_decode(f[1], len[1], dy, BTC, NULL, err, sizeof err) == 0, "host decode: %s", err);
+    double norm = -1.0, ss = 0.0;
+    int rc = stage_decode_boundary(g, STAGE_WIRE_IN, 0, f[0], len[0], &norm, err, sizeof err);
+    CHECK(rc == 0, "decode input: %s", err);
+    for (size_t i = 0; i < BTC; i++)
+        ss += (double)y[i] * y[i];
+    CHECK(fabs(norm - sqrt(ss)) <= 1e-12 * sqrt(ss), "device norm %.17g, host %.17g", norm, sqrt(ss));
+    CHECK(stage_forward(g, 0, NULL, NULL, NULL, o1, NULL) == 0, "forward from the decoded input: %s", stage_error(g));
+    CHECK(stage_forward(g, 1, NULL, y, NULL, o2, NULL) == 0, "forward from the host decode: %s", stage_error(g));
+    CHECK(!memcmp(o1, o2, BTC * sizeof(float)), "forward outputs differ (device decode vs host decode)");
+    rc = stage_decode_boundary(g, STAGE_WIRE_DOUT, 0, f[1], len[1], &norm, err, sizeof err);
+    CHECK(rc == 0, "decode gradient: %s", err);
+    CHECK(stage_backward(g, 0, NULL, 0.0f, d1) == 0, "backward from the decoded gradient: %s", stage_error(g));
+    CHECK(stage_backward(g, 1, dy, 0.0f, d2) == 0, "backward from the host decode: %s", stage_error(g));
+    CHECK(!memcmp(d1, d2, BTC * sizeof(float)), "input gradients differ (device decode vs host decode)");
+    /* refused */
+    CHECK(stage_forward(g, 2, NULL, NULL, NULL, o1, NULL) == TAH_EINVAL, "forward with nothing decoded");
+    f[0][len[0] - 1] ^= 0x40;
+    CHECK(stage_decode_boundary(g, STAGE_WIRE_IN, 2, f[0], len[0], &norm, err, sizeof err) == TAH_ECHECKSUM,
+          "a corrupt frame");
+    f[0][len[0] - 1] ^= 0x40;
+    CHECK(stage_decode_boundary(g, STAGE_WIRE_IN, 2, f[0], len[0] - 1, &norm, err, sizeof err) < 0,
+          "a truncated frame");
+    CHECK(stage_forward(g, 2, NULL, NULL, NULL, o1, NULL) == TAH_EINVAL, "forward after a refused frame");
+    codec_spec_t sp;
+    codec_spec_parse("tah", &sp, NULL, 0);
+    const codec_shape_t other = { (uint32_t)B, (uint32_t)T / 2, (uint32_t)C };
+    size_t ol = (size_t)codec_frame_size(&sp, other);
+    uint8_t *of = malloc(ol);
+    CHECK(codec_encode(&sp, other, x, of, ol, NULL, err, sizeof err) == 0, "encode: %s", err);
+    CHECK(stage_decode_boundary(g, STAGE_WIRE_IN, 2, of, ol, &norm, err, sizeof err) == TAH_ESHAPE,
+          "a frame of another shape");
+    CHECK(!*stage_error(g), "no device error: %s", stage_error(g));
+    free(of);
+    for (int k = 0; k < 2; k++)
+        free(f[k]);
+    free(x);
+    free(y);
+    free(dy);
+    free(o1);
+    free(o2);
+    free(d1);
+    free(d2);
+    stage_destroy(&g);
+}
+
 /* A one-stage model (embeddings, tied head) on tokens that repeat (V = 100,
  * 96 positions, and token 5 at every eighth one): two forward + backward
  * passes of the same micro-batch from zero gradients give bitwise equal
@@ -1084,6 +1171,8 @@ int main(int argc, char **argv)
     s_determinism(model, STAGE_BF16);
     s_tied_link(model, STAGE_FP32);
     s_tied_link(model, STAGE_BF16);
+    s_device_decode(model, STAGE_FP32);
+    s_device_decode(model, STAGE_BF16);
     gpt2_model_destroy(&model);
 
     s_attention_long(0);
