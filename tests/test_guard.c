@@ -138,6 +138,19 @@ static void test_norm_bound(void **state)
     inf[7] = NAN;
     assert_int_equal(s_admit(g, ACT, 1, 2, inf, N), TAH_ENONFINITE);
     guard_destroy(&g);
+
+    /* a norm computed elsewhere (a GPU stage's decoder): the same rules, the same estimate */
+    guard_t *a = guard_new(8, 0, ratio), *b = guard_new(8, 0, ratio);
+    assert_int_equal(s_admit(a, ACT, 1, 0, x, N), 0);
+    assert_int_equal(guard_admit_norm(b, ACT, 1, 0, n1, err, sizeof err), 0);
+    assert_true(fabs(guard_norm_estimate(b, ACT) - guard_norm_estimate(a, ACT)) <= 1e-12 * n1);
+    assert_int_equal(guard_admit_norm(b, ACT, 1, 1, 1.001 * ratio * guard_norm_estimate(b, ACT), err, sizeof err),
+                     TAH_ERANGE);
+    assert_int_equal(guard_admit_norm(b, ACT, 1, 1, INFINITY, err, sizeof err), TAH_ENONFINITE);
+    assert_int_equal(guard_admit_norm(b, ACT, 1, 1, n1, err, sizeof err), 0);
+    assert_int_equal(guard_admit_norm(b, ACT, 1, 1, n1, err, sizeof err), TAH_ERANGE); /* replayed */
+    guard_destroy(&a);
+    guard_destroy(&b);
 }
 
 static void test_job_keys(void **state)

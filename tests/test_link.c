@@ -165,6 +165,14 @@ static void test_act_rules(void **state)
     msg_t other = s_tensor(&x, TAH__DATA_KIND__DATA_ACT, 0, "fp32", (codec_shape_t){ B, T, C / 2 }, small);
     other.h.c = C;
     assert_int_equal(s_check(&x, 0, &other, out, n), TAH_ESHAPE);
+    /* out NULL (a receiver that decodes on its GPU): checked up to the decode */
+    char err[256];
+    assert_int_equal(link_check(&x, 0, 5, &m.h, m.payload, m.len, NULL, 0, err, sizeof err), 0);
+    assert_int_equal(link_check(&x, 0, 5, &other.h, other.payload, other.len, NULL, 0, err, sizeof err), TAH_ESHAPE);
+    bad = m;
+    bad.payload = copy; /* the flipped payload bit */
+    s_recrc(&bad);
+    assert_int_equal(link_check(&x, 0, 5, &bad.h, bad.payload, bad.len, NULL, 0, err, sizeof err), TAH_ECHECKSUM);
     free(other.payload);
     free(copy);
     free(m.payload);
