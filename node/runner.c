@@ -93,6 +93,7 @@ typedef struct runner {
     int dev_enc;             /* the stage encodes its boundary tensors on its device */
     int dev_dec;             /* ... and decodes the received ones there (j->dev_dec) */
     guard_t *dguard;         /* dev_dec: the agent's norm bound, for the tensors decoded here */
+    node_meta_t dlast[2];    /* dev_dec: the message whose decode the stage holds, input / gradient */
     uint8_t *rowmask;        /* tied, first or last stage: (Vp) */
     uint8_t *valmask;        /* (Vp): the tokens of the validation batches */
     int *rows;               /* (Vp): the wte rows of the step (stage_tied_rows) */
@@ -246,6 +247,8 @@ static int s_send_tensor(runner_t *r, int dest, uint32_t kind, int step, int mb,
     return s_send_frame(r, dest, kind, step, mb, spec, shape, &payload);
 }
 
+static int s_frame_check(runner_t *r, int idx);
+
 /* Wait for a message (kind, step, mb); returns its stash index, or -1 when
  * aborted (reason set). */
 static int s_wait_msg(runner_t *r, uint32_t kind, int step, int mb)
@@ -315,6 +318,8 @@ static int s_wait_msg(runner_t *r, uint32_t kind, int step, int mb)
         zmq_msg_init(&r->stash[slot].msg);
         zmq_msg_move(&r->stash[slot].msg, &data);
         zmq_msg_close(&data);
+        if (m.frame && s_frame_check(r, slot) < 0)
+            return -1; /* a device error: the reason is set */
     }
 }
 
@@ -361,50 +366,79 @@ static int s_aborted(runner_t *r, int step)
     return 1;
 }
 
-/* Wait for tensor message (kind, step, mb). A frame the agent left encoded
- * (dev_dec) is decoded here into the stage (what, for micro-batch smb of
- * the stage) and its tensor checked as the agent checks the tensors it
- * decodes (finite values by the decoder, then the norm bound); one that
- * fails is its sender's fault: reported to the agent as a strike, dropped,
- * and the wait goes on, as for a frame the agent rejects. Returns the stash
- * index with *data the decoded host tensor, or NULL when it is on the
- * device; -1 when aborted, -2 on a device error (reason set). */
-static int s_wait_tensor(runner_t *r, uint32_t kind, int step, int mb, int what, int smb, const float **data)
+/* Frames the agent left encoded (dev_dec) are decoded into the stage: what
+ * and the stage's micro-batch for message e (an evaluation batch runs in
+ * slot 0) */
+static int s_frame_what(const s_entry_t *e, int *smb)
 {
-    for (;;) {
-        int idx = s_wait(r, kind, step, mb);
-        if (idx < 0)
-            return -1;
-        s_entry_t *e = &r->stash[idx];
-        if (!e->m.frame) {
-            *data = zmq_msg_data(&e->msg);
-            return idx;
-        }
-        char err[512] = "";
-        double norm = 0.0;
-        const double t = s_now();
-        int rc = stage_decode_boundary(r->st, what, smb, zmq_msg_data(&e->msg), zmq_msg_size(&e->msg), &norm, err,
-                                       sizeof err);
-        if (rc == 0)
-            rc = guard_admit_norm(r->dguard, kind, step, mb, norm, err, sizeof err);
-        r->ph[P_DEC] += s_now() - t;
-        if (rc == 0) {
-            *data = NULL;
-            return idx;
-        }
-        s_release(r, idx);
-        if (rc == TAH_EDEVICE || rc == TAH_EINVAL) {
-            s_fail(r, step, "decoding a received tensor on the GPU failed: %s", err);
-            return -2;
-        }
-        const int32_t from = kind == TAH__DATA_KIND__DATA_GRAD ? r->x->stage + 1 : r->x->stage - 1;
-        char why[600];
-        int n = snprintf(why, sizeof why, "%s step %d mb %d: %s (%s)", wire_data_kind_name(kind), step, mb, err,
-                         tah_strerror(rc));
-        if (zmq_send(r->pipe, "B", 1, ZMQ_SNDMORE) < 0 || zmq_send(r->pipe, &from, sizeof from, ZMQ_SNDMORE) < 0 ||
-            zmq_send(r->pipe, why, n > 0 ? (size_t)n : 0, 0) < 0)
-            log_warn("job %llu: %s", (unsigned long long)r->job->id, why);
+    *smb = e->m.kind == TAH__DATA_KIND__DATA_EVAL ? 0 : e->m.mb;
+    return e->m.kind == TAH__DATA_KIND__DATA_GRAD ? STAGE_WIRE_DOUT : STAGE_WIRE_IN;
+}
+
+/* Check stashed frame idx as the agent checks the tensors it decodes, as
+ * soon as it arrives: decoded on the device (finite values, metadata), then
+ * the norm bound and the replay window (r->dguard). The stage then holds
+ * its decode (r->dlast). A frame that fails is its sender's fault: reported
+ * to the agent as a strike and dropped, as a frame the agent rejects.
+ * 0: kept; 1: dropped; -1: a device error (reason set). */
+static int s_frame_check(runner_t *r, int idx)
+{
+    s_entry_t *e = &r->stash[idx];
+    int smb, what = s_frame_what(e, &smb), w = what == STAGE_WIRE_DOUT;
+    char err[512] = "";
+    double norm = 0.0;
+    int rc = stage_decode_boundary(r->st, what, smb, zmq_msg_data(&e->msg), zmq_msg_size(&e->msg), &norm, err,
+                                   sizeof err);
+    const int decoded = rc == 0; /* the guard's messages name the message themselves */
+    if (rc == 0)
+        rc = guard_admit_norm(r->dguard, e->m.kind, e->m.step, e->m.mb, norm, err, sizeof err);
+    r->dlast[w] = rc == 0 ? e->m : (node_meta_t){ 0 };
+    if (rc == 0)
+        return 0;
+    const node_meta_t m = e->m;
+    s_release(r, idx);
+    if (rc == TAH_EDEVICE || rc == TAH_EINVAL) {
+        s_fail(r, m.step, "decoding a received tensor on the GPU failed: %s", err);
+        return -1;
     }
+    const int32_t from = m.kind == TAH__DATA_KIND__DATA_GRAD ? r->x->stage + 1 : r->x->stage - 1;
+    char why[600];
+    int n = decoded ? snprintf(why, sizeof why, "%s (%s)", err, tah_strerror(rc))
+                    : snprintf(why, sizeof why, "%s step %d mb %d: %s (%s)", wire_data_kind_name(m.kind), m.step, m.mb,
+                               err, tah_strerror(rc));
+    if (zmq_send(r->pipe, "B", 1, ZMQ_SNDMORE) < 0 || zmq_send(r->pipe, &from, sizeof from, ZMQ_SNDMORE) < 0 ||
+        zmq_send(r->pipe, why, n > 0 ? (size_t)n : 0, 0) < 0)
+        log_warn("job %llu: %s", (unsigned long long)r->job->id, why);
+    return 1;
+}
+
+/* Wait for tensor message (kind, step, mb): its stash index with *data the
+ * decoded host tensor, or NULL for a frame the stage holds decoded for its
+ * next forward (backward): decoded again unless it was the last one checked
+ * in its direction. -1 when aborted or on a device error (reason set). */
+static int s_wait_tensor(runner_t *r, uint32_t kind, int step, int mb, const float **data)
+{
+    int idx = s_wait(r, kind, step, mb);
+    if (idx < 0)
+        return -1;
+    s_entry_t *e = &r->stash[idx];
+    *data = e->m.frame ? NULL : zmq_msg_data(&e->msg);
+    int smb, what = s_frame_what(e, &smb), w = what == STAGE_WIRE_DOUT;
+    const node_meta_t *l = &r->dlast[w];
+    if (!e->m.frame || (l->kind == kind && l->step == step && l->mb == mb))
+        return idx;
+    char err[512] = "";
+    double norm = 0.0;
+    const double t = s_now();
+    int rc = stage_decode_boundary(r->st, what, smb, zmq_msg_data(&e->msg), zmq_msg_size(&e->msg), &norm, err,
+                                   sizeof err);
+    r->ph[P_DEC] += s_now() - t;
+    r->dlast[w] = rc == 0 ? e->m : (node_meta_t){ 0 };
+    if (rc == 0)
+        return idx;
+    s_release(r, idx);
+    s_fail(r, step, "decoding a checked tensor on the GPU again failed: %s", err);
+    return -1;
 }
 
 /* Send rows r->rows[0..R) of r->rowbuf (R x C floats) as TIED (1, R, C)
@@ -513,9 +547,9 @@ static int s_eval(runner_t *r, int step, double *val_loss)
         const float *in = NULL;
         int idx = -1;
         if (k > 0) {
-            idx = s_wait_tensor(r, TAH__DATA_KIND__DATA_EVAL, step, i, STAGE_WIRE_IN, 0, &in);
+            idx = s_wait_tensor(r, TAH__DATA_KIND__DATA_EVAL, step, i, &in);
             if (idx < 0)
-                return idx == -1 ? s_aborted(r, step) : TAH_EDEVICE;
+                return s_aborted(r, step);
         }
         float l = 0.0f;
         int rc = stage_forward(r->st, 0, r->vin, in, r->vtg, r->dev_enc ? NULL : r->tmp, &l);
@@ -558,9 +592,9 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
         if (act.op == SCHED_F) {
             const float *in = NULL;
             if (k > 0) {
-                idx = s_wait_tensor(r, TAH__DATA_KIND__DATA_ACT, step, m, STAGE_WIRE_IN, m, &in);
+                idx = s_wait_tensor(r, TAH__DATA_KIND__DATA_ACT, step, m, &in);
                 if (idx < 0)
-                    return idx == -1 ? s_aborted(r, step) : TAH_EDEVICE;
+                    return s_aborted(r, step);
             }
             double t = s_now();
             rc = stage_forward(st, m, r->inputs + m * BT, in, r->targets + m * BT,
@@ -583,9 +617,9 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
         } else {
             const float *dout = NULL;
             if (k < S - 1) {
-                idx = s_wait_tensor(r, TAH__DATA_KIND__DATA_GRAD, step, m, STAGE_WIRE_DOUT, m, &dout);
+                idx = s_wait_tensor(r, TAH__DATA_KIND__DATA_GRAD, step, m, &dout);
                 if (idx < 0)
-                    return idx == -1 ? s_aborted(r, step) : TAH_EDEVICE;
+                    return s_aborted(r, step);
             }
             double t = s_now();
             if (k > 0 && r->dev_enc) { /* backward and the encode of d(input), overlapped on the device */

@@ -202,8 +202,12 @@ void rt_start_nodes(rt_t *r, int n)
         snprintf(pid, sizeof pid, "%s/%s.pid", r->dir, r->names[k]);
         char coord[160];
         snprintf(coord, sizeof coord, "%s", r->ep);
+        /* TAH_RT_NODE_DEVICE=cuda:K: the nodes run their stages on that GPU (a GPU machine's
+         * run of the runtime tests that do not compare with tah-train bit for bit) */
+        const char *dev = getenv("TAH_RT_NODE_DEVICE");
         char *argv[] = { TAH_NODE_EXE, "join", "--coordinator", coord, "--name", r->names[k], "--threads", "1",
-                         "--listen", "127.0.0.1:0", "--pid-file", pid, "-v", NULL };
+                         "--listen", "127.0.0.1:0", "--pid-file", pid, "-v", dev ? "--device" : NULL, (char *)dev,
+                         NULL };
         r->nodes[k] = s_spawn(argv, log);
         r->nn++;
         if (!rt_wait_nodes(r, "idle", r->nn, 30))
