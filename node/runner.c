@@ -110,6 +110,7 @@ typedef struct runner {
     double t_start;
     long ckpt_delay_ms;      /* TAH_NODE_TEST_CKPT_DELAY_MS (tests: a slow disk) */
     int profile;             /* TAH_NODE_PROFILE=1 */
+    int trace;               /* TAH_NODE_TRACE=1: a log line per data message sent (its payload's CRC) */
     double ph[P_N];          /* this step's seconds per phase */
 } runner_t;
 
@@ -147,6 +148,9 @@ static void s_report(runner_t *r, Tah__Envelope *env)
 static int s_send_msg(runner_t *r, int dest, Tah__DataHeader *h, zmq_msg_t *payload)
 {
     h->crc = payload ? crc32c_update(0, zmq_msg_data(payload), zmq_msg_size(payload)) : 0;
+    if (r->trace) /* runs compared message by message */
+        log_info("trace: stage %d sent %s step %d mb %d crc %08x", r->x->stage, wire_data_kind_name(h->kind),
+                 h->step, h->mb, h->crc);
     uint8_t hb[WIRE_MAX_HEADER];
     size_t hl = tah__data_header__get_packed_size(h);
     if (hl > sizeof hb)
@@ -977,8 +981,9 @@ static int s_setup(runner_t *r, int *start)
             nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
     }
     /* TAH_NODE_HOST_ENCODE=1: encode on the host anyway (to compare the two paths) */
-    const char *pe = getenv("TAH_NODE_PROFILE");
+    const char *pe = getenv("TAH_NODE_PROFILE"), *te = getenv("TAH_NODE_TRACE");
     r->profile = pe && !strcmp(pe, "1");
+    r->trace = te && !strcmp(te, "1");
     const char *he = getenv("TAH_NODE_HOST_ENCODE");
     r->dev_enc = stage_encodes_on_device(r->st) && !(he && !strcmp(he, "1"));
     /* TAH_NODE_HOST_DECODE=1: received frames decoded by the agent on the host (comparisons) */
