@@ -78,6 +78,13 @@ enum { P_FWD, P_BWD, P_SEND, P_WAIT, P_DEC, P_TIED, P_TWAIT, P_NWAIT, P_UPDATE, 
 static const char *const s_phase_names[P_N] = { "fwd",    "bwd",  "encode+send", "wait act/grad", "decode",
                                                 "tied",   "wait tied", "wait norm", "update" };
 
+#define R_NTRACE 65536
+typedef struct s_trace {
+    uint32_t kind;
+    int step, mb;
+    uint32_t crc;
+} s_trace_t;
+
 typedef struct runner {
     node_job_t *job;
     link_expect_t *x;
@@ -110,7 +117,10 @@ typedef struct runner {
     double t_start;
     long ckpt_delay_ms;      /* TAH_NODE_TEST_CKPT_DELAY_MS (tests: a slow disk) */
     int profile;             /* TAH_NODE_PROFILE=1 */
-    int trace;               /* TAH_NODE_TRACE=1: a log line per data message sent (its payload's CRC) */
+    int trace;               /* TAH_NODE_TRACE=1: a log line per data message sent (its payload's CRC);
+                                =mem: the same lines once the job ends */
+    s_trace_t *tr;           /* trace 2: the messages sent so far */
+    int ntr;
     double ph[P_N];          /* this step's seconds per phase */
 } runner_t;
 
@@ -148,9 +158,11 @@ static void s_report(runner_t *r, Tah__Envelope *env)
 static int s_send_msg(runner_t *r, int dest, Tah__DataHeader *h, zmq_msg_t *payload)
 {
     h->crc = payload ? crc32c_update(0, zmq_msg_data(payload), zmq_msg_size(payload)) : 0;
-    if (r->trace) /* runs compared message by message */
+    if (r->trace == 1) /* runs compared message by message */
         log_info("trace: stage %d sent %s step %d mb %d crc %08x", r->x->stage, wire_data_kind_name(h->kind),
                  h->step, h->mb, h->crc);
+    else if (r->trace == 2 && r->ntr < R_NTRACE) /* the same, logged after the job (no delay per message) */
+        r->tr[r->ntr++] = (s_trace_t){ h->kind, h->step, h->mb, h->crc };
     uint8_t hb[WIRE_MAX_HEADER];
     size_t hl = tah__data_header__get_packed_size(h);
     if (hl > sizeof hb)
@@ -983,7 +995,9 @@ static int s_setup(runner_t *r, int *start)
     /* TAH_NODE_HOST_ENCODE=1: encode on the host anyway (to compare the two paths) */
     const char *pe = getenv("TAH_NODE_PROFILE"), *te = getenv("TAH_NODE_TRACE");
     r->profile = pe && !strcmp(pe, "1");
-    r->trace = te && !strcmp(te, "1");
+    r->trace = te && !strcmp(te, "1") ? 1 : te && !strcmp(te, "mem") ? 2 : 0;
+    if (r->trace == 2 && !(r->tr = malloc(R_NTRACE * sizeof *r->tr)))
+        goto nomem;
     const char *he = getenv("TAH_NODE_HOST_ENCODE");
     r->dev_enc = stage_encodes_on_device(r->st) && !(he && !strcmp(he, "1"));
     /* TAH_NODE_HOST_DECODE=1: received frames decoded by the agent on the host (comparisons) */
@@ -1048,6 +1062,7 @@ static void s_teardown(runner_t *r)
     free(r->rows);
     free(r->rowbuf);
     free(r->valmask);
+    free(r->tr);
     guard_destroy(&r->dguard);
     free(r->losses);
     free(r->slots);
@@ -1213,6 +1228,9 @@ void *node_runner_main(void *arg)
     j->result = NODE_DONE;
 out:
     atomic_store(&j->steps_over, 1);
+    for (int i = 0; i < r->ntr; i++)
+        log_info("trace: stage %d sent %s step %d mb %d crc %08x", j->stage, wire_data_kind_name(r->tr[i].kind),
+                 r->tr[i].step, r->tr[i].mb, r->tr[i].crc);
     if (atomic_load(&j->abort) && j->result != NODE_DONE && j->result != NODE_DRAINED)
         j->result = NODE_ABORTED;
     /* the step we stopped in, however we ended: the agent's event names it
