@@ -553,6 +553,14 @@ static void b_destroy(stage_t *s)
 static int s_alloc(cs_dev *c, const stage_t *s, int r, void **p, size_t bytes, const char *what)
 {
     cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
+    // TAH_CU_POISON=N (0..255): every new buffer filled with byte N (finding reads of memory
+    // nothing wrote: a run whose results change with N has one)
+    const char *poison = getenv("TAH_CU_POISON");
+    if (e == cudaSuccess && poison && *poison) {
+        e = cudaMemset(*p, (int)(strtol(poison, NULL, 0) & 255), bytes ? bytes : 1);
+        if (e == cudaSuccess)
+            e = cudaDeviceSynchronize();
+    }
     if (e != cudaSuccess) {
         char why[300];
         snprintf(why, sizeof why, "%s (%.2f GiB for %s on cuda:%d; B=%d, T=%d, %d slots; HINT: a smaller "

@@ -129,6 +129,18 @@ static int s_gemm_run(cs_dev *c, cs_rank *g, const stage_t *s, void *D, const vo
                      "align %d", m, n, k, ta, tb, lda, ldb, ldd, (int)abt, (int)cdt, al);
             return cs_fail(c, s, "cublasLtMatmulAlgoGetHeuristic", why, __FILE__, __LINE__);
         }
+        if (getenv("TAH_CU_GEMM_LOG")) { // the chosen algorithm per shape (comparing runs)
+            int id = -1, tile = -1, splitk = -1, red = -1, stages = -1;
+            size_t w = 0;
+            cublasLtMatmulAlgoConfigGetAttribute(&res.algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+            cublasLtMatmulAlgoConfigGetAttribute(&res.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+            cublasLtMatmulAlgoConfigGetAttribute(&res.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
+            cublasLtMatmulAlgoConfigGetAttribute(&res.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red, &w);
+            cublasLtMatmulAlgoConfigGetAttribute(&res.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+            fprintf(stderr, "gemm m=%d n=%d k=%d ta=%d tb=%d beta=%d bias=%d al=%d: algo %d tile %d splitk %d red %d "
+                    "stages %d ws %zu\n", m, n, k, ta, tb, beta != 0.0f, bias != NULL, al, id, tile, splitk, red,
+                    stages, res.workspaceSize);
+        }
         if (g->ncache == CS_NCACHE)
             g->ncache = 0; // simple wrap: the working set of one stage is far smaller
         g->cache[g->ncache].key = key;
