@@ -410,6 +410,29 @@ static int s_token_rows(stage_t *s, cs_slot *sl, const int *tokens)
     return 0;
 }
 
+// TAH_CU_HASH=1: a hash of rank 0's tensor (n elements of X) on stderr, to compare runs
+// kernel by kernel (bisecting run-to-run differences; synchronises the stream)
+template <class X> static int s_hash(stage_t *s, const char *what, int l, const X *d, size_t n)
+{
+    static const int on = getenv("TAH_CU_HASH") != NULL;
+    if (!on)
+        return 0;
+    cs_dev *c = CS(s);
+    cs_rank *g = &c->g[0];
+    static unsigned long long calls;
+    unsigned char *h = (unsigned char *)malloc(n * sizeof(X));
+    if (!h)
+        return 0;
+    CK(cudaStreamSynchronize(g->st));
+    CK(cudaMemcpy(h, d, n * sizeof(X), cudaMemcpyDeviceToHost));
+    unsigned long long f = 1469598103934665603ull;
+    for (size_t i = 0; i < n * sizeof(X); i++)
+        f = (f ^ h[i]) * 1099511628211ull;
+    free(h);
+    fprintf(stderr, "hash %llu layers %d.. %s %d %016llx\n", calls++, s->o.layer0, what, l, f);
+    return 0;
+}
+
 template <class X>
 static int s_forward(stage_t *s, cs_slot *sl, const int *tokens, const float *in, const int *targets, float *out,
                      float *loss)
@@ -445,6 +468,8 @@ static int s_forward(stage_t *s, cs_slot *sl, const int *tokens, const float *in
             CK(cudaMemcpyAsync(sl->tgt[r], targets, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, g->st));
     }
     s_mark(c, 0, P_ENCODER);
+    if ((rc = s_hash<X>(s, "in", -1, a_in[0], BTC)) != 0)
+        return rc;
 
     for (int l = 0; l < s->nl; l++) {
         // attention: x -> res2
@@ -512,6 +537,12 @@ static int s_forward(stage_t *s, cs_slot *sl, const int *tokens, const float *in
                 return rc;
         }
         if (tp > 1 && (rc = s_tp_residual<X>(s, res, xs, GPT2_FCPROJB, l * C1)) != 0)
+            return rc;
+        if ((rc = s_hash<X>(s, "ln1", l, (X *)sl->a[0][A_LN1] + (size_t)l * BTC, BTC)) != 0 ||
+            (rc = s_hash<X>(s, "qkv", l, (X *)sl->a[0][A_QKV] + (size_t)l * 3 * BTC, 3 * BTC)) != 0 ||
+            (rc = s_hash<X>(s, "atty", l, (X *)sl->a[0][A_ATTY] + (size_t)l * BTC, BTC)) != 0 ||
+            (rc = s_hash<X>(s, "res2", l, (X *)sl->a[0][A_RES2] + (size_t)l * BTC, BTC)) != 0 ||
+            (rc = s_hash<X>(s, "res3", l, (X *)sl->a[0][A_RES3] + (size_t)l * BTC, BTC)) != 0)
             return rc;
     }
 
