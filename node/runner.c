@@ -391,6 +391,17 @@ static int s_frame_what(const s_entry_t *e, int *smb)
     return e->m.kind == TAH__DATA_KIND__DATA_GRAD ? STAGE_WIRE_DOUT : STAGE_WIRE_IN;
 }
 
+/* Decode stashed frame e into the stage (its direction's buffer, which then
+ * holds it: r->dlast); 0 or the decoder's error with err filled. */
+static int s_frame_decode(runner_t *r, s_entry_t *e, double *norm, char *err, size_t errlen)
+{
+    int smb, what = s_frame_what(e, &smb), w = what == STAGE_WIRE_DOUT;
+    int rc = stage_decode_boundary(r->st, what, smb, zmq_msg_data(&e->msg), zmq_msg_size(&e->msg), norm, err,
+                                   errlen);
+    r->dlast[w] = rc == 0 ? e->m : (node_meta_t){ 0 };
+    return rc;
+}
+
 /* Check stashed frame idx as the agent checks the tensors it decodes, as
  * soon as it arrives: decoded on the device (finite values, metadata), then
  * the norm bound and the replay window (r->dguard). The stage then holds
@@ -400,17 +411,15 @@ static int s_frame_what(const s_entry_t *e, int *smb)
 static int s_frame_check(runner_t *r, int idx)
 {
     s_entry_t *e = &r->stash[idx];
-    int smb, what = s_frame_what(e, &smb), w = what == STAGE_WIRE_DOUT;
     char err[512] = "";
     double norm = 0.0;
-    int rc = stage_decode_boundary(r->st, what, smb, zmq_msg_data(&e->msg), zmq_msg_size(&e->msg), &norm, err,
-                                   sizeof err);
+    int rc = s_frame_decode(r, e, &norm, err, sizeof err);
     const int decoded = rc == 0; /* the guard's messages name the message themselves */
     if (rc == 0)
         rc = guard_admit_norm(r->dguard, e->m.kind, e->m.step, e->m.mb, norm, err, sizeof err);
-    r->dlast[w] = rc == 0 ? e->m : (node_meta_t){ 0 };
     if (rc == 0)
         return 0;
+    r->dlast[e->m.kind == TAH__DATA_KIND__DATA_GRAD] = (node_meta_t){ 0 };
     const node_meta_t m = e->m;
     s_release(r, idx);
     if (rc == TAH_EDEVICE || rc == TAH_EINVAL) {
@@ -439,17 +448,14 @@ static int s_wait_tensor(runner_t *r, uint32_t kind, int step, int mb, const flo
         return -1;
     s_entry_t *e = &r->stash[idx];
     *data = e->m.frame ? NULL : zmq_msg_data(&e->msg);
-    int smb, what = s_frame_what(e, &smb), w = what == STAGE_WIRE_DOUT;
-    const node_meta_t *l = &r->dlast[w];
+    const node_meta_t *l = &r->dlast[kind == TAH__DATA_KIND__DATA_GRAD];
     if (!e->m.frame || (l->kind == kind && l->step == step && l->mb == mb))
         return idx;
     char err[512] = "";
     double norm = 0.0;
     const double t = s_now();
-    int rc = stage_decode_boundary(r->st, what, smb, zmq_msg_data(&e->msg), zmq_msg_size(&e->msg), &norm, err,
-                                   sizeof err);
+    int rc = s_frame_decode(r, e, &norm, err, sizeof err);
     r->ph[P_DEC] += s_now() - t;
-    r->dlast[w] = rc == 0 ? e->m : (node_meta_t){ 0 };
     if (rc == 0)
         return idx;
     s_release(r, idx);
@@ -479,18 +485,45 @@ static int s_send_rows(runner_t *r, int step, const codec_spec_t *spec, size_t R
     return s_send_frame(r, NODE_DEST_TIED, TAH__DATA_KIND__DATA_TIED, step, 0, spec, ts, &frame);
 }
 
-/* Stashed TIED message idx holds R rows (the agent checked the frame; the
- * row count is what only this end knows); else the step fails. */
-static int s_rows_ok(runner_t *r, int step, int idx, size_t R, const char *what)
+/* The tied exchange's two halves (grad: the first stage's gradient rows;
+ * else the last stage's weight rows): send rows r->rows[0..R) of this
+ * stage's tied matrix through spec, or wait for the partner's R rows (the
+ * agent checked the frame; the row count is what only this end knows) and
+ * put them (stage_tied_rows_put). 0, or the step fails (reason set). */
+static int s_tied_send(runner_t *r, int step, int grad, const codec_spec_t *spec, size_t R)
 {
+    if (stage_tied_rows_get(r->st, grad, r->rows, R, r->rowbuf) != 0)
+        return s_fail(r, step, grad ? "reading the tied gradient's rows failed: %s"
+                                    : "reading the tied matrix's rows failed: %s",
+                      stage_error(r->st));
+    int rc = s_send_rows(r, step, spec, R);
+    if (rc)
+        return s_fail(r, step, grad ? "sending the tied gradient failed (%s)"
+                                    : "sending the tied matrix's rows failed (%s)",
+                      tah_strerror(rc));
+    return 0;
+}
+
+static int s_tied_recv(runner_t *r, int step, int grad, size_t R)
+{
+    int idx = s_wait(r, TAH__DATA_KIND__DATA_TIED, step, 0);
+    if (idx < 0)
+        return s_aborted(r, step);
     size_t have = zmq_msg_size(&r->stash[idx].msg), want = R * (size_t)r->x->C * sizeof(float);
-    if (have == want)
-        return 1;
-    char why[160];
-    snprintf(why, sizeof why, "%zu bytes of %s rows from stage %d, expected %zu rows (%zu bytes)", have, what,
-             r->x->stage == 0 ? r->x->S - 1 : 0, R, want);
+    if (have != want) {
+        char why[160];
+        snprintf(why, sizeof why, "%zu bytes of %s rows from stage %d, expected %zu rows (%zu bytes)", have,
+                 grad ? "gradient" : "weight", r->x->stage == 0 ? r->x->S - 1 : 0, R, want);
+        s_release(r, idx);
+        s_fail(r, step, "tied exchange: %s", why);
+        return TAH_ESHAPE;
+    }
+    int rc = stage_tied_rows_put(r->st, grad, r->rows, R, zmq_msg_data(&r->stash[idx].msg));
     s_release(r, idx);
-    s_fail(r, step, "tied exchange: %s", why);
+    if (rc)
+        return s_fail(r, step, grad ? "adding the tied gradient's rows failed: %s"
+                                    : "putting the tied matrix's rows failed: %s",
+                      stage_error(r->st));
     return 0;
 }
 
@@ -518,7 +551,7 @@ static int s_tied_weights(runner_t *r, int step, int eval)
     const link_expect_t *x = r->x;
     const double t0 = s_now(), w0 = r->ph[P_TWAIT];
     const size_t R = s_weight_rows(r, eval);
-    int rc = 0;
+    int rc;
     if (x->stage == x->S - 1) {
         /* the first stage's connection carries this; it may not be up yet at the first step */
         while (!atomic_load(&r->job->tied_peer)) {
@@ -528,22 +561,12 @@ static int s_tied_weights(runner_t *r, int step, int eval)
         }
         codec_spec_t fp32;
         codec_spec_default(CODEC_FP32, &fp32);
-        if (stage_tied_rows_get(r->st, 0, r->rows, R, r->rowbuf) != 0)
-            return s_fail(r, step, "reading the tied matrix's rows failed: %s", stage_error(r->st));
-        rc = s_send_rows(r, step, &fp32, R);
-        if (rc)
-            return s_fail(r, step, "sending the tied matrix's rows failed (%s)", tah_strerror(rc));
+        rc = s_tied_send(r, step, 0, &fp32, R);
     } else {
-        int idx = s_wait(r, TAH__DATA_KIND__DATA_TIED, step, 0);
-        if (idx < 0)
-            return s_aborted(r, step);
-        if (!s_rows_ok(r, step, idx, R, "weight"))
-            return TAH_ESHAPE;
-        rc = stage_tied_rows_put(r->st, 0, r->rows, R, zmq_msg_data(&r->stash[idx].msg));
-        s_release(r, idx);
-        if (rc)
-            return s_fail(r, step, "putting the tied matrix's rows failed: %s", stage_error(r->st));
+        rc = s_tied_recv(r, step, 0, R);
     }
+    if (rc)
+        return rc;
     r->ph[P_TIED] += s_now() - t0 - (r->ph[P_TWAIT] - w0);
     return 0;
 }
@@ -601,7 +624,7 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
     stage_t *st = r->st;
     int rc;
 
-    stage_zero_grad(st); /* the first and last stage loaded the step's batches (s_load) */
+    stage_zero_grad(st); /* the first and last stage loaded the step's batches (node_runner_main) */
     for (int a = 0; a < 2 * M; a++) {
         sched_action_t act = r->acts[a];
         int m = act.mb, idx = -1;
@@ -678,23 +701,9 @@ static int s_step(runner_t *r, int step, double *loss, double *norm_out, float *
         stage_tied_sync(st, st);
     } else if (x->tied && (k == 0 || k == S - 1)) {
         const size_t R = stage_tied_rows(r->inputs, (size_t)M * BT, x->Vp, r->rowmask, r->rows);
-        if (k == 0) {
-            if (stage_tied_rows_get(st, 1, r->rows, R, r->rowbuf) != 0)
-                return s_fail(r, step, "reading the tied gradient's rows failed: %s", stage_error(st));
-            rc = s_send_rows(r, step, &x->tied_spec, R);
-            if (rc)
-                return s_fail(r, step, "sending the tied gradient failed (%s)", tah_strerror(rc));
-        } else {
-            int idx = s_wait(r, TAH__DATA_KIND__DATA_TIED, step, 0);
-            if (idx < 0)
-                return s_aborted(r, step);
-            if (!s_rows_ok(r, step, idx, R, "gradient"))
-                return TAH_ESHAPE;
-            rc = stage_tied_rows_put(st, 1, r->rows, R, zmq_msg_data(&r->stash[idx].msg));
-            s_release(r, idx);
-            if (rc)
-                return s_fail(r, step, "adding the tied gradient's rows failed: %s", stage_error(st));
-        }
+        rc = k == 0 ? s_tied_send(r, step, 1, &x->tied_spec, R) : s_tied_recv(r, step, 1, R);
+        if (rc)
+            return rc;
     }
 
     r->ph[P_TIED] += s_now() - t_tied - (r->ph[P_TWAIT] - w_tied);
