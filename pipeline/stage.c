@@ -426,8 +426,9 @@ int stage_backward(stage_t *s, int mb, const float *dout, float dloss, float *di
 
 const char *stage_error(const stage_t *s)
 {
-    const char *e = s->cu ? s_backend->error(s) : s->err;
-    return e ? e : "";
+    /* a device stage's own error first; else what stage.c found before handing a call over */
+    const char *e = s->cu ? s_backend->error(s) : NULL;
+    return e && *e ? e : s->err;
 }
 
 void stage_discard(stage_t *s, int mb)
@@ -516,6 +517,7 @@ int stage_step_skips(const stage_opts_t *o, int i)
 
 static int s_tied_rows(stage_t *s, int put, int grad, const int *rows, size_t R, float *buf)
 {
+    s->err[0] = 0;
     if (!s->o.tied || (!s->o.first && !s->o.last) || (R && (!rows || !buf))) {
         snprintf(s->err, sizeof s->err, "tied rows: not a tied first or last stage, or NULL rows");
         return TAH_EINVAL;

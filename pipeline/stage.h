@@ -110,7 +110,7 @@ typedef struct stage {
     int rank_threads;                /* OpenMP threads of each rank */
     int tp_rc[TP_MAX];
     char tp_err[TP_MAX][256];
-    char err[512];                   /* why the last forward/backward failed */
+    char err[512];                   /* why the last forward/backward (or tied rows call) failed */
     double *partials;                /* norm chunk partial sums */
     size_t npartials;
     long long t;                     /* AdamW steps taken */
