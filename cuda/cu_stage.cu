@@ -520,6 +520,8 @@ static void b_destroy(stage_t *s)
         free(g->seg_slot);
         if (g->lt)
             cublasLtDestroy(g->lt);
+        if (g->decev)
+            cudaEventDestroy(g->decev);
         cudaStreamDestroy(g->st);
     }
     if (c->g[0].st) { // the wire stream's buffers live on rank 0's device
@@ -799,11 +801,12 @@ static int s_grow(cs_dev *c, const stage_t *s, void **p, size_t *have, size_t ne
     return rc;
 }
 
-// stage_decode_boundary: tp = 1 (a tensor-parallel stage would need it on every rank: its
-// frames are decoded on the host)
+// stage_decode_boundary: on rank 0's device; a tensor-parallel stage's other ranks copy the
+// decoded tensor from there when their forward / backward uploads it (s_upload)
 static int b_decodes_on_device(const stage_t *s)
 {
-    return CS(s)->tp == 1;
+    (void)s;
+    return 1;
 }
 
 static int s_decode(stage_t *s, int w, int mb, const uint8_t *frame, size_t len, double *norm, char *err,
@@ -835,6 +838,9 @@ static int s_decode(stage_t *s, int w, int mb, const uint8_t *frame, size_t len,
         (rc = s_grow(c, s, (void **)&c->dpay, &c->dpay_n, pay ? pay : 1, "received payload")) ||
         (rc = s_grow(c, s, (void **)&c->dec[w], &c->dec_n[w], BTC * sizeof(float), "decoded tensor")))
         return rc;
+    for (int r = 1; r < c->tp; r++) // rank r's copy of the tensor this decode overwrites
+        if (c->g[r].decev)
+            CK(cudaStreamWaitEvent(g->st, c->g[r].decev, 0));
     CK(cudaMemcpyAsync(c->dpay, frame + CODEC_HEADER_SIZE, pay, cudaMemcpyHostToDevice, g->st));
     if ((rc = cu_codec_decode(&info.spec, shape, c->dpay, c->dec[w], c->dscr, g->st, err, errlen)) != 0 ||
         (rc = cu_codec_status(c->dscr, g->st, err, errlen)) != 0)

@@ -67,6 +67,7 @@ struct cs_gemm_entry {
 struct cs_rank {
     int dev;
     cudaStream_t st;
+    cudaEvent_t decev; // rank r > 0: its copy of a tensor stage_decode_boundary decoded (first use)
     cublasLtHandle_t lt;
     void *ws;
     float *params, *grads, *moments; // nparams, nparams, 2 nparams (full tensors, stage.c's carving)
@@ -112,9 +113,10 @@ struct cs_dev {
     uint8_t *wpay;
     size_t wscr_n, wpay_n;
     int dinp_mb;                // micro-batch whose input gradient rank 0's dres holds, -1 when none
-    // stage_decode_boundary (tp = 1): the received payload, the codec's scratch, the decoded
-    // tensors (0: an input, 1: an output gradient, fp32 (B,T,C)) and the micro-batch each holds
-    // (-1: none); dsrc is the one the running forward / backward uploads instead of host memory
+    // stage_decode_boundary (on rank 0's device): the received payload, the codec's scratch, the
+    // decoded tensors (0: an input, 1: an output gradient, fp32 (B,T,C)) and the micro-batch each
+    // holds (-1: none); dsrc is the one the running forward / backward uploads instead of host
+    // memory (ranks r > 0 copy it from rank 0's device: g[r].decev)
     uint8_t *dpay;
     void *dscr;
     size_t dpay_n, dscr_n, dec_n[2];

@@ -332,21 +332,35 @@ static int s_finish(stage_t *s)
 // ---- forward / backward ----
 
 // host (B,T,C) fp32 -> every rank's dst (X)
-// src NULL: the tensor stage_decode_boundary left on the device (c->dsrc; tp = 1)
+// src NULL: the tensor stage_decode_boundary left on rank 0's device (c->dsrc, complete: the
+// decode synchronises its stream). Rank r > 0 copies it from there on its own stream and
+// records g->decev, which the next decode waits for before it writes over the tensor.
 template <class X> static int s_upload(stage_t *s, X *const *dst, const float *src)
 {
     cs_dev *c = CS(s);
     const size_t BTC = (size_t)s->o.B * s->o.T * s->o.cfg.C;
+    if (!src && !c->dsrc)
+        return TAH_EINVAL;
     for (int r = 0; r < c->tp; r++) {
         cs_rank *g = &c->g[r];
         CK(cudaSetDevice(g->dev));
         if (!src) {
-            if (!c->dsrc || r > 0)
-                return TAH_EINVAL;
-            if (sizeof(X) == sizeof(float))
-                CK(cudaMemcpyAsync(dst[r], c->dsrc, BTC * sizeof(float), cudaMemcpyDeviceToDevice, g->st));
-            else
-                CK(cl_from_f32<X>(dst[r], c->dsrc, BTC, g->st));
+            const float *from = c->dsrc;
+            if (r > 0) {
+                if (!g->decev)
+                    CK(cudaEventCreateWithFlags(&g->decev, cudaEventDisableTiming));
+                float *to = sizeof(X) == sizeof(float) ? (float *)dst[r] : g->stage_f;
+                CK(cudaMemcpyPeerAsync(to, g->dev, from, c->g[0].dev, BTC * sizeof(float), g->st));
+                from = to;
+            }
+            if (sizeof(X) == sizeof(float)) {
+                if (r == 0)
+                    CK(cudaMemcpyAsync(dst[r], from, BTC * sizeof(float), cudaMemcpyDeviceToDevice, g->st));
+            } else {
+                CK(cl_from_f32<X>(dst[r], from, BTC, g->st));
+            }
+            if (r > 0)
+                CK(cudaEventRecord(g->decev, g->st));
         } else if (sizeof(X) == sizeof(float)) {
             CK(cudaMemcpyAsync(dst[r], src, BTC * sizeof(float), cudaMemcpyHostToDevice, g->st));
         } else {

@@ -547,8 +547,9 @@ out:
  * same GPU stage gives from the host decode of the same frames (the GPU
  * decoder writes the CPU decoder's floats); the norm it returns is the
  * decoded tensor's; a corrupt frame, a frame of another shape and a
- * forward with nothing decoded are refused. */
-static void s_device_decode(const gpt2_model_t *model, int precision)
+ * forward with nothing decoded are refused. At tp = 2 (test_cu_stage --tp)
+ * rank 0 decodes and rank 1 copies the tensor from rank 0's GPU. */
+static void s_device_decode(const gpt2_model_t *model, int precision, int tp)
 {
     const gpt2_config_t *cfg = &model->cfg;
     const int B = 2, T = cfg->maxT, C = cfg->C;
@@ -556,12 +557,12 @@ static void s_device_decode(const gpt2_model_t *model, int precision)
     const codec_shape_t shape = { (uint32_t)B, (uint32_t)T, (uint32_t)C };
     char err[512];
     stage_opts_t o = { .cfg = *cfg, .B = B, .T = T, .nslots = 3, .tied = 1, .layer0 = 1, .layer1 = 2,
-                       .backend = STAGE_CUDA, .precision = precision };
+                       .backend = STAGE_CUDA, .precision = precision, .tp = tp };
     stage_t *g = stage_new(&o, err, sizeof err);
     CHECK(g != NULL, "cuda stage_new: %s", err);
     if (!g)
         return;
-    CHECK(stage_decodes_on_device(g), "a tp = 1 CUDA stage decodes on its device");
+    CHECK(stage_decodes_on_device(g), "a tp = %d CUDA stage decodes on its device", tp);
     CHECK(stage_load_params(g, model) == 0, "load params");
     float *x = malloc(BTC * sizeof(float)), *y = malloc(BTC * sizeof(float)), *dy = malloc(BTC * sizeof(float));
     float *o1 = malloc(BTC * sizeof(float)), *o2 = malloc(BTC * sizeof(float));
@@ -1105,6 +1106,8 @@ static int s_tp_main(int ndev)
     s_run_split(model, 1, 1, STAGE_FP32, &t32, 2);
     s_run_split(model, 3, 0, STAGE_FP32, &t32, 2);
     s_run_split(model, 3, 1, STAGE_BF16, &t16, 2);
+    s_device_decode(model, STAGE_FP32, 2); /* rank 1 copies rank 0's decoded tensor */
+    s_device_decode(model, STAGE_BF16, 2);
     gpt2_model_destroy(&model);
 
     int *tok = NULL, *tok2 = NULL;
@@ -1171,8 +1174,8 @@ int main(int argc, char **argv)
     s_determinism(model, STAGE_BF16);
     s_tied_link(model, STAGE_FP32);
     s_tied_link(model, STAGE_BF16);
-    s_device_decode(model, STAGE_FP32);
-    s_device_decode(model, STAGE_BF16);
+    s_device_decode(model, STAGE_FP32, 1);
+    s_device_decode(model, STAGE_BF16, 1);
     gpt2_model_destroy(&model);
 
     s_attention_long(0);
