@@ -222,7 +222,10 @@ static void s_print_json(const Tah__StatusRep *r)
         fprintf(f, ",\"threads\":%u,\"gflops\":%.2f,\"last_heartbeat_s\":%.3f,\"endpoint\":", n->threads, n->gflops,
                 n->last_heartbeat);
         s_json_str(f, n->endpoint);
-        fprintf(f, ",\"rejected\":%llu}", (unsigned long long)n->rejected);
+        fprintf(f, ",\"rejected\":%llu,\"gflops_bf16\":%.2f,\"device_id\":", (unsigned long long)n->rejected,
+                n->gflops_bf16);
+        s_json_str(f, n->device_id);
+        fprintf(f, "}");
     }
     fprintf(f, "],\"rejected\":%llu}\n", (unsigned long long)r->rejected);
 }
@@ -287,8 +290,12 @@ static void s_print_text(const Tah__StatusRep *r)
         printf("  %-16s %-5s", n->name, n->state);
         if (n->stage >= 0)
             printf(" job %llu stage %d", (unsigned long long)n->job, n->stage);
-        printf(" | %s, %u threads, %.1f GFLOP/s | heartbeat %.1f s ago | rejected %llu | %s\n", n->backend,
-               n->threads, n->gflops, n->last_heartbeat, (unsigned long long)n->rejected, n->endpoint);
+        if (n->gflops_bf16 > 0.0) /* a GPU node: its fp32 and bf16 matrix products */
+            printf(" | %s, %.0f GFLOP/s fp32, %.0f bf16", n->backend, n->gflops, n->gflops_bf16);
+        else
+            printf(" | %s, %u threads, %.1f GFLOP/s", n->backend, n->threads, n->gflops);
+        printf(" | heartbeat %.1f s ago | rejected %llu | %s\n", n->last_heartbeat, (unsigned long long)n->rejected,
+               n->endpoint);
     }
     if (r->rejected)
         printf("coordinator: %llu malformed control messages rejected\n", (unsigned long long)r->rejected);

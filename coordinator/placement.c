@@ -2,10 +2,31 @@
 #include "placement.h"
 
 #include <math.h>
-#include <stdlib.h>
+#include <string.h>
 
 #include "errors.h"
 
+void placement_speeds(int S, const double *gflops, const double *gflops_bf16, const char *const *device_id, int bf16,
+                      double *speed)
+{
+    double own[S > 0 ? S : 1];
+    for (int k = 0; k < S; k++)
+        own[k] = bf16 && gflops_bf16[k] > 0.0 ? gflops_bf16[k] : gflops[k];
+    for (int k = 0; k < S; k++) {
+        double best = own[k];
+        int n = 1;
+        if (device_id[k] && device_id[k][0])
+            for (int i = 0; i < S; i++)
+                if (i != k && device_id[i] && !strcmp(device_id[i], device_id[k])) {
+                    n++;
+                    best = own[i] > best ? own[i] : best;
+                }
+        speed[k] = best / n;
+    }
+}
+
+/* Weights 2^(q/2) * 2^16 for q half octaves below the fastest (q >= -32:
+ * at least 1), so the split below stays in integers. */
 int placement_split(int L, int S, const double *speed, int *layer0, int *layer1)
 {
     if (S < 1 || S > L)
@@ -16,10 +37,12 @@ int placement_split(int L, int S, const double *speed, int *layer0, int *layer1)
             maxs = speed[k];
     long long w[S], total = 0;
     for (int k = 0; k < S; k++) {
-        long long q = 4;
+        long long q = 0;
         if (maxs > 0.0 && isfinite(speed[k]) && speed[k] > 0.0)
-            q = llround(4.0 * speed[k] / maxs);
-        w[k] = q < 1 ? 1 : q;
+            q = llround(2.0 * log2(speed[k] / maxs));
+        q = q < -32 ? -32 : q;
+        w[k] = llround(ldexp(exp2((double)q / 2.0), 16));
+        w[k] = w[k] < 1 ? 1 : w[k];
         total += w[k];
     }
     int b[S + 1];

@@ -34,7 +34,8 @@ static const char *s_node_state[] = { "idle", "busy", "lost" };
 typedef struct cnode {
     char name[64], endpoint[256], backend[16];
     int threads;
-    double gflops;
+    double gflops, gflops_bf16; /* announced speeds (gflops_bf16 0: as gflops) */
+    char device_id[300];   /* a GPU node's GPUs ("": a CPU node); not stored: announced again */
     uint8_t rid[256];
     size_t rid_len;        /* 0: not connected (loaded from the database) */
     int state;
@@ -688,9 +689,14 @@ static void s_try_place(coord_t *c)
             log_error("job %lld: out of memory placing", (long long)j->j.id);
             return;
         }
-        double speed[S];
-        for (int k = 0; k < S; k++)
-            speed[k] = idle[k]->gflops;
+        double speed[S], f32[S], bf16[S];
+        const char *dev[S];
+        for (int k = 0; k < S; k++) {
+            f32[k] = idle[k]->gflops;
+            bf16[k] = idle[k]->gflops_bf16;
+            dev[k] = idle[k]->device_id;
+        }
+        placement_speeds(S, f32, bf16, dev, j->spec->t.precision == 1, speed);
         int L = j->spec->t.model[0] ? j->spec->t.mcfg.L : -1;
         /* init_from: the layer count is in the model file, which the nodes
          * read; they split it by tah-train's rule (sent as -1) */
@@ -929,10 +935,13 @@ static void s_on_leaving(coord_t *c, cnode_t *n, cjob_t *j);
 static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hello *h, const char *uid)
 {
     if (!s_valid_name(h->name) || strncmp(h->endpoint, "tcp://", 6) != 0 || strlen(h->endpoint) >= 256 ||
-        strlen(h->backend) >= 16 || !isfinite(h->gflops) || h->gflops < 0 || h->threads < 1 || h->threads > 4096) {
+        strlen(h->backend) >= 16 || !isfinite(h->gflops) || h->gflops < 0 || !isfinite(h->gflops_bf16) ||
+        h->gflops_bf16 < 0 || strlen(h->device_id) >= sizeof c->nodes[0].device_id ||
+        strspn(h->device_id, "0123456789abcdef,") != strlen(h->device_id) || h->threads < 1 || h->threads > 4096) {
         c->rejected++;
         wire_send_error(c->router, rid, rl, TAH_EINVAL,
-                        "bad hello: name must be 1..63 of [A-Za-z0-9._-], endpoint tcp://HOST:PORT, threads >= 1");
+                        "bad hello: name must be 1..63 of [A-Za-z0-9._-], endpoint tcp://HOST:PORT, threads >= 1, "
+                        "speeds finite and >= 0, device id < 300 of [0-9a-f,]");
         log_warn("rejected hello (name '%.64s', endpoint '%.64s')", h->name, h->endpoint);
         return;
     }
@@ -991,6 +1000,8 @@ static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hel
     snprintf(n->backend, sizeof n->backend, "%s", h->backend[0] ? h->backend : "cpu");
     n->threads = (int)h->threads;
     n->gflops = h->gflops;
+    n->gflops_bf16 = h->gflops_bf16;
+    snprintf(n->device_id, sizeof n->device_id, "%s", h->device_id);
     n->state = N_IDLE;
     n->job = 0;
     n->stage = -1;
@@ -1603,6 +1614,8 @@ static void s_on_status(coord_t *c, const uint8_t *rid, size_t rl, const Tah__St
         x->backend = (char *)n->backend;
         x->threads = (uint32_t)n->threads;
         x->gflops = n->gflops;
+        x->gflops_bf16 = n->gflops_bf16;
+        x->device_id = (char *)n->device_id;
         x->last_heartbeat = n->last_seen > 0 ? now - n->last_seen : -1.0;
         x->endpoint = (char *)n->endpoint;
         x->rejected = n->rejected;

@@ -47,6 +47,17 @@ void cu_stage_register(void);
 /* CUDA devices visible to this process (0 when none or no driver). */
 int cu_stage_device_count(void);
 
+/* The speed a GPU node announces (node/bench.c's sgemm, for the GPU): a
+ * GPT-2 MLP product of 4096 tokens (3072 x 4096 x 768) through cuBLASLt on
+ * each of the n devices, in fp32 (CUBLAS_COMPUTE_32F, no TF32: the fp32
+ * stage's) and in bf16 (fp32 accumulation: the bf16 stage's); the best of 4
+ * timings of 8 products, GFLOP/s summed over the devices. id: the devices'
+ * UUIDs in hex, comma-separated (at most 33 bytes each), by which the
+ * coordinator knows nodes that share a GPU. About 50 ms per device after
+ * its context exists. 0, or TAH_EDEVICE / TAH_EINVAL with err filled. */
+int cu_stage_bench(const int *devices, int n, double *gflops_f32, double *gflops_bf16, char *id, size_t idlen,
+                   char *err, size_t errlen);
+
 /* Test hook: the attention kernels alone on host arrays. qkv (B,T,3C),
  * dout (B,T,C) in; out (B,T,C), lse (B,NH,T) and dqkv (B,T,3C) out (dout
  * and dqkv may be NULL: forward only). bf16: inputs rounded to bf16 and the

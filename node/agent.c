@@ -208,6 +208,8 @@ static void s_send_hello(agent_t *a)
     h.backend = backend;
     h.threads = (uint32_t)(a->o->threads > 0 ? a->o->threads : 1);
     h.gflops = a->gflops;
+    h.gflops_bf16 = a->o->cuda ? a->o->gpu_gflops[1] : 0.0; /* 0: the same as gflops (a CPU stage computes fp32) */
+    h.device_id = (char *)a->o->device_id;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     h.memory_mb = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / (1u << 20) : 0;
     h.token = (char *)(a->o->token ? a->o->token : "");
@@ -1398,7 +1400,7 @@ int node_agent_run(const node_opts_t *o)
         snprintf(a->name, sizeof a->name, "%.40s-%ld", host, (long)getpid());
     }
     tah_log_set_tag(a->name);
-    a->gflops = node_bench_gflops(o->threads > 0 ? o->threads : 1);
+    a->gflops = o->cuda && o->gpu_gflops[0] > 0.0 ? o->gpu_gflops[0] : node_bench_gflops(o->threads > 0 ? o->threads : 1);
 
     a->ctx = zmq_ctx_new();
     a->router = zmq_socket(a->ctx, ZMQ_ROUTER);
@@ -1486,8 +1488,12 @@ int node_agent_run(const node_opts_t *o)
         log_error("--coordinator %s: cannot connect: %s", ep, zmq_strerror(errno));
         goto out;
     }
-    log_info("data endpoint %s, coordinator %s, %.1f GFLOP/s (%d threads)", a->endpoint, ep, a->gflops,
-             o->threads > 0 ? o->threads : 1);
+    if (o->cuda)
+        log_info("data endpoint %s, coordinator %s, GPU speed %.0f GFLOP/s fp32, %.0f GFLOP/s bf16 (GPUs %s)",
+                 a->endpoint, ep, a->gflops, o->gpu_gflops[1], o->device_id);
+    else
+        log_info("data endpoint %s, coordinator %s, %.1f GFLOP/s (%d threads)", a->endpoint, ep, a->gflops,
+                 o->threads > 0 ? o->threads : 1);
 
     /* TAH_NODE_TEST_FETCH_DELAY_MS=N: fetching a checkpoint replica starts
      * N ms after the Assign (fault injection for tests: a slow control link;

@@ -29,7 +29,7 @@
 #include "node.h"
 #include "trainopts.h" /* trainopts_parse_device: the one device-option parser */
 #ifdef TAH_HAVE_CUDA_STAGE
-#include "cu_stage.h" /* cu_stage_register, cu_stage_device_count */
+#include "cu_stage.h" /* cu_stage_register, cu_stage_device_count, cu_stage_bench */
 #endif
 
 static const char *s_usage =
@@ -297,6 +297,16 @@ int main(int argc, char **argv)
         cu_stage_register();
         o.cuda = 1;
         o.device = k;
+        int devs[TP_MAX];
+        const int nd = o.tp > 1 ? o.tp : 1;
+        for (int r = 0; r < nd; r++)
+            devs[r] = o.ndevices ? o.devices[r] : k + r;
+        char berr[512];
+        if (cu_stage_bench(devs, nd, &o.gpu_gflops[0], &o.gpu_gflops[1], o.device_id, sizeof o.device_id, berr,
+                           sizeof berr) != 0) {
+            log_error("--device %s: %s", device, berr);
+            return 1;
+        }
 #else
         log_error("--device %s: this build has no CUDA backend (TAH_CUDA=OFF or no nvcc); HINT: --device cpu",
                   device);

@@ -99,6 +99,9 @@ typedef struct node_opts {
     const char *coordinator_key;   /* secure coordinator: its public key (Z85 or file); NULL: plaintext */
     const char *key_file;          /* our secret key (tah-node keygen); NULL: a one-off key */
     const char *token;             /* join token sent in hello, or NULL */
+    double gpu_gflops[2];          /* cuda: its GPUs' measured speed, fp32 and bf16 (main.c: cu_stage_bench);
+                                      announced instead of the CPU's sgemm */
+    char device_id[TP_MAX * 33];   /* cuda: its GPUs' UUIDs (hex, comma-separated): nodes that share a GPU */
 } node_opts_t;
 
 /* The agent's event loop; returns the exit status. */
