@@ -321,14 +321,15 @@ static cudaError_t s_colsum(float *dw, float *db, const X *dout, const X *inp, c
 // Fused LayerNorm backward (C % (16-byte vector) == 0, C <= 32 * W * S_LN_NCH):
 // warp per row (rows strided over the grid), lane k owns vectors k, k+32, ...
 // of the row: dx += ..., and the lane's dw/db partial sums stay in registers
-// across its rows; the 8 warps of a block add theirs into shared memory in
-// warp order, the block writes part[block][2C] (dw | db), and k_colpart_sum
+// across its rows; the S_LN_WARPS warps of a block add theirs into shared memory
+// in warp order, the block writes part[block][2C] (dw | db), and k_colpart_sum
 // adds the blocks in block order: no atomics, run-to-run reproducible.
 #define S_LN_NCH 8 /* most vectors per lane (C <= 2048 in bf16) */
+#define S_LN_WARPS 4 /* per block: 3 blocks per SM at the 160 registers of C = 768 in bf16 */
 template <class X, int S_NCH>
-__global__ void __launch_bounds__(256) k_layernorm_backward(X *dinp, float *part, const X *dout, const X *inp,
-                                                            const float *w, const float *mean, const float *rstd,
-                                                            int N, int C)
+__global__ void __launch_bounds__(32 * S_LN_WARPS, S_NCH <= 3 ? 3 : 1)
+    k_layernorm_backward(X *dinp, float *part, const X *dout, const X *inp, const float *w, const float *mean,
+                         const float *rstd, int N, int C)
 {
     constexpr int W = s_vec<X>::W;
     extern __shared__ float s_acc[]; // [2C]
@@ -342,11 +343,15 @@ __global__ void __launch_bounds__(256) k_layernorm_backward(X *dinp, float *part
             aw[k][j] = ab[k][j] = 0.0f;
     for (int i = threadIdx.x; i < 2 * C; i += blockDim.x)
         s_acc[i] = 0.0f;
-    for (int row = blockIdx.x * 8 + warp; row < N; row += gridDim.x * 8) {
+    for (int row = blockIdx.x * S_LN_WARPS + warp; row < N; row += gridDim.x * S_LN_WARPS) {
         const X *d = dout + (size_t)row * C, *x = inp + (size_t)row * C;
         X *dx = dinp + (size_t)row * C;
         const float m = mean[row], rs = rstd[row];
-        float dv[S_NCH][W], xv[S_NCH][W];
+        // PRE: dx (the sum this adds to) is loaded with dout and x, one memory round trip per row
+        // instead of two (the row's reductions sit between them), where the registers allow it
+        // (C <= 1024 in bf16; wider rows spilled at 255 registers)
+        constexpr bool PRE = S_NCH <= 4;
+        float dv[S_NCH][W], xv[S_NCH][W], o[PRE ? S_NCH : 1][W];
         float a = 0.0f, bn = 0.0f;
 #pragma unroll
         for (int k = 0; k < S_NCH; k++) {
@@ -354,6 +359,8 @@ __global__ void __launch_bounds__(256) k_layernorm_backward(X *dinp, float *part
             if (v < nv) {
                 d_ld16<X>(dv[k], d + v * W);
                 d_ld16<X>(xv[k], x + v * W);
+                if constexpr (PRE)
+                    d_ld16<X>(o[k], dx + v * W);
             }
         }
 #pragma unroll
@@ -384,16 +391,17 @@ __global__ void __launch_bounds__(256) k_layernorm_backward(X *dinp, float *part
         for (int k = 0; k < S_NCH; k++) {
             const int v = lane + 32 * k;
             if (v < nv) {
-                float o[W];
-                d_ld16<X>(o, dx + v * W);
+                float *ok = o[PRE ? k : 0];
+                if constexpr (!PRE)
+                    d_ld16<X>(ok, dx + v * W);
 #pragma unroll
                 for (int j = 0; j < W; j++)
-                    o[j] += (dv[k][j] - a - xv[k][j] * bn) * rs;
-                d_st16<X>(dx + v * W, o);
+                    ok[j] += (dv[k][j] - a - xv[k][j] * bn) * rs;
+                d_st16<X>(dx + v * W, ok);
             }
         }
     }
-    for (int ww = 0; ww < 8; ww++) {
+    for (int ww = 0; ww < S_LN_WARPS; ww++) {
         __syncthreads();
         if (warp == ww)
 #pragma unroll
@@ -412,17 +420,43 @@ __global__ void __launch_bounds__(256) k_layernorm_backward(X *dinp, float *part
         part[(size_t)blockIdx.x * 2 * C + i] = s_acc[i];
 }
 
-// out[c] += sum over blocks b (in order) of part[b * stride + c], c < n
-__global__ void k_colpart_sum(float *out, const float *part, int nblocks, size_t stride, int n)
+// out[c] += the sum over b < nblocks of part[b * stride + c], c < n, in a fixed order (the
+// same bits every run): a block of 8 warps per 32 columns (S_CP_THREADS), warp w adds rows
+// b = w, w + 8, ... in order, eight loads in flight, and the 8 sums are added in warp order.
+// (One thread per column adding all rows in a chain, as before, took 60-150 us a call: a
+// dependent L2 round trip per row on 3 blocks for C = 768; ~5 ms of a GPT-2 bf16 step.)
+#define S_CP_THREADS 256
+__global__ void __launch_bounds__(S_CP_THREADS) k_colpart_sum(float *out, const float *part, int nblocks,
+                                                              size_t stride, int n)
 {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= n)
-        return;
+    __shared__ float sum[S_CP_THREADS / 32][33];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
     float acc = 0.0f;
-    for (int b = 0; b < nblocks; b++)
-        acc += part[(size_t)b * stride + c];
-    out[c] += acc;
+    if (c < n) {
+        int b = w;
+        for (; b + 56 < nblocks; b += 64) {
+            float t[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                t[u] = part[(size_t)(b + 8 * u) * stride + c];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                acc += t[u];
+        }
+        for (; b < nblocks; b += 8)
+            acc += part[(size_t)b * stride + c];
+    }
+    sum[w][lane] = acc;
+    __syncthreads();
+    if (w == 0 && c < n) {
+        float t = sum[0][lane];
+#pragma unroll
+        for (int k = 1; k < S_CP_THREADS / 32; k++)
+            t += sum[k][lane];
+        out[c] += t;
+    }
 }
+static unsigned s_cp_grid(int n) { return (unsigned)((n + 31) / 32); }
 
 // Column sums db[c] += sum_n d[n,c], deterministic: grid (column groups,
 // CL_COLPART_BLOCKS row chunks), thread = one 16-byte vector of columns over
@@ -440,13 +474,13 @@ __global__ void k_colsum_part(float *part, const X *dout, int N, int OC, int ld,
     for (int j = 0; j < W; j++)
         acc[j] = 0.0f;
     int n = n0;
-    for (; n + 4 <= n1; n += 4) {
-        float t[4][W];
+    for (; n + 8 <= n1; n += 8) { // 8 rows' loads in flight
+        float t[8][W];
 #pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < 8; u++)
             d_ld16<X>(t[u], dout + (size_t)(n + u) * ld + v * W);
 #pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < 8; u++)
 #pragma unroll
             for (int j = 0; j < W; j++)
                 acc[j] += t[u][j];
@@ -479,7 +513,7 @@ cudaError_t cl_layernorm_backward(X *dinp, float *dw, float *db, const X *dout, 
     if (part && C % W == 0 && C <= 32 * W * S_LN_NCH && s_aligned16(dinp) && s_aligned16(dout) &&
         s_aligned16(inp) && s_aligned16(w)) {
         const size_t sm = 2 * (size_t)C * sizeof(float); // <= 64 KB (C <= 8192)
-        int nb = (N + 7) / 8;
+        int nb = (N + S_LN_WARPS - 1) / S_LN_WARPS;
         if (nb > CL_COLPART_BLOCKS)
             nb = CL_COLPART_BLOCKS;
         const int nch = (C / W + 31) / 32;
@@ -489,7 +523,8 @@ cudaError_t cl_layernorm_backward(X *dinp, float *dw, float *db, const X *dout, 
         static cl_optin optin_;                                                                                   \
         if ((e = cl_smem_optin((const void *)k_layernorm_backward<X, K>, sm, &optin_)) != cudaSuccess)           \
             return e;                                                                                             \
-        k_layernorm_backward<X, K><<<(unsigned)nb, 256, sm, st>>>(dinp, part, dout, inp, w, mean, rstd, N, C);    \
+        k_layernorm_backward<X, K><<<(unsigned)nb, 32 * S_LN_WARPS, sm, st>>>(dinp, part, dout, inp, w, mean, rstd, \
+                                                                    N, C);                                        \
     } while (0)
         if (nch <= 1)
             S_LNB(1);
@@ -507,10 +542,10 @@ cudaError_t cl_layernorm_backward(X *dinp, float *dw, float *db, const X *dout, 
         e = cudaGetLastError();
         if (e != cudaSuccess)
             return e;
-        k_colpart_sum<<<(unsigned)((C + 255) / 256), 256, 0, st>>>(dw, part, nb, 2 * (size_t)C, C);
+        k_colpart_sum<<<s_cp_grid(C), S_CP_THREADS, 0, st>>>(dw, part, nb, 2 * (size_t)C, C);
         if ((e = cudaGetLastError()) != cudaSuccess)
             return e;
-        k_colpart_sum<<<(unsigned)((C + 255) / 256), 256, 0, st>>>(db, part + C, nb, 2 * (size_t)C, C);
+        k_colpart_sum<<<s_cp_grid(C), S_CP_THREADS, 0, st>>>(db, part + C, nb, 2 * (size_t)C, C);
         return cudaGetLastError();
     }
     k_layernorm_backward_x<X><<<(unsigned)((N + 7) / 8), 256, 0, st>>>(dinp, dout, inp, w, mean, rstd, N, C);
@@ -531,12 +566,13 @@ cudaError_t cl_bias_backward(float *dbias, const X *dout, int N, int OC, float *
         if (chunks > CL_COLPART_CHUNKS)
             chunks = CL_COLPART_CHUNKS;
         const int rows = (N + chunks - 1) / chunks, nv = OC / W;
-        dim3 grid((unsigned)((nv + 127) / 128), (unsigned)chunks);
-        k_colsum_part<X><<<grid, 128, 0, st>>>(part, dout, N, OC, ld, rows);
+        const int bt = nv < 128 ? (nv + 31) / 32 * 32 : 128; // no idle warps when OC / W < 128
+        dim3 grid((unsigned)((nv + bt - 1) / bt), (unsigned)chunks);
+        k_colsum_part<X><<<grid, bt, 0, st>>>(part, dout, N, OC, ld, rows);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess)
             return e;
-        k_colpart_sum<<<(unsigned)((OC + 255) / 256), 256, 0, st>>>(dbias, part, chunks, (size_t)OC, OC);
+        k_colpart_sum<<<s_cp_grid(OC), S_CP_THREADS, 0, st>>>(dbias, part, chunks, (size_t)OC, OC);
         return cudaGetLastError();
     }
     return s_colsum<X>(NULL, dbias, dout, NULL, NULL, NULL, N, OC, ld, st);

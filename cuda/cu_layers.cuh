@@ -53,7 +53,7 @@ cudaError_t cl_layernorm_forward(X *out /* (N,C) */, float *mean /* (N) */, floa
 // bias OC); with part NULL (or an unsupported shape) the atomic column
 // kernel runs instead.
 #define CL_COLPART_BLOCKS 512 /* LayerNorm backward blocks */
-#define CL_COLPART_CHUNKS 256 /* row chunks of the bias column sums */
+#define CL_COLPART_CHUNKS 512 /* row chunks of the bias column sums (<= 2 CL_COLPART_BLOCKS) */
 #define CL_COLPART_FLOATS(maxC) ((size_t)CL_COLPART_BLOCKS * 2 * (size_t)(maxC))
 // dinp += LN backward (may not alias dout); dw, db +=
 template <class X>

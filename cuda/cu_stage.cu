@@ -1030,6 +1030,8 @@ static void *b_create(stage_t *s, char *err, size_t errlen)
     }
     c->tp = s->o.tp > 1 ? s->o.tp : 1;
     c->bf16 = s->o.precision == STAGE_BF16;
+    const char *gf = getenv("TAH_CU_GELU_FUSE");
+    c->gelu_fuse = c->bf16 && !(gf && !strcmp(gf, "0"));
     c->xs = c->bf16 ? sizeof(cu_bf16) : sizeof(float);
     c->dinp_mb = -1;
     c->dec_mb[0] = c->dec_mb[1] = -1;

@@ -56,7 +56,7 @@ struct cs_slot {
 };
 
 struct cs_gemm_key {
-    int m, n, k, ta, tb, beta, bias, abt, cdt, align, lda, ldb, ldd;
+    int m, n, k, ta, tb, beta, bias, abt, cdt, align, lda, ldb, ldd, epi;
 };
 struct cs_gemm_entry {
     cs_gemm_key key;
@@ -91,6 +91,8 @@ struct cs_rank {
 
 struct cs_dev {
     int tp, bf16;
+    int gelu_fuse;              // bf16: GELU in the FC GEMM's epilogue and its gradient in the FC
+                                // projection's dx GEMM (cuBLASLt GELU_AUX_BIAS / DGELU); TAH_CU_GELU_FUSE=0: off
     size_t xs;                  // bytes per activation element
     cs_rank g[TP_MAX];
     cudaStream_t streams[TP_MAX]; // g[r].st, for the all-reduce calls

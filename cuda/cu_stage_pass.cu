@@ -68,15 +68,21 @@ static int s_align_of(const void *p)
     return al;
 }
 
+// epilogues besides the bias: GELU of the result, its input kept in aux (forward); the
+// result times GELU's derivative at aux (backward)
+enum { EPI_NONE, EPI_GELU, EPI_DGELU };
+
 // Column-major D (m,n) = op(A) op(B) + beta * Cm (+ bias[m] over columns).
 // A is (m,k), or stored (k,m) when ta; B is (k,n), or stored (n,k) when tb;
 // Cm and D are (m,n). Leading dimensions lda, ldb, ldd (Cm's too): 0 means
 // the stored matrix's row count (contiguous columns). abt: type of A and B
-// (and bias), cdt: type of Cm and D. fp32 compute, no TF32.
+// (and bias), cdt: type of Cm and D. fp32 compute, no TF32. epi: EPI_GELU
+// (D = GELU(that), aux (m,n), ldd apart, its input) or EPI_DGELU (D = that
+// times GELU'(aux)); aux has D's type.
 static int s_gemm_run(cs_dev *c, cs_rank *g, const stage_t *s, void *D, const void *A, const void *Bm,
                       const void *Cm, const void *bias, int m, int n, int k, int ta, int tb, float alpha, float beta,
-                      cudaDataType_t abt, cudaDataType_t cdt, int lda, int ldb, int ldd, cublasLtMatmulDesc_t op,
-                      cublasLtMatrixLayout_t *lay, cublasLtMatmulPreference_t *pref)
+                      cudaDataType_t abt, cudaDataType_t cdt, int lda, int ldb, int ldd, int epi, const void *aux,
+                      cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t *lay, cublasLtMatmulPreference_t *pref)
 {
     const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     const int ra = ta ? k : m, ca = ta ? m : k, rb = tb ? n : k, cb = tb ? k : n;
@@ -88,11 +94,22 @@ static int s_gemm_run(cs_dev *c, cs_rank *g, const stage_t *s, void *D, const vo
     CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     if (bias) {
-        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
         int32_t bt = (int32_t)abt;
-        CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
         CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    if (bias || epi != EPI_NONE) {
+        const cublasLtEpilogue_t e = epi == EPI_GELU ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                                     : epi == EPI_DGELU ? CUBLASLT_EPILOGUE_DGELU
+                                                        : CUBLASLT_EPILOGUE_BIAS;
+        CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e));
+    }
+    if (epi != EPI_NONE) {
+        const int64_t ald = ldd;
+        const int32_t at = (int32_t)cdt;
+        CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+        CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ald, sizeof ald));
+        CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at, sizeof at));
     }
     CKB(cublasLtMatrixLayoutCreate(&lay[0], abt, ra, ca, lda));
     CKB(cublasLtMatrixLayoutCreate(&lay[1], abt, rb, cb, ldb));
@@ -100,11 +117,11 @@ static int s_gemm_run(cs_dev *c, cs_rank *g, const stage_t *s, void *D, const vo
     CKB(cublasLtMatrixLayoutCreate(&lay[3], cdt, m, n, ldd));
 
     int al = s_align_of(D);
-    const void *ps[4] = { A, Bm, Cm, bias };
-    for (int i = 0; i < 4; i++)
+    const void *ps[5] = { A, Bm, Cm, bias, aux };
+    for (int i = 0; i < 5; i++)
         if (ps[i] && s_align_of(ps[i]) < al)
             al = s_align_of(ps[i]);
-    cs_gemm_key key = { m, n, k, ta, tb, beta != 0.0f, bias != NULL, (int)abt, (int)cdt, al, lda, ldb, ldd };
+    cs_gemm_key key = { m, n, k, ta, tb, beta != 0.0f, bias != NULL, (int)abt, (int)cdt, al, lda, ldb, ldd, epi };
     const cublasLtMatmulAlgo_t *algo = NULL;
     for (int i = 0; i < g->ncache; i++)
         if (!memcmp(&g->cache[i].key, &key, sizeof key)) {
@@ -154,7 +171,8 @@ static int s_gemm_run(cs_dev *c, cs_rank *g, const stage_t *s, void *D, const vo
 
 static int s_gemm(cs_dev *c, cs_rank *g, const stage_t *s, void *D, const void *A, const void *Bm, const void *Cm,
                   const void *bias, int m, int n, int k, int ta, int tb, float alpha, float beta, cudaDataType_t abt,
-                  cudaDataType_t cdt, int lda = 0, int ldb = 0, int ldd = 0)
+                  cudaDataType_t cdt, int lda = 0, int ldb = 0, int ldd = 0, int epi = EPI_NONE,
+                  const void *aux = NULL)
 {
     if (c->failed)
         return TAH_EDEVICE;
@@ -165,8 +183,8 @@ static int s_gemm(cs_dev *c, cs_rank *g, const stage_t *s, void *D, const void *
     cublasStatus_t e = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
     if (e != CUBLAS_STATUS_SUCCESS)
         return cs_fail(c, s, "cublasLtMatmulDescCreate", cublasLtGetStatusString(e), __FILE__, __LINE__);
-    rc = s_gemm_run(c, g, s, D, A, Bm, Cm, bias, m, n, k, ta, tb, alpha, beta, abt, cdt, lda, ldb, ldd, op, lay,
-                    &pref);
+    rc = s_gemm_run(c, g, s, D, A, Bm, Cm, bias, m, n, k, ta, tb, alpha, beta, abt, cdt, lda, ldb, ldd, epi, aux, op,
+                    lay, &pref);
     if (pref)
         cublasLtMatmulPreferenceDestroy(pref);
     for (int i = 0; i < 4; i++)
@@ -196,23 +214,26 @@ template <> const cu_bf16 *s_w<cu_bf16>(const cs_dev *c, const cs_rank *g, int i
 // out (N,OC) = inp (N,K) @ W^T + bias (+ res when given)   [matmul_forward]
 // W holds OC rows of K, ldw apart; inp's rows are ldi apart, out's (and
 // res's) ldo (0: K, K, OC)
+// gelu_in non-NULL: out = GELU(that), gelu_in (like out) its input (EPI_GELU)
 template <class X>
 static int s_mm_fwd(cs_dev *c, cs_rank *g, int r, const stage_t *s, X *out, const X *inp, const X *w, const X *bias,
-                    const X *res, int N, int K, int OC, int head = 0, int ldw = 0, int ldi = 0, int ldo = 0)
+                    const X *res, int N, int K, int OC, int head = 0, int ldw = 0, int ldi = 0, int ldo = 0,
+                    X *gelu_in = NULL)
 {
     int rc = s_gemm(c, g, s, out, w, inp, res, bias, OC, N, K, 1, 0, 1.0f, res ? 1.0f : 0.0f, s_dt<X>(), s_dt<X>(),
-                    ldw, ldi, ldo);
+                    ldw, ldi, ldo, gelu_in ? EPI_GELU : EPI_NONE, gelu_in);
     s_mark(c, r, head ? P_HEAD_FWD : P_MM_FWD);
     return rc;
 }
 
-// dinp (N,K) = alpha dout (N,OC) @ W + beta dinp; rows ldi / ldo / ldw apart (0: K, OC, K)
+// dinp (N,K) = alpha dout (N,OC) @ W + beta dinp; rows ldi / ldo / ldw apart (0: K, OC, K);
+// gelu_in non-NULL: times GELU'(gelu_in) (like dinp; EPI_DGELU)
 template <class X>
 static int s_mm_dx(cs_dev *c, cs_rank *g, const stage_t *s, X *dinp, const X *dout, const X *w, int N, int K, int OC,
-                   float alpha, float beta, int ldw = 0, int ldo = 0, int ldi = 0)
+                   float alpha, float beta, int ldw = 0, int ldo = 0, int ldi = 0, const X *gelu_in = NULL)
 {
     return s_gemm(c, g, s, dinp, w, dout, NULL, NULL, K, N, OC, 0, 0, alpha, beta, s_dt<X>(), s_dt<X>(), ldw, ldo,
-                  ldi);
+                  ldi, gelu_in ? EPI_DGELU : EPI_NONE, gelu_in);
 }
 
 // dW (OC,K) += alpha dout^T @ inp (N,K); dW's rows ldw apart, inp's ldin, dout's ldo (0: K, K, OC)
@@ -225,13 +246,14 @@ static int s_mm_dw(cs_dev *c, cs_rank *g, const stage_t *s, float *dw, const X *
 }
 
 // dinp (=) dout @ W; dW += dout^T @ inp; dbias += colsum(dout)   [matmul_backward]
-// (W's and dW's rows ldw apart: a column slice at tp > 1)
+// (W's and dW's rows ldw apart: a column slice at tp > 1); gelu_in: dinp times GELU'(gelu_in)
 template <class X>
 static int s_mm_bwd(cs_dev *c, cs_rank *g, int r, const stage_t *s, X *dinp, float *dw, float *db, const X *dout,
-                    const X *inp, const X *w, int N, int K, int OC, int head = 0, float alpha = 1.0f, int ldw = 0)
+                    const X *inp, const X *w, int N, int K, int OC, int head = 0, float alpha = 1.0f, int ldw = 0,
+                    const X *gelu_in = NULL)
 {
     int rc = 0;
-    if (dinp && (rc = s_mm_dx<X>(c, g, s, dinp, dout, w, N, K, OC, alpha, 0.0f, ldw)) != 0)
+    if (dinp && (rc = s_mm_dx<X>(c, g, s, dinp, dout, w, N, K, OC, alpha, 0.0f, ldw, 0, 0, gelu_in)) != 0)
         return rc;
     s_mark(c, r, head ? P_HEAD_BWD : P_MM_DX);
     if ((rc = s_mm_dw<X>(c, g, s, dw, inp, dout, N, K, OC, alpha, ldw)) != 0)
@@ -539,11 +561,20 @@ static int s_forward(stage_t *s, cs_slot *sl, const int *tokens, const float *in
             CK(cl_layernorm_forward<X>(ln2, ln2_mean, ln2_rstd, res2, cs_p(c, g, GPT2_LN2W, l * C1),
                                        cs_p(c, g, GPT2_LN2B, l * C1), BT, C, g->st));
             s_mark(c, r, P_LN);
-            if ((rc = s_mm_fwd<X>(c, g, r, s, fch, ln2, s_w<X>(c, g, GPT2_FCW, l * 4 * C1 * C1 + r * 4 * Cr1 * C1),
-                                  s_w<X>(c, g, GPT2_FCB, l * 4 * C1 + r * 4 * Cr1), NULL, BT, C, 4 * Cr)) != 0)
-                return rc;
-            CK(cl_gelu_forward<X>(fchg, fch, 4 * BTCr, g->st));
-            s_mark(c, r, P_GELU);
+            if (c->gelu_fuse) { // fchg = GELU(fc(ln2)), fch its input, in the GEMM's epilogue
+                if ((rc = s_mm_fwd<X>(c, g, r, s, fchg, ln2,
+                                      s_w<X>(c, g, GPT2_FCW, l * 4 * C1 * C1 + r * 4 * Cr1 * C1),
+                                      s_w<X>(c, g, GPT2_FCB, l * 4 * C1 + r * 4 * Cr1), NULL, BT, C, 4 * Cr, 0, 0, 0, 0,
+                                      fch)) != 0)
+                    return rc;
+            } else {
+                if ((rc = s_mm_fwd<X>(c, g, r, s, fch, ln2,
+                                      s_w<X>(c, g, GPT2_FCW, l * 4 * C1 * C1 + r * 4 * Cr1 * C1),
+                                      s_w<X>(c, g, GPT2_FCB, l * 4 * C1 + r * 4 * Cr1), NULL, BT, C, 4 * Cr)) != 0)
+                    return rc;
+                CK(cl_gelu_forward<X>(fchg, fch, 4 * BTCr, g->st));
+                s_mark(c, r, P_GELU);
+            }
             const int whole = tp == 1 || (r == 0 && !c->compressed);
             if ((rc = s_mm_fwd<X>(c, g, r, s, res3, fchg, s_w<X>(c, g, GPT2_FCPROJW, l * 4 * C1 * C1 + r * 4 * Cr1),
                                   whole ? s_w<X>(c, g, GPT2_FCPROJB, l * C1) : NULL, whole ? res2 : NULL, BT, 4 * Cr,
@@ -681,13 +712,16 @@ template <class X> static int s_backward(stage_t *s, cs_slot *sl, const float *d
             X *dbig = (X *)g->dbig;
             CK(cudaSetDevice(g->dev));
             // FC projection (row-parallel at tp > 1: rank r's columns of W; its bias on every rank)
+            // (with gelu_fuse, dbig comes out of the dx GEMM already times GELU'(fch))
             if ((rc = s_mm_bwd<X>(c, g, r, s, dbig, cs_g(c, g, GPT2_FCPROJW, l * 4 * C1 * C1 + r * 4 * Cr1),
                                   cs_g(c, g, GPT2_FCPROJB, l * C1), dres[r], fchg,
                                   s_w<X>(c, g, GPT2_FCPROJW, l * 4 * C1 * C1 + r * 4 * Cr1), BT, 4 * Cr, C, 0, 1.0f,
-                                  tp > 1 ? 4 * C : 0)) != 0)
+                                  tp > 1 ? 4 * C : 0, c->gelu_fuse ? fch : NULL)) != 0)
                 return rc;
-            CK(cl_gelu_backward<X>(dbig, fch, dbig, 4 * BTCr, g->st));
-            s_mark(c, r, P_GELU_BWD);
+            if (!c->gelu_fuse) {
+                CK(cl_gelu_backward<X>(dbig, fch, dbig, 4 * BTCr, g->st));
+                s_mark(c, r, P_GELU_BWD);
+            }
             // FC (column-parallel: rank r's rows)
             if ((rc = s_mm_bwd<X>(c, g, r, s, dbuf[r], cs_g(c, g, GPT2_FCW, l * 4 * C1 * C1 + r * 4 * Cr1 * C1),
                                   cs_g(c, g, GPT2_FCB, l * 4 * C1 + r * 4 * Cr1), dbig, ln2,
