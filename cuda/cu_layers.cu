@@ -85,6 +85,30 @@ __device__ float d_block_max(float v, float *sh /* [32] */)
 template <class X> struct s_vec {
     static constexpr int W = 16 / (int)sizeof(X); // elements per 16 bytes
 };
+// 16 loaded bytes (4 floats or 8 bf16) as floats
+template <class X> __device__ __forceinline__ void d_cvt16(float *f, uint4 v);
+template <> __device__ __forceinline__ void d_cvt16<float>(float *f, uint4 v)
+{
+    f[0] = __uint_as_float(v.x), f[1] = __uint_as_float(v.y), f[2] = __uint_as_float(v.z), f[3] = __uint_as_float(v.w);
+}
+template <> __device__ __forceinline__ void d_cvt16<cu_bf16>(float *f, uint4 v)
+{
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 t = __bfloat1622float2(h[k]);
+        f[2 * k] = t.x, f[2 * k + 1] = t.y;
+    }
+}
+// W (4 or 8) floats of a 16-byte-aligned fp32 vector
+template <int W> __device__ __forceinline__ void d_ldw(float *f, const float *p)
+{
+#pragma unroll
+    for (int i = 0; i < W; i += 4) {
+        const float4 t = *(const float4 *)(p + i);
+        f[i] = t.x, f[i + 1] = t.y, f[i + 2] = t.z, f[i + 3] = t.w;
+    }
+}
 template <class X> __device__ __forceinline__ void d_ld16(float *f, const X *p);
 template <> __device__ __forceinline__ void d_ld16<float>(float *f, const float *p)
 {
@@ -325,9 +349,9 @@ static cudaError_t s_colsum(float *dw, float *db, const X *dout, const X *inp, c
 // in warp order, the block writes part[block][2C] (dw | db), and k_colpart_sum
 // adds the blocks in block order: no atomics, run-to-run reproducible.
 #define S_LN_NCH 8 /* most vectors per lane (C <= 2048 in bf16) */
-#define S_LN_WARPS 4 /* per block: 3 blocks per SM at the 160 registers of C = 768 in bf16 */
+#define S_LN_WARPS 4 /* per block: 4 blocks per SM at C <= 768 in bf16 (128 registers) */
 template <class X, int S_NCH>
-__global__ void __launch_bounds__(32 * S_LN_WARPS, S_NCH <= 3 ? 3 : 1)
+__global__ void __launch_bounds__(32 * S_LN_WARPS, S_NCH <= 3 ? 4 : 1)
     k_layernorm_backward(X *dinp, float *part, const X *dout, const X *inp, const float *w, const float *mean,
                          const float *rstd, int N, int C)
 {
@@ -347,41 +371,36 @@ __global__ void __launch_bounds__(32 * S_LN_WARPS, S_NCH <= 3 ? 3 : 1)
         const X *d = dout + (size_t)row * C, *x = inp + (size_t)row * C;
         X *dx = dinp + (size_t)row * C;
         const float m = mean[row], rs = rstd[row];
-        // PRE: dx (the sum this adds to) is loaded with dout and x, one memory round trip per row
-        // instead of two (the row's reductions sit between them), where the registers allow it
-        // (C <= 1024 in bf16; wider rows spilled at 255 registers)
-        constexpr bool PRE = S_NCH <= 4;
-        float dv[S_NCH][W], xv[S_NCH][W], o[PRE ? S_NCH : 1][W];
+        // the row's dout, x and dx (the sum this adds to) are loaded together, one memory round
+        // trip per row instead of two (the reductions sit between), and kept as loaded (packed
+        // bf16: half the registers, so more rows are in flight per SM); the second pass converts
+        // them again and recomputes norm and dnorm, the same operations giving the same values
+        uint4 rd[S_NCH], rx[S_NCH], ro[S_NCH];
         float a = 0.0f, bn = 0.0f;
 #pragma unroll
         for (int k = 0; k < S_NCH; k++) {
             const int v = lane + 32 * k;
             if (v < nv) {
-                d_ld16<X>(dv[k], d + v * W);
-                d_ld16<X>(xv[k], x + v * W);
-                if constexpr (PRE)
-                    d_ld16<X>(o[k], dx + v * W);
+                rd[k] = *(const uint4 *)(d + v * W);
+                rx[k] = *(const uint4 *)(x + v * W);
+                ro[k] = *(const uint4 *)(dx + v * W);
             }
         }
 #pragma unroll
         for (int k = 0; k < S_NCH; k++) {
             const int v = lane + 32 * k;
             if (v < nv) {
-                const float4 w0 = *(const float4 *)(w + v * W);
-                float wv[8] = { w0.x, w0.y, w0.z, w0.w, 0, 0, 0, 0 };
-                if (W == 8) {
-                    const float4 w1 = *(const float4 *)(w + v * W + 4);
-                    wv[4] = w1.x, wv[5] = w1.y, wv[6] = w1.z, wv[7] = w1.w;
-                }
+                float dv[W], xv[W], wv[W];
+                d_cvt16<X>(dv, rd[k]);
+                d_cvt16<X>(xv, rx[k]);
+                d_ldw<W>(wv, w + v * W);
 #pragma unroll
                 for (int j = 0; j < W; j++) {
-                    const float norm = (xv[k][j] - m) * rs, dnorm = wv[j] * dv[k][j];
-                    xv[k][j] = norm;
-                    aw[k][j] += dv[k][j] * norm;
-                    ab[k][j] += dv[k][j];
+                    const float norm = (xv[j] - m) * rs, dnorm = wv[j] * dv[j];
+                    aw[k][j] += dv[j] * norm;
+                    ab[k][j] += dv[j];
                     a += dnorm;
                     bn += dnorm * norm;
-                    dv[k][j] = dnorm;
                 }
             }
         }
@@ -391,13 +410,17 @@ __global__ void __launch_bounds__(32 * S_LN_WARPS, S_NCH <= 3 ? 3 : 1)
         for (int k = 0; k < S_NCH; k++) {
             const int v = lane + 32 * k;
             if (v < nv) {
-                float *ok = o[PRE ? k : 0];
-                if constexpr (!PRE)
-                    d_ld16<X>(ok, dx + v * W);
+                float dv[W], xv[W], wv[W], o[W];
+                d_cvt16<X>(dv, rd[k]);
+                d_cvt16<X>(xv, rx[k]);
+                d_cvt16<X>(o, ro[k]);
+                d_ldw<W>(wv, w + v * W);
 #pragma unroll
-                for (int j = 0; j < W; j++)
-                    ok[j] += (dv[k][j] - a - xv[k][j] * bn) * rs;
-                d_st16<X>(dx + v * W, ok);
+                for (int j = 0; j < W; j++) {
+                    const float norm = (xv[j] - m) * rs, dnorm = wv[j] * dv[j];
+                    o[j] += (dnorm - a - norm * bn) * rs;
+                }
+                d_st16<X>(dx + v * W, o);
             }
         }
     }
