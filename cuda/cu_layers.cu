@@ -269,6 +269,72 @@ __global__ void k_layernorm_forward(X *out, float *mean, float *rstd, const X *i
     }
 }
 
+// The same with 16-byte vectors (C % W == 0, C <= 32 W S_NCH, 16-byte aligned rows): lane k holds
+// vectors k, k + 32, ... of its warp's row as loaded, one memory round trip per row. (The scalar
+// kernel above read x three times in 2- or 4-byte loads: ~56 us a call for GPT-2's (32768, 768)
+// in bf16 on an H200.)
+template <class X, int S_NCH>
+__global__ void __launch_bounds__(256) k_layernorm_forward_v(X *out, float *mean, float *rstd, const X *inp,
+                                                             const float *w, const float *b, int N, int C)
+{
+    constexpr int W = s_vec<X>::W;
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N)
+        return;
+    const int nv = C / W;
+    const X *x = inp + (size_t)row * C;
+    uint4 r[S_NCH];
+#pragma unroll
+    for (int k = 0; k < S_NCH; k++)
+        if (lane + 32 * k < nv)
+            r[k] = *(const uint4 *)(x + (lane + 32 * k) * W);
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < S_NCH; k++)
+        if (lane + 32 * k < nv) {
+            float f[W];
+            d_cvt16<X>(f, r[k]);
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                s += f[j];
+        }
+    const float m = d_warp_sum(s) / (float)C;
+    float v = 0.0f;
+#pragma unroll
+    for (int k = 0; k < S_NCH; k++)
+        if (lane + 32 * k < nv) {
+            float f[W];
+            d_cvt16<X>(f, r[k]);
+#pragma unroll
+            for (int j = 0; j < W; j++) {
+                const float d = f[j] - m;
+                v += d * d;
+            }
+        }
+    v = d_warp_sum(v) / (float)C;
+    const float rs = 1.0f / sqrtf(v + S_LN_EPS);
+    X *o = out + (size_t)row * C;
+#pragma unroll
+    for (int k = 0; k < S_NCH; k++) {
+        const int c = (lane + 32 * k) * W;
+        if (lane + 32 * k < nv) {
+            float f[W], wv[W], bv[W];
+            d_cvt16<X>(f, r[k]);
+            d_ldw<W>(wv, w + c);
+            d_ldw<W>(bv, b + c);
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                f[j] = rs * (f[j] - m) * wv[j] + bv[j];
+            d_st16<X>(o + c, f);
+        }
+    }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = rs;
+    }
+}
+
 template <class X>
 __global__ void k_layernorm_backward_x(X *dinp, const X *dout, const X *inp, const float *w, const float *mean,
                                        const float *rstd, int N, int C)
@@ -481,50 +547,84 @@ __global__ void __launch_bounds__(S_CP_THREADS) k_colpart_sum(float *out, const 
 }
 static unsigned s_cp_grid(int n) { return (unsigned)((n + 31) / 32); }
 
-// Column sums db[c] += sum_n d[n,c], deterministic: grid (column groups,
-// CL_COLPART_BLOCKS row chunks), thread = one 16-byte vector of columns over
-// the chunk's rows (ld apart); part[chunk][OC], then k_colpart_sum.
+// Column sums db[c] += sum_n d[n,c], deterministic: grid (groups of 32 16-byte column vectors,
+// CL_COLPART_CHUNKS row chunks), a block of 8 warps per (group, chunk): warp w adds the chunk's
+// rows w, w + 8, ... (ld apart; 8 loads in flight), lane l the group's vector l; the 8 warps'
+// sums are added in warp order into part[chunk][OC], then k_colpart_sum. (A thread per vector
+// over all its chunk's rows, 3 warps per block for OC = 768, had too few loads in flight:
+// ~1.9 TB/s on an H200.)
 template <class X>
-__global__ void k_colsum_part(float *part, const X *dout, int N, int OC, int ld, int rows_per_chunk)
+__global__ void __launch_bounds__(256) k_colsum_part(float *part, const X *dout, int N, int OC, int ld,
+                                                     int rows_per_chunk)
 {
     constexpr int W = s_vec<X>::W;
-    const int v = blockIdx.x * blockDim.x + threadIdx.x;
-    if (v * W >= OC)
-        return;
+    __shared__ float sum[8][32 * W];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, v = blockIdx.x * 32 + lane;
+    const bool on = v * W < OC;
     const int n0 = blockIdx.y * rows_per_chunk, n1 = min(N, n0 + rows_per_chunk);
     float acc[W];
 #pragma unroll
     for (int j = 0; j < W; j++)
         acc[j] = 0.0f;
-    int n = n0;
-    for (; n + 8 <= n1; n += 8) { // 8 rows' loads in flight
-        float t[8][W];
+    if (on) {
+        int n = n0 + w;
+        for (; n + 56 < n1; n += 64) {
+            float t[8][W];
 #pragma unroll
-        for (int u = 0; u < 8; u++)
-            d_ld16<X>(t[u], dout + (size_t)(n + u) * ld + v * W);
+            for (int u = 0; u < 8; u++)
+                d_ld16<X>(t[u], dout + (size_t)(n + 8 * u) * ld + v * W);
 #pragma unroll
-        for (int u = 0; u < 8; u++)
+            for (int u = 0; u < 8; u++)
+#pragma unroll
+                for (int j = 0; j < W; j++)
+                    acc[j] += t[u][j];
+        }
+        for (; n < n1; n += 8) {
+            float t[W];
+            d_ld16<X>(t, dout + (size_t)n * ld + v * W);
 #pragma unroll
             for (int j = 0; j < W; j++)
-                acc[j] += t[u][j];
-    }
-    for (; n < n1; n++) {
-        float t[W];
-        d_ld16<X>(t, dout + (size_t)n * ld + v * W);
-#pragma unroll
-        for (int j = 0; j < W; j++)
-            acc[j] += t[j];
+                acc[j] += t[j];
+        }
     }
 #pragma unroll
     for (int j = 0; j < W; j++)
-        part[(size_t)blockIdx.y * OC + v * W + j] = acc[j];
+        sum[w][lane * W + j] = acc[j];
+    __syncthreads();
+    if (w == 0 && on)
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            float a = sum[0][lane * W + j];
+#pragma unroll
+            for (int k = 1; k < 8; k++)
+                a += sum[k][lane * W + j];
+            part[(size_t)blockIdx.y * OC + v * W + j] = a;
+        }
 }
 
 template <class X>
 cudaError_t cl_layernorm_forward(X *out, float *mean, float *rstd, const X *inp, const float *w, const float *b,
                                  int N, int C, cudaStream_t st)
 {
-    k_layernorm_forward<X><<<(unsigned)((N + 7) / 8), 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
+    constexpr int W = s_vec<X>::W;
+    const unsigned grid = (unsigned)((N + 7) / 8);
+    const int nch = (C / W + 31) / 32;
+    if (C % W == 0 && nch <= S_LN_NCH && s_aligned16(out) && s_aligned16(inp) && s_aligned16(w) && s_aligned16(b)) {
+        if (nch <= 1)
+            k_layernorm_forward_v<X, 1><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
+        else if (nch <= 2)
+            k_layernorm_forward_v<X, 2><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
+        else if (nch <= 3)
+            k_layernorm_forward_v<X, 3><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
+        else if (nch <= 4)
+            k_layernorm_forward_v<X, 4><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
+        else if (nch <= 6)
+            k_layernorm_forward_v<X, 6><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
+        else
+            k_layernorm_forward_v<X, 8><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
+        return cudaGetLastError();
+    }
+    k_layernorm_forward<X><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
     return cudaGetLastError();
 }
 
@@ -589,9 +689,8 @@ cudaError_t cl_bias_backward(float *dbias, const X *dout, int N, int OC, float *
         if (chunks > CL_COLPART_CHUNKS)
             chunks = CL_COLPART_CHUNKS;
         const int rows = (N + chunks - 1) / chunks, nv = OC / W;
-        const int bt = nv < 128 ? (nv + 31) / 32 * 32 : 128; // no idle warps when OC / W < 128
-        dim3 grid((unsigned)((nv + bt - 1) / bt), (unsigned)chunks);
-        k_colsum_part<X><<<grid, bt, 0, st>>>(part, dout, N, OC, ld, rows);
+        dim3 grid((unsigned)((nv + 31) / 32), (unsigned)chunks);
+        k_colsum_part<X><<<grid, 256, 0, st>>>(part, dout, N, OC, ld, rows);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess)
             return e;
