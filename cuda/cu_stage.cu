@@ -392,25 +392,31 @@ static int b_to_device(stage_t *s, int what)
     int rc = s_sync_all(c, s);
     if (rc)
         return rc;
+    // Every copy on the rank's stream, which its kernels (the bf16 copy of the parameters below,
+    // then every forward and backward) run on: a plain cudaMemcpy from pageable memory may return
+    // before its DMA has landed, and the legacy stream it runs on does not order the rank's
+    // non-blocking stream. (It did not: a fresh bf16 stage's first forward sometimes converted
+    // parameters still zero, and a bf16 head of zeros gave the loss ln V.)
     for (int r = 0; r < c->tp; r++) {
         cs_rank *g = &c->g[r];
         CK(cudaSetDevice(g->dev));
         if (what & STAGE_SYNC_PARAMS) {
-            CK(cudaMemcpy(g->params, s->params, s->nparams * sizeof(float), cudaMemcpyHostToDevice));
-            if (g->p16) {
+            CK(cudaMemcpyAsync(g->params, s->params, s->nparams * sizeof(float), cudaMemcpyHostToDevice, g->st));
+            if (g->p16)
                 CK(cl_from_f32<cu_bf16>(g->p16, g->params, s->nparams, g->st));
-                CK(cudaStreamSynchronize(g->st));
-            }
         }
         if (what & STAGE_SYNC_MOMENTS)
-            CK(cudaMemcpy(g->moments, s->moments, 2 * s->nparams * sizeof(float), cudaMemcpyHostToDevice));
+            CK(cudaMemcpyAsync(g->moments, s->moments, 2 * s->nparams * sizeof(float), cudaMemcpyHostToDevice,
+                               g->st));
         if (what & STAGE_SYNC_GRADS)
-            CK(cudaMemcpy(g->grads, s->grads, s->nparams * sizeof(float), cudaMemcpyHostToDevice));
+            CK(cudaMemcpyAsync(g->grads, s->grads, s->nparams * sizeof(float), cudaMemcpyHostToDevice, g->st));
         if (what & STAGE_SYNC_TIED) {
             for (int i = 0; i < STAGE_NTENSORS; i++)
                 if ((i == GPT2_WTE || i == STAGE_HEAD) && s->sizes[i])
-                    CK(cudaMemcpy(cs_g(c, g, i, 0), s->g[i], s->sizes[i] * sizeof(float), cudaMemcpyHostToDevice));
+                    CK(cudaMemcpyAsync(cs_g(c, g, i, 0), s->g[i], s->sizes[i] * sizeof(float),
+                                       cudaMemcpyHostToDevice, g->st));
         }
+        CK(cudaStreamSynchronize(g->st));
     }
     if (what & STAGE_SYNC_GRADS) // every gradient now the host's on every rank
         c->embed_dirty = 0;
@@ -619,7 +625,10 @@ static int s_norm_segments(cs_dev *c, stage_t *s, int r)
                 rc = s_alloc(c, s, r, (void **)&g->partials,
                              (size_t)(nseg ? nseg : 1) * CL_SUMSQ_BLOCKS * sizeof(double), "norm partials");
             if (!rc) {
-                cudaError_t ce = cudaMemcpy(g->segs, hsegs, (size_t)nseg * 4 * sizeof *hsegs, cudaMemcpyHostToDevice);
+                cudaError_t ce = cudaMemcpyAsync(g->segs, hsegs, (size_t)nseg * 4 * sizeof *hsegs,
+                                                 cudaMemcpyHostToDevice, g->st);
+                if (ce == cudaSuccess) // hsegs is freed below
+                    ce = cudaStreamSynchronize(g->st);
                 if (ce != cudaSuccess)
                     rc = cs_fail(c, s, "cudaMemcpy(segs)", cudaGetErrorString(ce), __FILE__, __LINE__);
             }
@@ -652,13 +661,14 @@ static int s_create_rank(cs_dev *c, stage_t *s, int r)
         (rc = s_alloc(c, s, r, (void **)&g->grads, np * sizeof(float), "gradients")) ||
         (rc = s_alloc(c, s, r, (void **)&g->moments, 2 * np * sizeof(float), "AdamW moments")))
         return rc;
-    CK(cudaMemset(g->params, 0, np * sizeof(float)));
-    CK(cudaMemset(g->grads, 0, np * sizeof(float)));
-    CK(cudaMemset(g->moments, 0, 2 * np * sizeof(float)));
+    // on the rank's stream (b_to_device says why), as everything that touches these later
+    CK(cudaMemsetAsync(g->params, 0, np * sizeof(float), g->st));
+    CK(cudaMemsetAsync(g->grads, 0, np * sizeof(float), g->st));
+    CK(cudaMemsetAsync(g->moments, 0, 2 * np * sizeof(float), g->st));
     if (c->bf16) {
         if ((rc = s_alloc(c, s, r, (void **)&g->p16, np * sizeof(cu_bf16), "bf16 parameter copy")) != 0)
             return rc;
-        CK(cudaMemset(g->p16, 0, np * sizeof(cu_bf16)));
+        CK(cudaMemsetAsync(g->p16, 0, np * sizeof(cu_bf16), g->st));
     }
 
     // activations: nslots x the size table, every tensor 256-byte aligned
@@ -831,7 +841,8 @@ static int s_decode(stage_t *s, int w, int mb, const uint8_t *frame, size_t len,
         if ((rc = s_alloc(c, s, 0, (void **)&c->dseg, sizeof seg, "norm segment")) != 0 ||
             (rc = s_alloc(c, s, 0, (void **)&c->dpart, CL_SUMSQ_BLOCKS * sizeof(double), "norm partials")) != 0)
             return rc;
-        CK(cudaMemcpy(c->dseg, seg, sizeof seg, cudaMemcpyHostToDevice));
+        CK(cudaMemcpyAsync(c->dseg, seg, sizeof seg, cudaMemcpyHostToDevice, g->st));
+        CK(cudaStreamSynchronize(g->st));
         CK(cudaMallocHost((void **)&c->h_dpart, CL_SUMSQ_BLOCKS * sizeof(double)));
     }
     if ((rc = s_grow(c, s, &c->dscr, &c->dscr_n, cu_codec_scratch_bytes(&info.spec, shape), "codec scratch")) ||
