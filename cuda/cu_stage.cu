@@ -813,12 +813,6 @@ static int s_grow(cs_dev *c, const stage_t *s, void **p, size_t *have, size_t ne
 
 // stage_decode_boundary: on rank 0's device; a tensor-parallel stage's other ranks copy the
 // decoded tensor from there when their forward / backward uploads it (s_upload)
-static int b_decodes_on_device(const stage_t *s)
-{
-    (void)s;
-    return 1;
-}
-
 static int s_decode(stage_t *s, int w, int mb, const uint8_t *frame, size_t len, double *norm, char *err,
                     size_t errlen)
 {
@@ -1065,7 +1059,7 @@ static void *b_create(stage_t *s, char *err, size_t errlen)
 static const stage_backend_t k_backend = {
     "cuda",        b_create,  b_destroy, b_forward,  b_backward,  b_discard, b_inflight, b_zero_grad,
     b_tied_sync_self, b_grad_sumsq, b_step, b_to_host, b_to_device, b_describe, b_error,
-    b_encode,      b_backward_encode, b_decodes_on_device, b_decode, b_tied_rows, b_host_alloc, b_host_free,
+    b_encode,      b_backward_encode, b_decode, b_tied_rows, b_host_alloc, b_host_free,
 };
 
 extern "C" void cu_stage_register(void)

@@ -724,7 +724,7 @@ int stage_encode_boundary(stage_t *s, int what, int mb, const codec_spec_t *spec
 
 int stage_decodes_on_device(const stage_t *s)
 {
-    return s->cu != NULL && s_backend->decode != NULL && s_backend->decodes_on_device(s);
+    return s->cu != NULL && s_backend->decode != NULL;
 }
 
 int stage_decode_boundary(stage_t *s, int what, int mb, const uint8_t *frame, size_t len, double *norm, char *err,

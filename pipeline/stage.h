@@ -250,7 +250,7 @@ int stage_encode_boundary(stage_t *s, int what, int mb, const codec_spec_t *spec
 int stage_backward_encode(stage_t *s, int mb, const float *dout, float dloss, const codec_spec_t *spec,
                           uint8_t *frame, size_t cap, size_t *written, char *err, size_t errlen);
 /* Received boundary frames decoded where the stage computes (the CUDA
- * backend at tp = 1): what = STAGE_WIRE_IN, the input of micro-batch mb's
+ * backend; at tp > 1 on rank 0's GPU, the other ranks copy the tensor): what = STAGE_WIRE_IN, the input of micro-batch mb's
  * next stage_forward (non-first stages), or STAGE_WIRE_DOUT, the output
  * gradient of its next stage_backward / stage_backward_encode (non-last
  * stages); that call then passes in / dout = NULL. frame: len bytes, a

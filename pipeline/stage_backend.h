@@ -46,8 +46,7 @@ typedef struct stage_backend {
     /* stage_backward_encode (stage.h); the stage checked the role and the frame size */
     int (*backward_encode)(stage_t *s, int mb, const float *dout, float dloss, const codec_spec_t *spec,
                            uint8_t *frame, size_t len, char *err, size_t errlen);
-    /* stage_decode_boundary (stage.h): NULL, or decodes_on_device says whether it can */
-    int (*decodes_on_device)(const stage_t *s);
+    /* stage_decode_boundary (stage.h): NULL when the backend does not decode on its device */
     int (*decode)(stage_t *s, int what, int mb, const uint8_t *frame, size_t len, double *norm, char *err,
                   size_t errlen);
     /* stage_tied_rows_get / _put (stage.h); the stage checked tied, rows and R */
