@@ -12,6 +12,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits> // std::integral_constant (s_by_nch)
+
 #include "cu_layers.cuh"
 
 #define S_BLOCK 256
@@ -109,21 +111,12 @@ template <int W> __device__ __forceinline__ void d_ldw(float *f, const float *p)
         f[i] = t.x, f[i + 1] = t.y, f[i + 2] = t.z, f[i + 3] = t.w;
     }
 }
-template <class X> __device__ __forceinline__ void d_ld16(float *f, const X *p);
+// 16 bytes at p (16-byte aligned) as floats (fp32: a float4 load, as the kernels were measured with)
+template <class X> __device__ __forceinline__ void d_ld16(float *f, const X *p) { d_cvt16<X>(f, *(const uint4 *)p); }
 template <> __device__ __forceinline__ void d_ld16<float>(float *f, const float *p)
 {
     const float4 v = *(const float4 *)p;
     f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
-}
-template <> __device__ __forceinline__ void d_ld16<cu_bf16>(float *f, const cu_bf16 *p)
-{
-    const uint4 v = *(const uint4 *)p;
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const float2 t = __bfloat1622float2(h[k]);
-        f[2 * k] = t.x, f[2 * k + 1] = t.y;
-    }
 }
 template <class X> __device__ __forceinline__ void d_st16(X *p, const float *f);
 template <> __device__ __forceinline__ void d_st16<float>(float *p, const float *f)
@@ -602,6 +595,23 @@ __global__ void __launch_bounds__(256) k_colsum_part(float *part, const X *dout,
         }
 }
 
+// f(std::integral_constant<int, K>{}) for the smallest K of {1, 2, 3, 4, 6, 8} >= nch (the
+// LayerNorm kernels' 16-byte vectors per lane; nch <= S_LN_NCH)
+template <class F> static cudaError_t s_by_nch(int nch, F f)
+{
+    if (nch <= 1)
+        return f(std::integral_constant<int, 1>{});
+    if (nch <= 2)
+        return f(std::integral_constant<int, 2>{});
+    if (nch <= 3)
+        return f(std::integral_constant<int, 3>{});
+    if (nch <= 4)
+        return f(std::integral_constant<int, 4>{});
+    if (nch <= 6)
+        return f(std::integral_constant<int, 6>{});
+    return f(std::integral_constant<int, 8>{});
+}
+
 template <class X>
 cudaError_t cl_layernorm_forward(X *out, float *mean, float *rstd, const X *inp, const float *w, const float *b,
                                  int N, int C, cudaStream_t st)
@@ -609,21 +619,11 @@ cudaError_t cl_layernorm_forward(X *out, float *mean, float *rstd, const X *inp,
     constexpr int W = s_vec<X>::W;
     const unsigned grid = (unsigned)((N + 7) / 8);
     const int nch = (C / W + 31) / 32;
-    if (C % W == 0 && nch <= S_LN_NCH && s_aligned16(out) && s_aligned16(inp) && s_aligned16(w) && s_aligned16(b)) {
-        if (nch <= 1)
-            k_layernorm_forward_v<X, 1><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
-        else if (nch <= 2)
-            k_layernorm_forward_v<X, 2><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
-        else if (nch <= 3)
-            k_layernorm_forward_v<X, 3><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
-        else if (nch <= 4)
-            k_layernorm_forward_v<X, 4><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
-        else if (nch <= 6)
-            k_layernorm_forward_v<X, 6><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
-        else
-            k_layernorm_forward_v<X, 8><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
-        return cudaGetLastError();
-    }
+    if (C % W == 0 && nch <= S_LN_NCH && s_aligned16(out) && s_aligned16(inp) && s_aligned16(w) && s_aligned16(b))
+        return s_by_nch(nch, [&](auto K) {
+            k_layernorm_forward_v<X, decltype(K)::value><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
+            return cudaGetLastError();
+        });
     k_layernorm_forward<X><<<grid, 256, 0, st>>>(out, mean, rstd, inp, w, b, N, C);
     return cudaGetLastError();
 }
@@ -640,29 +640,16 @@ cudaError_t cl_layernorm_backward(X *dinp, float *dw, float *db, const X *dout, 
         if (nb > CL_COLPART_BLOCKS)
             nb = CL_COLPART_BLOCKS;
         const int nch = (C / W + 31) / 32;
-        cudaError_t e = cudaSuccess;
-#define S_LNB(K)                                                                                                  \
-    do {                                                                                                          \
-        static cl_optin optin_;                                                                                   \
-        if ((e = cl_smem_optin((const void *)k_layernorm_backward<X, K>, sm, &optin_)) != cudaSuccess)           \
-            return e;                                                                                             \
-        k_layernorm_backward<X, K><<<(unsigned)nb, 32 * S_LN_WARPS, sm, st>>>(dinp, part, dout, inp, w, mean, rstd, \
-                                                                    N, C);                                        \
-    } while (0)
-        if (nch <= 1)
-            S_LNB(1);
-        else if (nch <= 2)
-            S_LNB(2);
-        else if (nch <= 3)
-            S_LNB(3);
-        else if (nch <= 4)
-            S_LNB(4);
-        else if (nch <= 6)
-            S_LNB(6);
-        else
-            S_LNB(8);
-#undef S_LNB
-        e = cudaGetLastError();
+        cudaError_t e = s_by_nch(nch, [&](auto K) {
+            const void *kern = (const void *)k_layernorm_backward<X, decltype(K)::value>;
+            static cl_optin optin_; // one per instantiation: per element type and K
+            cudaError_t oe = cl_smem_optin(kern, sm, &optin_);
+            if (oe != cudaSuccess)
+                return oe;
+            k_layernorm_backward<X, decltype(K)::value>
+                <<<(unsigned)nb, 32 * S_LN_WARPS, sm, st>>>(dinp, part, dout, inp, w, mean, rstd, N, C);
+            return cudaGetLastError();
+        });
         if (e != cudaSuccess)
             return e;
         k_colpart_sum<<<s_cp_grid(C), S_CP_THREADS, 0, st>>>(dw, part, nb, 2 * (size_t)C, C);
