@@ -208,7 +208,7 @@ static void s_send_hello(agent_t *a)
     h.backend = backend;
     h.threads = (uint32_t)(a->o->threads > 0 ? a->o->threads : 1);
     h.gflops = a->gflops;
-    h.gflops_bf16 = a->o->cuda ? a->o->gpu_gflops[1] : 0.0; /* 0: the same as gflops (a CPU stage computes fp32) */
+    h.gflops_bf16 = a->o->gpu_gflops[1]; /* 0 on a CPU node: the same as gflops (it computes fp32) */
     h.device_id = (char *)a->o->device_id;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     h.memory_mb = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / (1u << 20) : 0;

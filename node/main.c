@@ -285,22 +285,19 @@ int main(int argc, char **argv)
             return s_usage_error("--device with a list of GPUs needs --tp equal to its length (one GPU per "
                                  "tensor-parallel rank), got", device);
 #ifdef TAH_HAVE_CUDA_STAGE
-        int ndev = cu_stage_device_count();
-        for (int r = 0; r < (o.tp > 1 ? o.tp : 1); r++) {
-            const int d = o.ndevices ? o.devices[r] : k + r;
-            if (d >= ndev) {
+        int ndev = cu_stage_device_count(), devs[TP_MAX];
+        const int nd = o.tp > 1 ? o.tp : 1;
+        for (int r = 0; r < nd; r++) {
+            devs[r] = o.ndevices ? o.devices[r] : k + r;
+            if (devs[r] >= ndev) {
                 log_error("--device %s: no such device cuda:%d%s (%d CUDA devices visible); HINT: --device cpu",
-                          device, d, o.tp > 1 ? " (a tensor-parallel rank's GPU)" : "", ndev);
+                          device, devs[r], o.tp > 1 ? " (a tensor-parallel rank's GPU)" : "", ndev);
                 return 1;
             }
         }
         cu_stage_register();
         o.cuda = 1;
         o.device = k;
-        int devs[TP_MAX];
-        const int nd = o.tp > 1 ? o.tp : 1;
-        for (int r = 0; r < nd; r++)
-            devs[r] = o.ndevices ? o.devices[r] : k + r;
         char berr[512];
         if (cu_stage_bench(devs, nd, &o.gpu_gflops[0], &o.gpu_gflops[1], o.device_id, sizeof o.device_id, berr,
                            sizeof berr) != 0) {
