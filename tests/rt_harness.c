@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -17,6 +18,9 @@
 
 #include "fileio.h" /* tah_file_read */
 #include "keys.h"   /* keys_read_public, keys_read_secret, keys_set_client */
+
+/* rt_run's limit per command (ctest gives a whole test 600 s) */
+#define RT_RUN_LIMIT_S 300
 
 static double s_now(void)
 {
@@ -245,9 +249,28 @@ int rt_run(char *const argv[], char *out, size_t outlen)
     }
     close(fds[1]);
     size_t n = 0;
-    ssize_t k;
+    ssize_t k = 1;
     char buf[4096];
-    while ((k = read(fds[0], buf, sizeof buf)) > 0) {
+    const double t0 = s_now();
+    while (k > 0) {
+        /* a client that hangs (e.g. in zmq_ctx_term) fails its test here, naming the command */
+        const double left = RT_RUN_LIMIT_S - (s_now() - t0);
+        struct pollfd pf = { .fd = fds[0], .events = POLLIN };
+        const int pr = left > 0 ? poll(&pf, 1, (int)(left * 1000) + 1) : 0;
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr == 0) {
+            fprintf(stderr, "rt_harness: `%s %s` still running after %d s; killed\n", argv[0], argv[1] ? argv[1] : "",
+                    RT_RUN_LIMIT_S);
+            kill(pid, SIGKILL);
+            close(fds[0]);
+            waitpid(pid, NULL, 0);
+            if (out)
+                out[n] = 0;
+            return 124;
+        }
+        if ((k = read(fds[0], buf, sizeof buf)) <= 0)
+            break;
         size_t take = (size_t)k;
         if (out && n + take >= outlen)
             take = outlen - 1 - n;

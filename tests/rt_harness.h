@@ -45,7 +45,8 @@ int rt_wait_nodes(rt_t *r, const char *state, int count, double timeout);
 Tah__Envelope *rt_status(rt_t *r, uint64_t job);
 /* Write DIR/NAME with text; returns the path in a static buffer slot. */
 const char *rt_write(rt_t *r, const char *name, const char *text);
-/* Run a command, capture stdout+stderr into out; returns the exit status. */
+/* Run a command, capture stdout+stderr into out; returns the exit status, or 124
+ * after killing a command still running after 300 s (RT_RUN_LIMIT_S). */
 int rt_run(char *const argv[], char *out, size_t outlen);
 /* tah-coord submit; returns the job id (0 on failure, output in out). */
 uint64_t rt_submit(rt_t *r, const char *job_file, char *out, size_t outlen);
