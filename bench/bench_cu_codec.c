@@ -30,8 +30,10 @@
  *    2 bytes read per element; CSV gbs_input is GB/s of the input as stored.
  * 4. ceilings (round 7): trivial kernels with the codecs' byte mixes
  *    (cuda/cu_bench.cu: 4 bytes read and 1 written per element, 1 and 4,
- *    4 and 4, read only, write only), timed the same way, as % of copy:
- *    what a kernel with that traffic and nothing else reaches here.
+ *    4 and 4, read only, write only; round 23: the decode mix and write only
+ *    with streaming stores, and cudaMemsetAsync of the output), timed the
+ *    same way, as % of copy: what a kernel with that traffic and nothing
+ *    else reaches here.
  * The codec's status is read after the runs: a failed kernel is reported,
  * not timed silently. */
 #include <stdint.h>
@@ -213,18 +215,23 @@ static int s_tah_split(codec_shape_t shape, float *const dx[], uint8_t *const dp
 static int s_ceilings(uint64_t n, float *const dx[], float *const dy[], uint8_t *const dp[], cudaEvent_t e0,
                       cudaEvent_t e1, float *t, int reps, double copy_bw)
 {
-    static const char *const names[5] = { "read 4 B, write 1 B per element (8-bit encode)",
-                                          "read 1 B, write 4 B per element (8-bit decode)",
-                                          "read 4 B, write 4 B (fp32 copy)", "read 4 B (read only)",
-                                          "write 4 B (write only)" };
-    static const double rd[5] = { 4, 1, 4, 4, 0 }, wr[5] = { 1, 4, 4, 0, 4 };
+    enum { NMODE = 8, MEMSET = 7 }; /* 0..6: cu_bench_stream's modes; 7: cudaMemsetAsync of the output */
+    static const char *const names[NMODE] = { "read 4 B, write 1 B per element (8-bit encode)",
+                                              "read 1 B, write 4 B per element (8-bit decode)",
+                                              "read 4 B, write 4 B (fp32 copy)",
+                                              "read 4 B (read only)",
+                                              "write 4 B (write only)",
+                                              "read 1 B, write 4 B, streaming stores (.cs)",
+                                              "write 4 B, streaming stores (.cs)",
+                                              "write 4 B by cudaMemsetAsync" };
+    static const double rd[NMODE] = { 4, 1, 4, 4, 0, 1, 0, 0 }, wr[NMODE] = { 1, 4, 4, 0, 4, 4, 4, 4 };
     const uint64_t m = n & ~(uint64_t)511; /* whole warps of units */
     printf("\nceilings: trivial kernels with the codecs' byte mixes on %llu elements (%% of copy)\n",
            (unsigned long long)m);
     printf("%-48s %9s %9s %9s %9s\n", "traffic", "full q", "full b2b", "res q", "res b2b");
-    for (int mode = 0; mode < 5; mode++) {
+    for (int mode = 0; mode < NMODE; mode++) {
         double pct[4];
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < (mode == MEMSET ? 2 : 4); k++) {
             const int persist = k >= 2, b2b = k & 1;
             for (int i = -3; i < reps; i++) {
                 const int b = (i + 3) % NBUF;
@@ -233,9 +240,11 @@ static int s_ceilings(uint64_t n, float *const dx[], float *const dy[], uint8_t 
                 CU(cudaEventRecord(e0, 0));
                 for (int c = 0; c < (b2b ? B2B : 1); c++) {
                     const int bb = (b + c) % NBUF;
-                    const void *in = mode == 1 ? (const void *)dp[bb] : (const void *)dx[bb];
+                    const void *in = mode == 1 || mode == 5 ? (const void *)dp[bb] : (const void *)dx[bb];
                     void *out = mode == 0 ? (void *)dp[bb] : (void *)dy[bb];
-                    if (cu_bench_stream(mode, in, out, m, persist, 0) != 0)
+                    if (mode == MEMSET)
+                        CU(cudaMemsetAsync(out, 0, 4 * m, 0));
+                    else if (cu_bench_stream(mode, in, out, m, persist, 0) != 0)
                         return -1;
                 }
                 CU(cudaEventRecord(e1, 0));
@@ -248,7 +257,10 @@ static int s_ceilings(uint64_t n, float *const dx[], float *const dy[], uint8_t 
             const double ms = s_median(t, reps);
             pct[k] = 100.0 * ((rd[mode] + wr[mode]) * (double)m / (ms * 1e-3)) / copy_bw;
         }
-        printf("%-48s %8.1f%% %8.1f%% %8.1f%% %8.1f%%\n", names[mode], pct[0], pct[1], pct[2], pct[3]);
+        if (mode == MEMSET)
+            printf("%-48s %8.1f%% %8.1f%% %9s %9s\n", names[mode], pct[0], pct[1], "-", "-");
+        else
+            printf("%-48s %8.1f%% %8.1f%% %8.1f%% %8.1f%%\n", names[mode], pct[0], pct[1], pct[2], pct[3]);
     }
     printf("full: one 16-element unit per thread; res: 8 CTAs of 256 per SM, grid-stride; q: one call per queued\n"
            "region; b2b: %d calls per region\n", B2B);

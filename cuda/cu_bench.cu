@@ -14,6 +14,9 @@
 // elements per thread, so the bench can say how far a codec is from the best
 // a kernel of its traffic reaches in the same timing harness.
 //
+// Modes 5 and 6 (round 23) store with st.global.cs, as the decoders do: on an H200 that
+// raised the decode mix's ceiling by ~4 points (bench/cu_store_probe.cu).
+//
 //   thread -> elements: unit i = 16 elements: four float4 of the fp32 side
 //   (512-byte rows of its warp, see k_bench_stream), one uint4 of the byte
 //   side; grid-stride over units (n a multiple of 512).
@@ -40,7 +43,8 @@ extern "C" int cu_bench_spin(cudaStream_t st, unsigned int us)
 }
 
 // MODE 0: f32 -> u8 (read 64 B, write 16 B per unit); 1: u8 -> f32 (16, 64);
-// 2: f32 -> f32 (64, 64); 3: f32 read only; 4: f32 write only. Unit i of warp block
+// 2: f32 -> f32 (64, 64); 3: f32 read only; 4: f32 write only; 5 and 6: 1 and 4 with
+// streaming stores (st.global.cs, as the decoders store; round 23). Unit i of warp block
 // w = i / 32, lane l = i % 32: float4 j (0..3) at 128 w + 32 j + l, uint4 at i, so every
 // access instruction of a warp covers 512 contiguous bytes.
 template <int MODE>
@@ -55,12 +59,19 @@ __global__ void __launch_bounds__(256) k_bench_stream(const uint4 *__restrict__ 
             uint4 a = in[f], b = in[f + 32], c = in[f + 64], d = in[f + 96];
             out[i] = make_uint4(a.x ^ a.y ^ a.z ^ a.w, b.x ^ b.y ^ b.z ^ b.w, c.x ^ c.y ^ c.z ^ c.w,
                                 d.x ^ d.y ^ d.z ^ d.w);
-        } else if (MODE == 1) {
+        } else if (MODE == 1 || MODE == 5) {
             uint4 a = in[i];
-            out[f] = make_uint4(a.x, a.x >> 8, a.x >> 16, a.x >> 24);
-            out[f + 32] = make_uint4(a.y, a.y >> 8, a.y >> 16, a.y >> 24);
-            out[f + 64] = make_uint4(a.z, a.z >> 8, a.z >> 16, a.z >> 24);
-            out[f + 96] = make_uint4(a.w, a.w >> 8, a.w >> 16, a.w >> 24);
+            const uint4 o[4] = { make_uint4(a.x, a.x >> 8, a.x >> 16, a.x >> 24),
+                                 make_uint4(a.y, a.y >> 8, a.y >> 16, a.y >> 24),
+                                 make_uint4(a.z, a.z >> 8, a.z >> 16, a.z >> 24),
+                                 make_uint4(a.w, a.w >> 8, a.w >> 16, a.w >> 24) };
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if (MODE == 5)
+                    __stcs(&out[f + 32 * k], o[k]);
+                else
+                    out[f + 32 * k] = o[k];
+            }
         } else if (MODE == 2) {
             uint4 a = in[f], b = in[f + 32], c = in[f + 64], d = in[f + 96];
             out[f] = a;
@@ -73,8 +84,12 @@ __global__ void __launch_bounds__(256) k_bench_stream(const uint4 *__restrict__ 
         } else {
             const uint32_t v = (uint32_t)i;
 #pragma unroll
-            for (int k = 0; k < 4; k++)
-                out[f + 32 * k] = make_uint4(v, v, v, v);
+            for (int k = 0; k < 4; k++) {
+                if (MODE == 6)
+                    __stcs(&out[f + 32 * k], make_uint4(v, v, v, v));
+                else
+                    out[f + 32 * k] = make_uint4(v, v, v, v);
+            }
         }
     }
     if (MODE == 3 && acc == 0x9e3779b9u)
@@ -105,7 +120,9 @@ extern "C" int cu_bench_stream(int mode, const void *in, void *out, uint64_t n, 
     case 1: k_bench_stream<1><<<grid, 256, 0, st>>>(a, b, units, sink); break;
     case 2: k_bench_stream<2><<<grid, 256, 0, st>>>(a, b, units, sink); break;
     case 3: k_bench_stream<3><<<grid, 256, 0, st>>>(a, b, units, sink); break;
-    default: k_bench_stream<4><<<grid, 256, 0, st>>>(a, b, units, sink); break;
+    case 4: k_bench_stream<4><<<grid, 256, 0, st>>>(a, b, units, sink); break;
+    case 5: k_bench_stream<5><<<grid, 256, 0, st>>>(a, b, units, sink); break;
+    default: k_bench_stream<6><<<grid, 256, 0, st>>>(a, b, units, sink); break;
     }
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
