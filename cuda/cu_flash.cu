@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(NT) k_fa_fwd(cu_bf16 *out, float *lse, const c
 }
 
 template <int HS>
-__global__ void __launch_bounds__(NT) k_fa_bwd_kv(cu_bf16 *dqkv, const cu_bf16 *dout, const float *lse,
+__global__ void __launch_bounds__(NT, HS <= 64 ? 3 : 1) k_fa_bwd_kv(cu_bf16 *dqkv, const cu_bf16 *dout, const float *lse,
                                                   const float *dsum, const cu_bf16 *qkv, int T, int C, int NH,
                                                   float sl2, float scale)
 {
@@ -299,12 +299,10 @@ __global__ void __launch_bounds__(NT) k_fa_bwd_kv(cu_bf16 *dqkv, const cu_bf16 *
         d_commit();
         d_wait<1>();
         __syncthreads();
-        if (qt == kt) {
-            d_afrag<HS>(kf, Ks, warp, lane);
-            d_afrag<HS>(vf, Vs, warp, lane);
-        }
         float s[NB][4], dp[NB][4];
+        d_afrag<HS>(kf, Ks, warp, lane); // every tile (not kept across tiles: registers)
         d_abt<HS>(s, kf, Qs + st * TILE, lane);  // S^T: keys x queries
+        d_afrag<HS>(vf, Vs, warp, lane);
         d_abt<HS>(dp, vf, Ds + st * TILE, lane); // dP^T
         const float *L = Ls + st * BR, *D = Dd + st * BR;
 #pragma unroll
@@ -325,7 +323,7 @@ __global__ void __launch_bounds__(NT) k_fa_bwd_kv(cu_bf16 *dqkv, const cu_bf16 *
 }
 
 template <int HS>
-__global__ void __launch_bounds__(NT) k_fa_bwd_q(cu_bf16 *dqkv, const cu_bf16 *dout, const float *lse,
+__global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1) k_fa_bwd_q(cu_bf16 *dqkv, const cu_bf16 *dout, const float *lse,
                                                  const float *dsum, const cu_bf16 *qkv, int T, int C, int NH,
                                                  float sl2, float scale)
 {
@@ -367,12 +365,10 @@ __global__ void __launch_bounds__(NT) k_fa_bwd_q(cu_bf16 *dqkv, const cu_bf16 *d
         d_commit();
         d_wait<1>();
         __syncthreads();
-        if (kt == 0) {
-            d_afrag<HS>(qf, Qs, warp, lane);
-            d_afrag<HS>(df, Ds, warp, lane);
-        }
         float s[NB][4], dp[NB][4];
+        d_afrag<HS>(qf, Qs, warp, lane); // every tile, as in k_fa_bwd_kv
         d_abt<HS>(s, qf, Ks + st * TILE, lane);
+        d_afrag<HS>(df, Ds, warp, lane);
         d_abt<HS>(dp, df, Vs + st * TILE, lane);
 #pragma unroll
         for (int n = 0; n < NB; n++)
