@@ -32,6 +32,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "cu_layers.cuh"
 
 #define S_LOG2E 1.4426950408889634f
@@ -167,7 +169,7 @@ __device__ __forceinline__ void d_store(cu_bf16 *base, size_t ld, int r0, int T,
 }
 
 template <int HS>
-__global__ void __launch_bounds__(NT) k_fa_fwd(cu_bf16 *out, float *lse, const cu_bf16 *qkv, int T, int C, int NH,
+__global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1) k_fa_fwd(cu_bf16 *out, float *lse, const cu_bf16 *qkv, int T, int C, int NH,
                                                float sl2)
 {
     constexpr int SP = HS + 8, TILE = BR * SP;
@@ -199,8 +201,7 @@ __global__ void __launch_bounds__(NT) k_fa_fwd(cu_bf16 *out, float *lse, const c
         d_commit();
         d_wait<1>();
         __syncthreads();
-        if (kt == 0)
-            d_afrag<HS>(qf, Qs, warp, lane);
+        d_afrag<HS>(qf, Qs, warp, lane); // every tile (registers: 4 blocks per SM)
         float s[NB][4];
         d_abt<HS>(s, qf, Ks + st * TILE, lane);
         float mx[2] = { -INFINITY, -INFINITY };
@@ -305,15 +306,22 @@ __global__ void __launch_bounds__(NT, HS <= 64 ? 3 : 1) k_fa_bwd_kv(cu_bf16 *dqk
         d_afrag<HS>(vf, Vs, warp, lane);
         d_abt<HS>(dp, vf, Ds + st * TILE, lane); // dP^T
         const float *L = Ls + st * BR, *D = Dd + st * BR;
+        // the causal mask and the tensor's end only on the diagonal tile and a partial last one
+        auto probs = [&](auto masked) {
 #pragma unroll
-        for (int n = 0; n < NB; n++)
+            for (int n = 0; n < NB; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int j = r0 + (e >> 1) * 8, ci = n * 8 + 2 * t + (e & 1), i = qt * BR + ci;
-                const float p = (i < T && j <= i) ? exp2f(s[n][e] * sl2 - L[ci]) : 0.0f;
-                s[n][e] = p;
-                dp[n][e] = p * (dp[n][e] - D[ci]);
-            }
+                for (int e = 0; e < 4; e++) {
+                    const int j = r0 + (e >> 1) * 8, ci = n * 8 + 2 * t + (e & 1), i = qt * BR + ci;
+                    const float p = (!decltype(masked)::value || (i < T && j <= i)) ? exp2f(s[n][e] * sl2 - L[ci]) : 0.0f;
+                    s[n][e] = p;
+                    dp[n][e] = p * (dp[n][e] - D[ci]);
+                }
+        };
+        if (qt == kt || (qt + 1) * BR > T)
+            probs(std::true_type{});
+        else
+            probs(std::false_type{});
         d_pm<HS>(dv, s, Ds + st * TILE, lane);
         d_pm<HS>(dk, dp, Qs + st * TILE, lane);
     }
@@ -370,14 +378,20 @@ __global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1) k_fa_bwd_q(cu_bf16 *dqkv
         d_abt<HS>(s, qf, Ks + st * TILE, lane);
         d_afrag<HS>(df, Ds, warp, lane);
         d_abt<HS>(dp, df, Vs + st * TILE, lane);
+        auto probs = [&](auto masked) { // the causal mask only on the diagonal tile
 #pragma unroll
-        for (int n = 0; n < NB; n++)
+            for (int n = 0; n < NB; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int i = r0 + (e >> 1) * 8, j = kt * BR + n * 8 + 2 * t + (e & 1);
-                const float p = j <= i ? exp2f(s[n][e] * sl2 - L[e >> 1]) : 0.0f;
-                dp[n][e] = p * (dp[n][e] - D[e >> 1]);
-            }
+                for (int e = 0; e < 4; e++) {
+                    const int i = r0 + (e >> 1) * 8, j = kt * BR + n * 8 + 2 * t + (e & 1);
+                    const float p = (!decltype(masked)::value || j <= i) ? exp2f(s[n][e] * sl2 - L[e >> 1]) : 0.0f;
+                    dp[n][e] = p * (dp[n][e] - D[e >> 1]);
+                }
+        };
+        if (kt == qt)
+            probs(std::true_type{});
+        else
+            probs(std::false_type{});
         d_pm<HS>(dq, dp, Ks + st * TILE, lane);
     }
     d_store<HS>(dqkv + (size_t)b * T * C3 + (size_t)h * HS, C3, r0, T, dq, scale, scale, lane);
