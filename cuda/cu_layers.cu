@@ -12,7 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include <type_traits> // std::integral_constant (s_by_nch)
+#include <type_traits> // std::integral_constant (s_by_nch), std::is_same (d_ce_exp)
 
 #include "cu_layers.cuh"
 
@@ -834,6 +834,23 @@ __global__ void k_ce_backward(X *logits, const float *lse, const int *targets, f
     }
 }
 
+// e^x as the fused cross-entropy takes it: expf for fp32 logits (the CPU stage's values to the
+// last digits); for bf16 logits, whose values carry 8 significant bits, 2^(x log2 e) by the
+// special-function unit alone (ex2.approx.ftz: about 2 ulp, results below 2^-126 flushed),
+// where expf's range reduction and corrections cost about four more instructions per call.
+// d_ce_exp(a, b) = e^(a - b), a <= b always (a logit and the row's max or logsumexp); for bf16
+// 2^(a log2 e - b log2 e) by one FFMA, b log2 e hoisted by the compiler where b is fixed.
+template <class X> __device__ __forceinline__ float d_ce_exp(float a, float b)
+{
+    if constexpr (std::is_same<X, float>::value) {
+        return expf(a - b);
+    } else {
+        float y;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmaf_rn(a, 1.4426950408889634f, -b * 1.4426950408889634f)));
+        return y;
+    }
+}
+
 // Fused cross-entropy (Vp % W == 0): one block per row, 16-byte loads;
 // pass 1 an online max / sum per thread, merged over the block; pass 2
 // (the row is mostly still in L2) writes softmax - onehot over the logits
@@ -858,19 +875,19 @@ __global__ void __launch_bounds__(256) k_ce_fused(float *losses, float *lse, X *
             if (v * W + j < V)
                 lm = fmaxf(lm, f[j]);
         if (lm > mx) {
-            sum *= expf(mx - lm);
+            sum *= d_ce_exp<X>(mx, lm);
             mx = lm;
         }
 #pragma unroll
         for (int j = 0; j < W; j++)
             if (v * W + j < V)
-                sum += expf(f[j] - mx);
+                sum += d_ce_exp<X>(f[j], mx);
     }
     // merge (mx, sum) over the warp, then the block
     for (int o = 16; o > 0; o >>= 1) {
         const float om = __shfl_xor_sync(0xffffffffu, mx, o), os = __shfl_xor_sync(0xffffffffu, sum, o);
         const float nm = fmaxf(mx, om);
-        sum = (mx == -INFINITY ? 0.0f : sum * expf(mx - nm)) + (om == -INFINITY ? 0.0f : os * expf(om - nm));
+        sum = (mx == -INFINITY ? 0.0f : sum * d_ce_exp<X>(mx, nm)) + (om == -INFINITY ? 0.0f : os * d_ce_exp<X>(om, nm));
         mx = nm;
     }
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -885,7 +902,7 @@ __global__ void __launch_bounds__(256) k_ce_fused(float *losses, float *lse, X *
         for (int o = 16; o > 0; o >>= 1) {
             const float om = __shfl_xor_sync(0xffffffffu, mx, o), os = __shfl_xor_sync(0xffffffffu, sum, o);
             const float nm = fmaxf(mx, om);
-            sum = (mx == -INFINITY ? 0.0f : sum * expf(mx - nm)) + (om == -INFINITY ? 0.0f : os * expf(om - nm));
+            sum = (mx == -INFINITY ? 0.0f : sum * d_ce_exp<X>(mx, nm)) + (om == -INFINITY ? 0.0f : os * d_ce_exp<X>(om, nm));
             mx = nm;
         }
         if (lane == 0) {
@@ -904,7 +921,7 @@ __global__ void __launch_bounds__(256) k_ce_fused(float *losses, float *lse, X *
 #pragma unroll
         for (int j = 0; j < W; j++) {
             const int i = v * W + j;
-            f[j] = i < V ? expf(f[j] - l) - (i == tg ? 1.0f : 0.0f) : 0.0f;
+            f[j] = i < V ? d_ce_exp<X>(f[j], l) - (i == tg ? 1.0f : 0.0f) : 0.0f;
         }
         d_st16<X>(x + v * W, f);
     }
