@@ -179,8 +179,8 @@ __device__ __forceinline__ void d_store(cu_bf16 *base, size_t ld, int r0, int T,
 }
 
 template <int HS>
-__global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1) k_fa_fwd(cu_bf16 *out, float *lse, const cu_bf16 *qkv, int T, int C, int NH,
-                                               float sl2)
+__global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1)
+    k_fa_fwd(cu_bf16 *out, float *lse, const cu_bf16 *qkv, int T, int C, int NH, float sl2)
 {
     constexpr int SP = HS + 8, TILE = BR * SP;
     extern __shared__ __align__(16) unsigned char s_raw[];
@@ -269,9 +269,9 @@ __global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1) k_fa_fwd(cu_bf16 *out, f
 }
 
 template <int HS>
-__global__ void __launch_bounds__(NT, HS <= 64 ? 3 : 1) k_fa_bwd_kv(cu_bf16 *dqkv, const cu_bf16 *dout, const float *lse,
-                                                  const float *dsum, const cu_bf16 *qkv, int T, int C, int NH,
-                                                  float sl2, float scale)
+__global__ void __launch_bounds__(NT, HS <= 64 ? 3 : 1)
+    k_fa_bwd_kv(cu_bf16 *dqkv, const cu_bf16 *dout, const float *lse, const float *dsum, const cu_bf16 *qkv, int T,
+                int C, int NH, float sl2, float scale)
 {
     constexpr int SP = HS + 8, TILE = BR * SP;
     extern __shared__ __align__(16) unsigned char s_raw[];
@@ -329,7 +329,8 @@ __global__ void __launch_bounds__(NT, HS <= 64 ? 3 : 1) k_fa_bwd_kv(cu_bf16 *dqk
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int j = r0 + (e >> 1) * 8, ci = n * 8 + 2 * t + (e & 1), i = qt * BR + ci;
-                    const float p = (!decltype(masked)::value || (i < T && j <= i)) ? d_exp2(s[n][e] * sl2 - L[ci]) : 0.0f;
+                    const bool in = !decltype(masked)::value || (i < T && j <= i);
+                    const float p = in ? d_exp2(s[n][e] * sl2 - L[ci]) : 0.0f;
                     s[n][e] = p;
                     dp[n][e] = p * (dp[n][e] - D[ci]);
                 }
@@ -347,9 +348,9 @@ __global__ void __launch_bounds__(NT, HS <= 64 ? 3 : 1) k_fa_bwd_kv(cu_bf16 *dqk
 }
 
 template <int HS>
-__global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1) k_fa_bwd_q(cu_bf16 *dqkv, const cu_bf16 *dout, const float *lse,
-                                                 const float *dsum, const cu_bf16 *qkv, int T, int C, int NH,
-                                                 float sl2, float scale)
+__global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1)
+    k_fa_bwd_q(cu_bf16 *dqkv, const cu_bf16 *dout, const float *lse, const float *dsum, const cu_bf16 *qkv, int T,
+               int C, int NH, float sl2, float scale)
 {
     constexpr int SP = HS + 8, TILE = BR * SP;
     extern __shared__ __align__(16) unsigned char s_raw[];

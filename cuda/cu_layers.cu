@@ -887,7 +887,8 @@ __global__ void __launch_bounds__(256) k_ce_fused(float *losses, float *lse, X *
     for (int o = 16; o > 0; o >>= 1) {
         const float om = __shfl_xor_sync(0xffffffffu, mx, o), os = __shfl_xor_sync(0xffffffffu, sum, o);
         const float nm = fmaxf(mx, om);
-        sum = (mx == -INFINITY ? 0.0f : sum * d_ce_exp<X>(mx, nm)) + (om == -INFINITY ? 0.0f : os * d_ce_exp<X>(om, nm));
+        sum = (mx == -INFINITY ? 0.0f : sum * d_ce_exp<X>(mx, nm)) +
+              (om == -INFINITY ? 0.0f : os * d_ce_exp<X>(om, nm));
         mx = nm;
     }
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -902,7 +903,8 @@ __global__ void __launch_bounds__(256) k_ce_fused(float *losses, float *lse, X *
         for (int o = 16; o > 0; o >>= 1) {
             const float om = __shfl_xor_sync(0xffffffffu, mx, o), os = __shfl_xor_sync(0xffffffffu, sum, o);
             const float nm = fmaxf(mx, om);
-            sum = (mx == -INFINITY ? 0.0f : sum * d_ce_exp<X>(mx, nm)) + (om == -INFINITY ? 0.0f : os * d_ce_exp<X>(om, nm));
+            sum = (mx == -INFINITY ? 0.0f : sum * d_ce_exp<X>(mx, nm)) +
+                  (om == -INFINITY ? 0.0f : os * d_ce_exp<X>(om, nm));
             mx = nm;
         }
         if (lane == 0) {
