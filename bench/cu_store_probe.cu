@@ -49,7 +49,8 @@ __device__ __forceinline__ float4 d_dec4(uint32_t w)
 
 // ---- decoder traffic, plain stores: warp chunk of U x 128 elements, lane 4 per row ----
 template <int U, bool CS>
-__global__ void __launch_bounds__(256) k_dec_plain(const uint32_t *__restrict__ in, float4 *__restrict__ out, uint32_t nchunk)
+__global__ void __launch_bounds__(256)
+    k_dec_plain(const uint32_t *__restrict__ in, float4 *__restrict__ out, uint32_t nchunk)
 {
     const uint32_t lane = threadIdx.x & 31u;
     const uint32_t w = (blockIdx.x * blockDim.x + threadIdx.x) / 32u, nw = gridDim.x * blockDim.x / 32u;
@@ -83,7 +84,8 @@ __device__ __forceinline__ void d_bulk_wait_read()
 
 // ---- decoder traffic, bulk stores: warp chunk of BYTES/4 elements through a shared buffer ----
 template <int BYTES, int NB>
-__global__ void __launch_bounds__(128) k_dec_bulk(const uint32_t *__restrict__ in, float4 *__restrict__ out, uint32_t nchunk)
+__global__ void __launch_bounds__(128)
+    k_dec_bulk(const uint32_t *__restrict__ in, float4 *__restrict__ out, uint32_t nchunk)
 {
     extern __shared__ __align__(128) float4 sm[];
     constexpr int R = BYTES / 512; // rows of 32 float4 per chunk
@@ -114,7 +116,8 @@ __global__ void __launch_bounds__(128) k_dec_bulk(const uint32_t *__restrict__ i
 
 // ---- write only ----
 template <bool CS>
-__global__ void __launch_bounds__(256) k_wr_plain(float4 *__restrict__ out, uint32_t n4)
+__global__ void __launch_bounds__(256)
+    k_wr_plain(float4 *__restrict__ out, uint32_t n4)
 {
     const float4 v = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
     for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += gridDim.x * blockDim.x) {
@@ -126,7 +129,8 @@ __global__ void __launch_bounds__(256) k_wr_plain(float4 *__restrict__ out, uint
 }
 
 template <int BYTES, int NB>
-__global__ void __launch_bounds__(128) k_wr_bulk(float4 *__restrict__ out, uint32_t nchunk)
+__global__ void __launch_bounds__(128)
+    k_wr_bulk(float4 *__restrict__ out, uint32_t nchunk)
 {
     extern __shared__ __align__(128) float4 sm[];
     const uint32_t lane = threadIdx.x & 31u, wid = threadIdx.x >> 5;
@@ -155,7 +159,8 @@ __device__ __forceinline__ uint32_t d_enc4(float4 f)
 }
 
 template <int U>
-__global__ void __launch_bounds__(256) k_enc_plain(const float4 *__restrict__ x, uint32_t *__restrict__ out, uint32_t nchunk)
+__global__ void __launch_bounds__(256)
+    k_enc_plain(const float4 *__restrict__ x, uint32_t *__restrict__ out, uint32_t nchunk)
 {
     const uint32_t lane = threadIdx.x & 31u;
     const uint32_t w = (blockIdx.x * blockDim.x + threadIdx.x) / 32u, nw = gridDim.x * blockDim.x / 32u;
@@ -172,7 +177,8 @@ __global__ void __launch_bounds__(256) k_enc_plain(const float4 *__restrict__ x,
 
 // bulk loads of BYTES per warp chunk, NB stages, completion on an mbarrier per stage
 template <int BYTES, int NB>
-__global__ void __launch_bounds__(128) k_enc_bulk(const float4 *__restrict__ x, uint32_t *__restrict__ out, uint32_t nchunk)
+__global__ void __launch_bounds__(128)
+    k_enc_bulk(const float4 *__restrict__ x, uint32_t *__restrict__ out, uint32_t nchunk)
 {
     extern __shared__ __align__(128) float4 sm[];
     __shared__ __align__(8) unsigned long long mbar[4][NB];
@@ -235,7 +241,8 @@ __device__ __forceinline__ uint32_t d_amax4(float4 f)
 }
 
 template <int NW, int U>
-__global__ void __launch_bounds__(NW * 32) k_int_blk(const float4 *__restrict__ x, uint16_t *__restrict__ out, uint32_t nblk)
+__global__ void __launch_bounds__(NW * 32)
+    k_int_blk(const float4 *__restrict__ x, uint16_t *__restrict__ out, uint32_t nblk)
 {
     __shared__ uint32_t ws[NW];
     const uint32_t lane = threadIdx.x & 31u, wid = threadIdx.x >> 5;
@@ -264,7 +271,8 @@ __global__ void __launch_bounds__(NW * 32) k_int_blk(const float4 *__restrict__ 
 // the same per block, in a resident grid whose CTAs stage block i + 1 into shared memory
 // (cp.async, 16 bytes per lane and row) while they work on block i
 template <int NW, int U>
-__global__ void __launch_bounds__(NW * 32) k_int_pipe(const float4 *__restrict__ x, uint16_t *__restrict__ out, uint32_t nblk)
+__global__ void __launch_bounds__(NW * 32)
+    k_int_pipe(const float4 *__restrict__ x, uint16_t *__restrict__ out, uint32_t nblk)
 {
     extern __shared__ __align__(16) float4 st[]; // [2][NW * U * 32]
     __shared__ uint32_t ws[2][NW];

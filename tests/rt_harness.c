@@ -260,8 +260,8 @@ int rt_run(char *const argv[], char *out, size_t outlen)
         if (pr < 0 && errno == EINTR)
             continue;
         if (pr == 0) {
-            fprintf(stderr, "rt_harness: `%s %s` still running after %d s; killed\n", argv[0], argv[1] ? argv[1] : "",
-                    RT_RUN_LIMIT_S);
+            fprintf(stderr, "rt_harness: `%s %s` still running after %d s; killed\n", argv[0],
+                    argv[1] ? argv[1] : "", RT_RUN_LIMIT_S);
             kill(pid, SIGKILL);
             close(fds[0]);
             waitpid(pid, NULL, 0);
