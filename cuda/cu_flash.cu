@@ -53,16 +53,6 @@ __device__ __forceinline__ void d_mma(float c[4], const uint32_t a[4], uint32_t 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 2^x by the special-function unit alone, results below 2^-126 flushed to zero (exp2f adds
-// three instructions per call to produce those denormals: a probability below 1.2e-38 next
-// to a row sum of at least 1)
-__device__ __forceinline__ float d_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 __device__ __forceinline__ void d_ldsm4(uint32_t r[4], const cu_bf16 *p)
 {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
@@ -236,7 +226,7 @@ __global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1)
         for (int hh = 0; hh < 2; hh++) {
             mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 1));
             mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2));
-            const float mn = fmaxf(m[hh], mx[hh]), corr = d_exp2(m[hh] - mn);
+            const float mn = fmaxf(m[hh], mx[hh]), corr = cl_exp2(m[hh] - mn);
             m[hh] = mn;
             l[hh] *= corr;
 #pragma unroll
@@ -249,7 +239,7 @@ __global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1)
         for (int n = 0; n < NB; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const float p = d_exp2(s[n][e] - m[e >> 1]);
+                const float p = cl_exp2(s[n][e] - m[e >> 1]);
                 s[n][e] = p;
                 l[e >> 1] += p;
             }
@@ -330,7 +320,7 @@ __global__ void __launch_bounds__(NT, HS <= 64 ? 3 : 1)
                 for (int e = 0; e < 4; e++) {
                     const int j = r0 + (e >> 1) * 8, ci = n * 8 + 2 * t + (e & 1), i = qt * BR + ci;
                     const bool in = !decltype(masked)::value || (i < T && j <= i);
-                    const float p = in ? d_exp2(s[n][e] * sl2 - L[ci]) : 0.0f;
+                    const float p = in ? cl_exp2(s[n][e] * sl2 - L[ci]) : 0.0f;
                     s[n][e] = p;
                     dp[n][e] = p * (dp[n][e] - D[ci]);
                 }
@@ -401,7 +391,7 @@ __global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int i = r0 + (e >> 1) * 8, j = kt * BR + n * 8 + 2 * t + (e & 1);
-                    const float p = (!decltype(masked)::value || j <= i) ? d_exp2(s[n][e] * sl2 - L[e >> 1]) : 0.0f;
+                    const float p = (!decltype(masked)::value || j <= i) ? cl_exp2(s[n][e] * sl2 - L[e >> 1]) : 0.0f;
                     dp[n][e] = p * (dp[n][e] - D[e >> 1]);
                 }
         };

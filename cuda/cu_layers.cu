@@ -282,46 +282,44 @@ __global__ void __launch_bounds__(256) k_layernorm_forward_v(X *out, float *mean
     for (int k = 0; k < S_NCH; k++)
         if (lane + 32 * k < nv)
             r[k] = *(const uint4 *)(x + (lane + 32 * k) * W);
+    // fn(k, f) for each vector k the lane holds, f its W floats
+    auto each = [&](auto fn) {
+#pragma unroll
+        for (int k = 0; k < S_NCH; k++)
+            if (lane + 32 * k < nv) {
+                float f[W];
+                d_cvt16<X>(f, r[k]);
+                fn(k, f);
+            }
+    };
     float s = 0.0f;
+    each([&](int, const float *f) {
 #pragma unroll
-    for (int k = 0; k < S_NCH; k++)
-        if (lane + 32 * k < nv) {
-            float f[W];
-            d_cvt16<X>(f, r[k]);
-#pragma unroll
-            for (int j = 0; j < W; j++)
-                s += f[j];
-        }
+        for (int j = 0; j < W; j++)
+            s += f[j];
+    });
     const float m = d_warp_sum(s) / (float)C;
     float v = 0.0f;
+    each([&](int, const float *f) {
 #pragma unroll
-    for (int k = 0; k < S_NCH; k++)
-        if (lane + 32 * k < nv) {
-            float f[W];
-            d_cvt16<X>(f, r[k]);
-#pragma unroll
-            for (int j = 0; j < W; j++) {
-                const float d = f[j] - m;
-                v += d * d;
-            }
+        for (int j = 0; j < W; j++) {
+            const float d = f[j] - m;
+            v += d * d;
         }
+    });
     v = d_warp_sum(v) / (float)C;
     const float rs = 1.0f / sqrtf(v + S_LN_EPS);
     X *o = out + (size_t)row * C;
-#pragma unroll
-    for (int k = 0; k < S_NCH; k++) {
+    each([&](int k, float *f) {
         const int c = (lane + 32 * k) * W;
-        if (lane + 32 * k < nv) {
-            float f[W], wv[W], bv[W];
-            d_cvt16<X>(f, r[k]);
-            d_ldw<W>(wv, w + c);
-            d_ldw<W>(bv, b + c);
+        float wv[W], bv[W];
+        d_ldw<W>(wv, w + c);
+        d_ldw<W>(bv, b + c);
 #pragma unroll
-            for (int j = 0; j < W; j++)
-                f[j] = rs * (f[j] - m) * wv[j] + bv[j];
-            d_st16<X>(o + c, f);
-        }
-    }
+        for (int j = 0; j < W; j++)
+            f[j] = rs * (f[j] - m) * wv[j] + bv[j];
+        d_st16<X>(o + c, f);
+    });
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = rs;
@@ -834,21 +832,17 @@ __global__ void k_ce_backward(X *logits, const float *lse, const int *targets, f
     }
 }
 
-// e^x as the fused cross-entropy takes it: expf for fp32 logits (the CPU stage's values to the
-// last digits); for bf16 logits, whose values carry 8 significant bits, 2^(x log2 e) by the
-// special-function unit alone (ex2.approx.ftz: about 2 ulp, results below 2^-126 flushed),
-// where expf's range reduction and corrections cost about four more instructions per call.
-// d_ce_exp(a, b) = e^(a - b), a <= b always (a logit and the row's max or logsumexp); for bf16
-// 2^(a log2 e - b log2 e) by one FFMA, b log2 e hoisted by the compiler where b is fixed.
+// e^(a - b) as the fused cross-entropy takes it, a <= b always (a logit and the row's max or
+// logsumexp): expf for fp32 logits (the CPU stage's values to the last digits); for bf16
+// logits, whose values carry 8 significant bits, cl_exp2(a log2 e - b log2 e) by one FFMA,
+// b log2 e hoisted by the compiler where b is fixed.
 template <class X> __device__ __forceinline__ float d_ce_exp(float a, float b)
 {
-    if constexpr (std::is_same<X, float>::value) {
+    constexpr float L2E = 1.4426950408889634f;
+    if constexpr (std::is_same<X, float>::value)
         return expf(a - b);
-    } else {
-        float y;
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmaf_rn(a, 1.4426950408889634f, -b * 1.4426950408889634f)));
-        return y;
-    }
+    else
+        return cl_exp2(__fmaf_rn(a, L2E, -b * L2E));
 }
 
 // Fused cross-entropy (Vp % W == 0): one block per row, 16-byte loads;

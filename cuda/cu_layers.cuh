@@ -20,6 +20,17 @@ template <class X> __device__ __forceinline__ X cu_st(float x);
 template <> __device__ __forceinline__ float cu_st<float>(float x) { return x; }
 template <> __device__ __forceinline__ cu_bf16 cu_st<cu_bf16>(float x) { return __float2bfloat16_rn(x); }
 
+// 2^x by the special-function unit alone (ex2.approx.ftz: about 2 ulp, results below 2^-126
+// flushed to zero), where exp2f adds three instructions per call to produce those denormals
+// and expf about four more for its range reduction: the attention softmax and the bf16
+// cross-entropy, whose probabilities below 1.2e-38 sit beside a row sum of at least 1.
+__device__ __forceinline__ float cl_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Raise kernel's dynamic shared-memory limit to bytes (needed above 48 KB)
 // on the current device. The attribute is per device (a tensor-parallel
 // stage launches the same kernel on several GPUs): *state remembers, per
