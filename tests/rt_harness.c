@@ -249,10 +249,11 @@ int rt_run(char *const argv[], char *out, size_t outlen)
     }
     close(fds[1]);
     size_t n = 0;
-    ssize_t k = 1;
+    ssize_t k;
     char buf[4096];
     const double t0 = s_now();
-    while (k > 0) {
+    int killed = 0;
+    for (;;) {
         /* a client that hangs (e.g. in zmq_ctx_term) fails its test here, naming the command */
         const double left = RT_RUN_LIMIT_S - (s_now() - t0);
         struct pollfd pf = { .fd = fds[0], .events = POLLIN };
@@ -263,11 +264,8 @@ int rt_run(char *const argv[], char *out, size_t outlen)
             fprintf(stderr, "rt_harness: `%s %s` still running after %d s; killed\n", argv[0],
                     argv[1] ? argv[1] : "", RT_RUN_LIMIT_S);
             kill(pid, SIGKILL);
-            close(fds[0]);
-            waitpid(pid, NULL, 0);
-            if (out)
-                out[n] = 0;
-            return 124;
+            killed = 1;
+            break;
         }
         if ((k = read(fds[0], buf, sizeof buf)) <= 0)
             break;
@@ -284,6 +282,8 @@ int rt_run(char *const argv[], char *out, size_t outlen)
     close(fds[0]);
     int st = 0;
     waitpid(pid, &st, 0);
+    if (killed)
+        return 124;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
