@@ -250,17 +250,18 @@ int stage_encode_boundary(stage_t *s, int what, int mb, const codec_spec_t *spec
 int stage_backward_encode(stage_t *s, int mb, const float *dout, float dloss, const codec_spec_t *spec,
                           uint8_t *frame, size_t cap, size_t *written, char *err, size_t errlen);
 /* Received boundary frames decoded where the stage computes (the CUDA
- * backend; at tp > 1 on rank 0's GPU, the other ranks copy the tensor): what = STAGE_WIRE_IN, the input of micro-batch mb's
- * next stage_forward (non-first stages), or STAGE_WIRE_DOUT, the output
- * gradient of its next stage_backward / stage_backward_encode (non-last
- * stages); that call then passes in / dout = NULL. frame: len bytes, a
- * whole codec frame of shape (B,T,C) (header and CRC are checked again
- * here). One payload copy to the device, the codec's GPU decoder (the CPU
- * decoder's floats: cuda/cu_codec.h), the decoded tensor's L2 norm into
- * *norm for the caller's checks. 0; a frame error (TAH_ECORRUPT,
- * TAH_ENONFINITE, TAH_ERANGE, TAH_ESHAPE, TAH_ECHECKSUM...: the sender's
- * fault, err filled, nothing pending); TAH_EINVAL (a stage that cannot:
- * stage_decodes_on_device is 0) or TAH_EDEVICE. */
+ * backend; at tp > 1 on rank 0's GPU, the other ranks copy the tensor):
+ * what = STAGE_WIRE_IN, the input of micro-batch mb's next stage_forward
+ * (non-first stages), or STAGE_WIRE_DOUT, the output gradient of its next
+ * stage_backward / stage_backward_encode (non-last stages); that call then
+ * passes in / dout = NULL. frame: len bytes, a whole codec frame of shape
+ * (B,T,C) (header and CRC are checked again here). One payload copy to the
+ * device, the codec's GPU decoder (the CPU decoder's floats:
+ * cuda/cu_codec.h), the decoded tensor's L2 norm into *norm for the caller's
+ * checks. 0; a frame error (TAH_ECORRUPT, TAH_ENONFINITE, TAH_ERANGE,
+ * TAH_ESHAPE, TAH_ECHECKSUM...: the sender's fault, err filled, nothing
+ * pending); TAH_EINVAL (a stage that cannot: stage_decodes_on_device is 0)
+ * or TAH_EDEVICE. */
 enum { STAGE_WIRE_IN = 3, STAGE_WIRE_DOUT = 4 };
 int stage_decodes_on_device(const stage_t *s);
 int stage_decode_boundary(stage_t *s, int what, int mb, const uint8_t *frame, size_t len, double *norm, char *err,
