@@ -289,25 +289,31 @@ cudaError_t cl_attention_forward(X *out, float *lse, const X *qkv, int B, int T,
 
 template <class X>
 cudaError_t cl_attention_backward(X *dqkv, float *dsum, const X *dout, const X *out, const float *lse, const X *qkv,
-                                  int B, int T, int C, int NH, cudaStream_t st)
+                                  int B, int T, int C, int NH, cudaStream_t st, float *const *dbias, float *part)
 {
     if constexpr (std::is_same<X, cu_bf16>::value)
         if (!s_legacy())
-            return cl_flash_backward(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st);
+            return cl_flash_backward(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st, dbias, part);
+    cudaError_t e;
     switch (C / NH) {
-    case 16: return s_bwd<X, 16>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st);
-    case 32: return s_bwd<X, 32>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st);
-    case 64: return s_bwd<X, 64>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st);
-    case 128: return s_bwd<X, 128>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st);
+    case 16: e = s_bwd<X, 16>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st); break;
+    case 32: e = s_bwd<X, 32>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st); break;
+    case 64: e = s_bwd<X, 64>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st); break;
+    case 128: e = s_bwd<X, 128>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st); break;
     default: return cudaErrorInvalidValue;
     }
+    for (int i = 0; dbias && i < 3 && e == cudaSuccess; i++)
+        if (dbias[i])
+            e = cl_bias_backward<X>(dbias[i], dqkv + (size_t)i * C, B * T, C, part, st, 3 * C);
+    return e;
 }
 
 template cudaError_t cl_attention_forward<float>(float *, float *, const float *, int, int, int, int, cudaStream_t);
 template cudaError_t cl_attention_forward<cu_bf16>(cu_bf16 *, float *, const cu_bf16 *, int, int, int, int,
                                                    cudaStream_t);
 template cudaError_t cl_attention_backward<float>(float *, float *, const float *, const float *, const float *,
-                                                  const float *, int, int, int, int, cudaStream_t);
+                                                  const float *, int, int, int, int, cudaStream_t, float *const *,
+                                                  float *);
 template cudaError_t cl_attention_backward<cu_bf16>(cu_bf16 *, float *, const cu_bf16 *, const cu_bf16 *,
                                                     const float *, const cu_bf16 *, int, int, int, int,
-                                                    cudaStream_t);
+                                                    cudaStream_t, float *const *, float *);

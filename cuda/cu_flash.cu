@@ -168,6 +168,72 @@ __device__ __forceinline__ void d_store(cu_bf16 *base, size_t ld, int r0, int T,
     }
 }
 
+// The block's column sums of M (1 or 2) 64 x HS accumulators (accm, times mulm) into
+// outm[0..HS): each thread adds its two rows (rows from T on are not stored and not added),
+// the warp's 8 row groups g are added by a reduce-scatter over lanes (each xor step sends
+// half of the values still held and keeps the other half: 7 * NV / 8 shuffles for NV
+// values instead of 3 NV), and the 4 warps' sums are added in warp order. A fixed order:
+// the same bits every run. The sums are of the fp32 products (d_store rounds them to bf16
+// as it stores). cs: 4 * M * HS floats of shared memory; every thread calls, once.
+template <int HS, int M>
+__device__ __forceinline__ void d_colsum(float *out0, float *out1, const float (&acc0)[HS / 8][4],
+                                         const float (&acc1)[HS / 8][4], float mul0, float mul1, int r0, int T,
+                                         float (*cs)[M * HS], int warp, int lane)
+{
+    constexpr int NV = M * HS / 4; // values per thread: (m, n, e), column n * 8 + 2t + e
+    const int t = lane & 3, g = lane >> 2;
+    const bool ok0 = r0 < T, ok1 = r0 + 8 < T;
+    float v[NV];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float(&a)[HS / 8][4] = m ? acc1 : acc0;
+                v[(m * (HS / 8) + n) * 2 + e] = (ok0 ? a[n][e] : 0.0f) + (ok1 ? a[n][2 + e] : 0.0f);
+            }
+    if constexpr (NV >= 8) {
+        // step `mask` (16, 8, 4: a bit of g) keeps the upper half where the lane has that bit
+        auto step = [&](auto half, int mask) {
+            const bool up = (lane & mask) != 0;
+#pragma unroll
+            for (int i = 0; i < decltype(half)::value; i++) {
+                const float send = up ? v[i] : v[i + decltype(half)::value];
+                const float keep = up ? v[i + decltype(half)::value] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, mask);
+            }
+        };
+        step(std::integral_constant<int, NV / 2>{}, 16);
+        step(std::integral_constant<int, NV / 4>{}, 8);
+        step(std::integral_constant<int, NV / 8>{}, 4);
+        // lane (g, t) holds values g * NV / 8 + k, k < NV / 8
+#pragma unroll
+        for (int k = 0; k < NV / 8; k++) {
+            const int i = g * (NV / 8) + k, mn = i >> 1, m = mn / (HS / 8), n = mn % (HS / 8);
+            cs[warp][m * HS + n * 8 + 2 * t + (i & 1)] = v[k];
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            v[i] += __shfl_xor_sync(0xffffffffu, v[i], 16);
+            v[i] += __shfl_xor_sync(0xffffffffu, v[i], 8);
+            v[i] += __shfl_xor_sync(0xffffffffu, v[i], 4);
+            const int mn = i >> 1, m = mn / (HS / 8), n = mn % (HS / 8);
+            if (g == 0)
+                cs[warp][m * HS + n * 8 + 2 * t + (i & 1)] = v[i];
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < M * HS; c += NT) {
+        const float sum = cs[0][c] + cs[1][c] + cs[2][c] + cs[3][c];
+        if (c < HS)
+            out0[c] = sum * mul0;
+        else
+            out1[c - HS] = sum * mul1;
+    }
+}
+
 template <int HS>
 __global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1)
     k_fa_fwd(cu_bf16 *out, float *lse, const cu_bf16 *qkv, int T, int C, int NH, float sl2)
@@ -260,8 +326,8 @@ __global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1)
 
 template <int HS>
 __global__ void __launch_bounds__(NT, HS <= 64 ? 3 : 1)
-    k_fa_bwd_kv(cu_bf16 *dqkv, const cu_bf16 *dout, const float *lse, const float *dsum, const cu_bf16 *qkv, int T,
-                int C, int NH, float sl2, float scale)
+    k_fa_bwd_kv(cu_bf16 *dqkv, float *part, const cu_bf16 *dout, const float *lse, const float *dsum,
+                const cu_bf16 *qkv, int T, int C, int NH, float sl2, float scale)
 {
     constexpr int SP = HS + 8, TILE = BR * SP;
     extern __shared__ __align__(16) unsigned char s_raw[];
@@ -335,12 +401,17 @@ __global__ void __launch_bounds__(NT, HS <= 64 ? 3 : 1)
     cu_bf16 *ob = dqkv + (size_t)b * T * C3 + (size_t)h * HS;
     d_store<HS>(ob + C, C3, r0, T, dk, scale, scale, lane);
     d_store<HS>(ob + 2 * C, C3, r0, T, dv, 1.0f, 1.0f, lane);
+    if (part) { // the bias gradient's partial row (b, kt): its k and v columns of head h
+        __shared__ float cs[4][2 * HS];
+        float *pr = part + ((size_t)b * nt + kt) * C3 + (size_t)h * HS;
+        d_colsum<HS, 2>(pr + C, pr + 2 * C, dk, dv, scale, 1.0f, r0, T, cs, warp, lane);
+    }
 }
 
 template <int HS>
 __global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1)
-    k_fa_bwd_q(cu_bf16 *dqkv, const cu_bf16 *dout, const float *lse, const float *dsum, const cu_bf16 *qkv, int T,
-               int C, int NH, float sl2, float scale)
+    k_fa_bwd_q(cu_bf16 *dqkv, float *part, const cu_bf16 *dout, const float *lse, const float *dsum,
+               const cu_bf16 *qkv, int T, int C, int NH, float sl2, float scale)
 {
     constexpr int SP = HS + 8, TILE = BR * SP;
     extern __shared__ __align__(16) unsigned char s_raw[];
@@ -402,6 +473,11 @@ __global__ void __launch_bounds__(NT, HS <= 64 ? 4 : 1)
         d_pm<HS>(dq, dp, Ks + st * TILE, lane);
     }
     d_store<HS>(dqkv + (size_t)b * T * C3 + (size_t)h * HS, C3, r0, T, dq, scale, scale, lane);
+    if (part) { // the bias gradient's partial row (b, qt): its q columns of head h
+        __shared__ float cs[4][HS];
+        d_colsum<HS, 1>(part + ((size_t)b * nqt + qt) * C3 + (size_t)h * HS, NULL, dq, dq, scale, 0.0f, r0, T, cs,
+                        warp, lane);
+    }
 }
 
 // D = rowsum(dout * out) per (b, h, i): one warp per 32 / (HS/8) rows, 16-byte loads
@@ -454,9 +530,11 @@ template <int HS> cudaError_t s_fa_fwd(cu_bf16 *out, float *lse, const cu_bf16 *
     return cudaGetLastError();
 }
 
+// part non-NULL: the blocks leave the column sums of their dqkv tiles in part (a row of 3C
+// per (b, tile of BR rows)) for cl_colpart_sum
 template <int HS>
-cudaError_t s_fa_bwd(cu_bf16 *dqkv, float *dsum, const cu_bf16 *dout, const cu_bf16 *out, const float *lse,
-                     const cu_bf16 *qkv, int B, int T, int C, int NH, cudaStream_t st)
+cudaError_t s_fa_bwd(cu_bf16 *dqkv, float *part, float *dsum, const cu_bf16 *dout, const cu_bf16 *out,
+                     const float *lse, const cu_bf16 *qkv, int B, int T, int C, int NH, cudaStream_t st)
 {
     static cl_optin optin_kv, optin_q;
     const float scale = 1.0f / sqrtf((float)HS), sl2 = scale * S_LOG2E;
@@ -470,10 +548,10 @@ cudaError_t s_fa_bwd(cu_bf16 *dqkv, float *dsum, const cu_bf16 *dout, const cu_b
         (e = s_optin(k_fa_bwd_q<HS>, smq, &optin_q)) != cudaSuccess)
         return e;
     dim3 grid((unsigned)((T + BR - 1) / BR), (unsigned)(B * NH));
-    k_fa_bwd_kv<HS><<<grid, NT, smkv, st>>>(dqkv, dout, lse, dsum, qkv, T, C, NH, sl2, scale);
+    k_fa_bwd_kv<HS><<<grid, NT, smkv, st>>>(dqkv, part, dout, lse, dsum, qkv, T, C, NH, sl2, scale);
     if ((e = cudaGetLastError()) != cudaSuccess)
         return e;
-    k_fa_bwd_q<HS><<<grid, NT, smq, st>>>(dqkv, dout, lse, dsum, qkv, T, C, NH, sl2, scale);
+    k_fa_bwd_q<HS><<<grid, NT, smq, st>>>(dqkv, part, dout, lse, dsum, qkv, T, C, NH, sl2, scale);
     return cudaGetLastError();
 }
 
@@ -492,13 +570,26 @@ cudaError_t cl_flash_forward(cu_bf16 *out, float *lse, const cu_bf16 *qkv, int B
 }
 
 cudaError_t cl_flash_backward(cu_bf16 *dqkv, float *dsum, const cu_bf16 *dout, const cu_bf16 *out, const float *lse,
-                              const cu_bf16 *qkv, int B, int T, int C, int NH, cudaStream_t st)
+                              const cu_bf16 *qkv, int B, int T, int C, int NH, cudaStream_t st, float *const *dbias,
+                              float *part)
 {
+    const int nt = (T + BR - 1) / BR;
+    const bool sums = dbias && (dbias[0] || dbias[1] || dbias[2]);
+    float *p = sums && part && (size_t)B * nt <= CL_COLPART_BLOCKS ? part : NULL;
+    cudaError_t e;
     switch (C / NH) {
-    case 16: return s_fa_bwd<16>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st);
-    case 32: return s_fa_bwd<32>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st);
-    case 64: return s_fa_bwd<64>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st);
-    case 128: return s_fa_bwd<128>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st);
+    case 16: e = s_fa_bwd<16>(dqkv, p, dsum, dout, out, lse, qkv, B, T, C, NH, st); break;
+    case 32: e = s_fa_bwd<32>(dqkv, p, dsum, dout, out, lse, qkv, B, T, C, NH, st); break;
+    case 64: e = s_fa_bwd<64>(dqkv, p, dsum, dout, out, lse, qkv, B, T, C, NH, st); break;
+    case 128: e = s_fa_bwd<128>(dqkv, p, dsum, dout, out, lse, qkv, B, T, C, NH, st); break;
     default: return cudaErrorInvalidValue;
     }
+    if (e != cudaSuccess || !sums)
+        return e;
+    if (p) // every (row tile, column) of part written once by the two kernels
+        return cl_colpart_sum(dbias, 3, C, p, B * nt, st);
+    for (int i = 0; i < 3 && e == cudaSuccess; i++)
+        if (dbias[i])
+            e = cl_bias_backward<cu_bf16>(dbias[i], dqkv + (size_t)i * C, B * T, C, part, st, 3 * C);
+    return e;
 }

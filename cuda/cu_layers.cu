@@ -118,20 +118,22 @@ template <> __device__ __forceinline__ void d_ld16<float>(float *f, const float 
     const float4 v = *(const float4 *)p;
     f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
 }
-template <class X> __device__ __forceinline__ void d_st16(X *p, const float *f);
-template <> __device__ __forceinline__ void d_st16<float>(float *p, const float *f)
+// W floats as 16 bytes of X (bf16: rounded to nearest)
+template <class X> __device__ __forceinline__ uint4 d_pack16(const float *f);
+template <> __device__ __forceinline__ uint4 d_pack16<float>(const float *f)
 {
-    *(float4 *)p = make_float4(f[0], f[1], f[2], f[3]);
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
 }
-template <> __device__ __forceinline__ void d_st16<cu_bf16>(cu_bf16 *p, const float *f)
+template <> __device__ __forceinline__ uint4 d_pack16<cu_bf16>(const float *f)
 {
     uint4 v;
     __nv_bfloat162 *h = (__nv_bfloat162 *)&v;
 #pragma unroll
     for (int k = 0; k < 4; k++)
         h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
-    *(uint4 *)p = v;
+    return v;
 }
+template <class X> __device__ __forceinline__ void d_st16(X *p, const float *f) { *(uint4 *)p = d_pack16<X>(f); }
 
 static bool s_aligned16(const void *p)
 {
@@ -405,25 +407,34 @@ static cudaError_t s_colsum(float *dw, float *db, const X *dout, const X *inp, c
 // across its rows; the S_LN_WARPS warps of a block add theirs into shared memory
 // in warp order, the block writes part[block][2C] (dw | db), and k_colpart_sum
 // adds the blocks in block order: no atomics, run-to-run reproducible.
+// DS: also the column sums of dx as stored (the bias gradient of the layer that
+// produced dx, which would otherwise read dx again): part[block][3C] (dw | db | ds);
+// each warp adds its rows' into its own C floats of shared memory (in registers they
+// would spill; as 16-byte words, quarter q of every lane's vectors together, so that
+// a warp's accesses are consecutive), and the warps' are added in warp order as the
+// others.
 #define S_LN_NCH 8 /* most vectors per lane (C <= 2048 in bf16) */
 #define S_LN_WARPS 4 /* per block: 4 blocks per SM at C <= 768 in bf16 (128 registers) */
-template <class X, int S_NCH>
+template <class X, int S_NCH, bool DS>
 __global__ void __launch_bounds__(32 * S_LN_WARPS, S_NCH <= 3 ? 4 : 1)
     k_layernorm_backward(X *dinp, float *part, const X *dout, const X *inp, const float *w, const float *mean,
                          const float *rstd, int N, int C)
 {
-    constexpr int W = s_vec<X>::W;
-    extern __shared__ float s_acc[]; // [2C]
+    constexpr int W = s_vec<X>::W, NP = DS ? 3 : 2;
+    extern __shared__ float s_acc[]; // [NP C], then (DS) each warp's ds [S_LN_WARPS][C]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nv = C / W;
+    float4 *const s_ds = (float4 *)(s_acc + NP * C + warp * C); // [W / 4][nv]
     float aw[S_NCH][W], ab[S_NCH][W];
 #pragma unroll
     for (int k = 0; k < S_NCH; k++)
 #pragma unroll
         for (int j = 0; j < W; j++)
             aw[k][j] = ab[k][j] = 0.0f;
-    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x)
+    for (int i = threadIdx.x; i < (DS ? NP + S_LN_WARPS : NP) * C; i += blockDim.x)
         s_acc[i] = 0.0f;
+    if (DS)
+        __syncthreads();
     for (int row = blockIdx.x * S_LN_WARPS + warp; row < N; row += gridDim.x * S_LN_WARPS) {
         const X *d = dout + (size_t)row * C, *x = inp + (size_t)row * C;
         X *dx = dinp + (size_t)row * C;
@@ -477,7 +488,17 @@ __global__ void __launch_bounds__(32 * S_LN_WARPS, S_NCH <= 3 ? 4 : 1)
                     const float norm = (xv[j] - m) * rs, dnorm = wv[j] * dv[j];
                     o[j] += (dnorm - a - norm * bn) * rs;
                 }
-                d_st16<X>(dx + v * W, o);
+                const uint4 q = d_pack16<X>(o);
+                *(uint4 *)(dx + v * W) = q;
+                if (DS) {
+                    d_cvt16<X>(o, q);
+#pragma unroll
+                    for (int j = 0; j < W / 4; j++) {
+                        float4 t = s_ds[j * nv + v];
+                        t.x += o[4 * j], t.y += o[4 * j + 1], t.z += o[4 * j + 2], t.w += o[4 * j + 3];
+                        s_ds[j * nv + v] = t;
+                    }
+                }
             }
         }
     }
@@ -492,27 +513,38 @@ __global__ void __launch_bounds__(32 * S_LN_WARPS, S_NCH <= 3 ? 4 : 1)
                     for (int j = 0; j < W; j++) {
                         s_acc[v * W + j] += aw[k][j];
                         s_acc[C + v * W + j] += ab[k][j];
+                        if (DS)
+                            s_acc[2 * C + v * W + j] += ((const float *)&s_ds[j / 4 * nv + v])[j % 4];
                     }
             }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x)
-        part[(size_t)blockIdx.x * 2 * C + i] = s_acc[i];
+    for (int i = threadIdx.x; i < NP * C; i += blockDim.x)
+        part[(size_t)blockIdx.x * NP * C + i] = s_acc[i];
 }
 
-// out[c] += the sum over b < nblocks of part[b * stride + c], c < n, in a fixed order (the
+// up to 3 column vectors of n floats each, side by side in the partial rows (LayerNorm's
+// dw | db | ds; attention's q | k | v bias): column c of a partial row goes to
+// o[c / n][c % n] (none where that o is NULL)
+struct s_cp_out {
+    float *o[3];
+    int n;
+};
+
+// o[c] += the sum over b < nblocks of part[b * stride + c], c < nc, in a fixed order (the
 // same bits every run): a block of 8 warps per 32 columns (S_CP_THREADS), warp w adds rows
 // b = w, w + 8, ... in order, eight loads in flight, and the 8 sums are added in warp order.
 // (One thread per column adding all rows in a chain, as before, took 60-150 us a call: a
 // dependent L2 round trip per row on 3 blocks for C = 768; ~5 ms of a GPT-2 bf16 step.)
+// One launch for all of a LayerNorm's vectors: each launch is ~5 us of latency.
 #define S_CP_THREADS 256
-__global__ void __launch_bounds__(S_CP_THREADS) k_colpart_sum(float *out, const float *part, int nblocks,
-                                                              size_t stride, int n)
+__global__ void __launch_bounds__(S_CP_THREADS) k_colpart_sum(s_cp_out out, const float *part, int nblocks,
+                                                              size_t stride, int nc)
 {
     __shared__ float sum[S_CP_THREADS / 32][33];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
     float acc = 0.0f;
-    if (c < n) {
+    if (c < nc) {
         int b = w;
         for (; b + 56 < nblocks; b += 64) {
             float t[8];
@@ -528,15 +560,27 @@ __global__ void __launch_bounds__(S_CP_THREADS) k_colpart_sum(float *out, const 
     }
     sum[w][lane] = acc;
     __syncthreads();
-    if (w == 0 && c < n) {
+    if (w == 0 && c < nc) {
         float t = sum[0][lane];
 #pragma unroll
         for (int k = 1; k < S_CP_THREADS / 32; k++)
             t += sum[k][lane];
-        out[c] += t;
+        const int q = c / out.n;
+        if (out.o[q])
+            out.o[q][c - q * out.n] += t;
     }
 }
 static unsigned s_cp_grid(int n) { return (unsigned)((n + 31) / 32); }
+cudaError_t cl_colpart_sum(float *const *out, int np, int n, const float *part, int nblocks, cudaStream_t st)
+{
+    if (np < 1 || np > 3)
+        return cudaErrorInvalidValue;
+    s_cp_out o = { { NULL, NULL, NULL }, n };
+    for (int i = 0; i < np; i++)
+        o.o[i] = out[i];
+    k_colpart_sum<<<s_cp_grid(np * n), S_CP_THREADS, 0, st>>>(o, part, nblocks, (size_t)np * n, np * n);
+    return cudaGetLastError();
+}
 
 // Column sums db[c] += sum_n d[n,c], deterministic: grid (groups of 32 16-byte column vectors,
 // CL_COLPART_CHUNKS row chunks), a block of 8 warps per (group, chunk): warp w adds the chunk's
@@ -628,39 +672,42 @@ cudaError_t cl_layernorm_forward(X *out, float *mean, float *rstd, const X *inp,
 
 template <class X>
 cudaError_t cl_layernorm_backward(X *dinp, float *dw, float *db, const X *dout, const X *inp, const float *w,
-                                  const float *mean, const float *rstd, int N, int C, float *part, cudaStream_t st)
+                                  const float *mean, const float *rstd, int N, int C, float *part, cudaStream_t st,
+                                  float *ds)
 {
     constexpr int W = s_vec<X>::W;
     if (part && C % W == 0 && C <= 32 * W * S_LN_NCH && s_aligned16(dinp) && s_aligned16(dout) &&
         s_aligned16(inp) && s_aligned16(w)) {
-        const size_t sm = 2 * (size_t)C * sizeof(float); // <= 64 KB (C <= 8192)
+        const size_t sm = (ds ? 3 + S_LN_WARPS : 2) * (size_t)C * sizeof(float); // <= 56 KB (C <= 2048)
         int nb = (N + S_LN_WARPS - 1) / S_LN_WARPS;
         if (nb > CL_COLPART_BLOCKS)
             nb = CL_COLPART_BLOCKS;
         const int nch = (C / W + 31) / 32;
-        cudaError_t e = s_by_nch(nch, [&](auto K) {
-            const void *kern = (const void *)k_layernorm_backward<X, decltype(K)::value>;
-            static cl_optin optin_; // one per instantiation: per element type and K
+        auto launch = [&](auto K, auto DS) {
+            const void *kern = (const void *)k_layernorm_backward<X, decltype(K)::value, decltype(DS)::value>;
+            static cl_optin optin_; // one per instantiation: per element type, K and DS
             cudaError_t oe = cl_smem_optin(kern, sm, &optin_);
             if (oe != cudaSuccess)
                 return oe;
-            k_layernorm_backward<X, decltype(K)::value>
+            k_layernorm_backward<X, decltype(K)::value, decltype(DS)::value>
                 <<<(unsigned)nb, 32 * S_LN_WARPS, sm, st>>>(dinp, part, dout, inp, w, mean, rstd, N, C);
             return cudaGetLastError();
+        };
+        cudaError_t e = s_by_nch(nch, [&](auto K) {
+            return ds ? launch(K, std::true_type{}) : launch(K, std::false_type{});
         });
         if (e != cudaSuccess)
             return e;
-        k_colpart_sum<<<s_cp_grid(C), S_CP_THREADS, 0, st>>>(dw, part, nb, 2 * (size_t)C, C);
-        if ((e = cudaGetLastError()) != cudaSuccess)
-            return e;
-        k_colpart_sum<<<s_cp_grid(C), S_CP_THREADS, 0, st>>>(db, part + C, nb, 2 * (size_t)C, C);
-        return cudaGetLastError();
+        float *const o[3] = { dw, db, ds };
+        return cl_colpart_sum(o, ds ? 3 : 2, C, part, nb, st);
     }
     k_layernorm_backward_x<X><<<(unsigned)((N + 7) / 8), 256, 0, st>>>(dinp, dout, inp, w, mean, rstd, N, C);
     cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess)
-        return e;
-    return s_colsum<X>(dw, db, dout, inp, mean, rstd, N, C, C, st);
+    if (e == cudaSuccess)
+        e = s_colsum<X>(dw, db, dout, inp, mean, rstd, N, C, C, st);
+    if (e == cudaSuccess && ds)
+        e = cl_bias_backward<X>(ds, dinp, N, C, part, st, C);
+    return e;
 }
 
 template <class X>
@@ -679,8 +726,7 @@ cudaError_t cl_bias_backward(float *dbias, const X *dout, int N, int OC, float *
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess)
             return e;
-        k_colpart_sum<<<s_cp_grid(OC), S_CP_THREADS, 0, st>>>(dbias, part, chunks, (size_t)OC, OC);
-        return cudaGetLastError();
+        return cl_colpart_sum(&dbias, 1, OC, part, chunks, st);
     }
     return s_colsum<X>(NULL, dbias, dout, NULL, NULL, NULL, N, OC, ld, st);
 }
@@ -964,7 +1010,7 @@ cudaError_t cl_crossentropy_backward(X *logits, const float *lse, const int *tar
                                                  const float *, int, int, cudaStream_t);                      \
     template cudaError_t cl_layernorm_backward<X>(X *, float *, float *, const X *, const X *, const float *, \
                                                   const float *, const float *, int, int, float *,            \
-                                                  cudaStream_t);                                              \
+                                                  cudaStream_t, float *);                                     \
     template cudaError_t cl_bias_backward<X>(float *, const X *, int, int, float *, cudaStream_t, int);       \
     template cudaError_t cl_residual_bias<X>(X *, const X *, const float *, const float *, int, int,          \
                                              cudaStream_t);                                                   \

@@ -60,18 +60,25 @@ cudaError_t cl_layernorm_forward(X *out /* (N,C) */, float *mean /* (N) */, floa
                                  const X *inp /* (N,C) */, const float *w /* (C) */, const float *b /* (C) */,
                                  int N, int C, cudaStream_t st);
 // Column partial sums of the deterministic parameter-gradient kernels: part
-// needs CL_COLPART_FLOATS(maxC) floats (maxC = the widest LayerNorm C or
-// bias OC); with part NULL (or an unsupported shape) the atomic column
+// needs CL_COLPART_FLOATS(lnC, biasOC) floats (the widest LayerNorm C, the
+// widest bias OC); with part NULL (or an unsupported shape) the atomic column
 // kernel runs instead.
 #define CL_COLPART_BLOCKS 512 /* LayerNorm backward blocks */
-#define CL_COLPART_CHUNKS 512 /* row chunks of the bias column sums (<= 2 CL_COLPART_BLOCKS) */
-#define CL_COLPART_FLOATS(maxC) ((size_t)CL_COLPART_BLOCKS * 2 * (size_t)(maxC))
-// dinp += LN backward (may not alias dout); dw, db +=
+#define CL_COLPART_CHUNKS 512 /* row chunks of the bias column sums (<= CL_COLPART_BLOCKS) */
+#define CL_COLPART_FLOATS(lnC, biasOC) \
+    ((size_t)CL_COLPART_BLOCKS * (3 * (size_t)(lnC) > (size_t)(biasOC) ? 3 * (size_t)(lnC) : (size_t)(biasOC)))
+// dinp += LN backward (may not alias dout); dw, db +=; ds non-NULL: ds += the
+// column sums of dinp as it is left (the bias gradient of the layer whose
+// output gradient dinp is, without reading it again)
 template <class X>
 cudaError_t cl_layernorm_backward(X *dinp /* (N,C) += */, float *dw /* (C) += */, float *db /* (C) += */,
                                   const X *dout /* (N,C) */, const X *inp /* (N,C) */, const float *w /* (C) */,
                                   const float *mean /* (N) */, const float *rstd /* (N) */, int N, int C,
-                                  float *part /* scratch or NULL */, cudaStream_t st);
+                                  float *part /* scratch or NULL */, cudaStream_t st, float *ds = NULL);
+// out[i][c] += the sum over b < nblocks of part[b][i n + c] (rows of np n floats, np <= 3;
+// a NULL out[i] is skipped), in a fixed order: the column pass of the kernels above and of
+// the attention backward's bias sums
+cudaError_t cl_colpart_sum(float *const *out, int np, int n, const float *part, int nblocks, cudaStream_t st);
 // dbias[j] += sum_n dout[n,j]; dout's rows are ld apart (0: OC)
 template <class X>
 cudaError_t cl_bias_backward(float *dbias /* (OC) += */, const X *dout /* (N,OC), row stride ld */, int N, int OC,
@@ -104,11 +111,15 @@ cudaError_t cl_crossentropy_backward(X *logits /* (N,Vp) */, const float *lse /*
 template <class X>
 cudaError_t cl_attention_forward(X *out /* (B,T,C) */, float *lse /* (B,NH,T) */, const X *qkv /* (B,T,3C) */,
                                  int B, int T, int C, int NH, cudaStream_t st);
-// dqkv (=) from dout; dsum (B,NH,T) scratch
+// dqkv (=) from dout; dsum (B,NH,T) scratch. dbias non-NULL: dbias[i] (C, NULL: none) +=
+// the column sums of dqkv's q, k, v thirds (the QKV bias gradient): from the flash kernels'
+// own tiles (into part: CL_COLPART_FLOATS(C, .) floats, then cl_colpart_sum), otherwise
+// by cl_bias_backward
 template <class X>
 cudaError_t cl_attention_backward(X *dqkv /* (B,T,3C) */, float *dsum /* (B,NH,T) */, const X *dout /* (B,T,C) */,
                                   const X *out /* (B,T,C) */, const float *lse /* (B,NH,T) */,
-                                  const X *qkv /* (B,T,3C) */, int B, int T, int C, int NH, cudaStream_t st);
+                                  const X *qkv /* (B,T,3C) */, int B, int T, int C, int NH, cudaStream_t st,
+                                  float *const *dbias = NULL, float *part = NULL);
 // the same on the tensor cores (cu_flash.cu, bf16 only); the two above call
 // these for bf16 unless TAH_CU_ATTN_LEGACY=1
 cudaError_t cl_flash_forward(cu_bf16 *out /* (B,T,C) */, float *lse /* (B,NH,T) */, const cu_bf16 *qkv /* (B,T,3C) */,
@@ -116,7 +127,7 @@ cudaError_t cl_flash_forward(cu_bf16 *out /* (B,T,C) */, float *lse /* (B,NH,T) 
 cudaError_t cl_flash_backward(cu_bf16 *dqkv /* (B,T,3C) */, float *dsum /* (B,NH,T) */,
                               const cu_bf16 *dout /* (B,T,C) */, const cu_bf16 *out /* (B,T,C) */,
                               const float *lse /* (B,NH,T) */, const cu_bf16 *qkv /* (B,T,3C) */, int B, int T,
-                              int C, int NH, cudaStream_t st);
+                              int C, int NH, cudaStream_t st, float *const *dbias = NULL, float *part = NULL);
 // 1 when the attention kernels support head size hs
 int cl_attention_supports(int hs);
 

@@ -651,8 +651,8 @@ static int s_create_rank(cs_dev *c, stage_t *s, int r)
     CKB(cublasLtCreate(&g->lt));
     if ((rc = s_alloc(c, s, r, &g->ws, CS_WORKSPACE, "the cuBLASLt workspace")) != 0)
         return rc;
-    if ((rc = s_alloc(c, s, r, (void **)&g->colpart, CL_COLPART_FLOATS(4 * (size_t)o->cfg.C) * sizeof(float),
-                      "the column partial sums")) != 0)
+    if ((rc = s_alloc(c, s, r, (void **)&g->colpart,
+                      CL_COLPART_FLOATS(o->cfg.C, 4 * (size_t)o->cfg.C) * sizeof(float), "the column partial sums")) != 0)
         return rc;
 
     // parameters, gradients, moments: one allocation each, stage.c's carving, whole on every rank

@@ -642,8 +642,10 @@ template <class X> static int s_qkv_dw(stage_t *s, int r, int l, const X *dqkv, 
         if ((rc = s_mm_dw<X>(c, g, s, dwqkv, ln1, dqkv, BT, C, 3 * C, 1.0f)) != 0)
             return rc;
         s_mark(c, r, P_MM_DW);
-        CK(cl_bias_backward<X>(dbqkv, dqkv, BT, 3 * C, g->colpart, g->st));
-        s_mark(c, r, P_BIAS_BWD);
+        if (!c->bf16) { // bf16: the attention backward summed it (s_backward)
+            CK(cl_bias_backward<X>(dbqkv, dqkv, BT, 3 * C, g->colpart, g->st));
+            s_mark(c, r, P_BIAS_BWD);
+        }
         return 0;
     }
     for (int q = 0; q < 3; q++) {
@@ -652,9 +654,11 @@ template <class X> static int s_qkv_dw(stage_t *s, int r, int l, const X *dqkv, 
             return rc;
     }
     s_mark(c, r, P_MM_DW);
-    for (int q = 0; q < 3; q++)
-        CK(cl_bias_backward<X>(dbqkv + q * C1 + r * Cr1, dqkv + q * Cr1, BT, Cr, g->colpart, g->st, 3 * Cr));
-    s_mark(c, r, P_BIAS_BWD);
+    if (!c->bf16) {
+        for (int q = 0; q < 3; q++)
+            CK(cl_bias_backward<X>(dbqkv + q * C1 + r * Cr1, dqkv + q * Cr1, BT, Cr, g->colpart, g->st, 3 * Cr));
+        s_mark(c, r, P_BIAS_BWD);
+    }
     return 0;
 }
 
@@ -666,6 +670,11 @@ template <class X> static int s_backward(stage_t *s, cs_slot *sl, const float *d
     const size_t BTC = (size_t)BT * C, BTCr = (size_t)BT * Cr, C1 = (size_t)C, Cr1 = (size_t)Cr;
     X *dres[TP_MAX] = {}, *dbuf[TP_MAX] = {};
     int rc;
+    // bf16: bias gradients come out of kernels that hold their tensor anyway instead of a
+    // pass that reads it again: the projections' (column sums of dres) from the LayerNorm
+    // backward that leaves dres (fcproj of layer l from ln1 of layer l + 1 or from lnf,
+    // attproj from ln2), QKV's from the attention backward. fp32 keeps the separate sums.
+    const int bsum = c->bf16;
 
     for (int r = 0; r < tp; r++) {
         dres[r] = (X *)c->g[r].dres;
@@ -693,7 +702,8 @@ template <class X> static int s_backward(stage_t *s, cs_slot *sl, const float *d
             CK(cudaMemsetAsync(dres[r], 0, BTC * sizeof(X), g->st));
             CK(cl_layernorm_backward<X>(dres[r], cs_g(c, g, GPT2_LNFW, 0), cs_g(c, g, GPT2_LNFB, 0), dbuf[r], xlast,
                                         cs_p(c, g, GPT2_LNFW, 0), (float *)a[A_LNF_MEAN], (float *)a[A_LNF_RSTD],
-                                        BT, C, g->colpart, g->st));
+                                        BT, C, g->colpart, g->st,
+                                        bsum ? cs_g(c, g, GPT2_FCPROJB, (size_t)(s->nl - 1) * C1) : NULL));
             s_mark(c, r, P_LN_BWD);
         }
     } else if ((rc = s_upload<X>(s, dres, dout)) != 0) {
@@ -713,8 +723,10 @@ template <class X> static int s_backward(stage_t *s, cs_slot *sl, const float *d
             CK(cudaSetDevice(g->dev));
             // FC projection (row-parallel at tp > 1: rank r's columns of W; its bias on every rank)
             // (with gelu_fuse, dbig comes out of the dx GEMM already times GELU'(fch))
+            // (its bias gradient already summed where a LayerNorm backward left dres: bsum)
+            const int fsum = bsum && (l < s->nl - 1 || s->o.last);
             if ((rc = s_mm_bwd<X>(c, g, r, s, dbig, cs_g(c, g, GPT2_FCPROJW, l * 4 * C1 * C1 + r * 4 * Cr1),
-                                  cs_g(c, g, GPT2_FCPROJB, l * C1), dres[r], fchg,
+                                  fsum ? NULL : cs_g(c, g, GPT2_FCPROJB, l * C1), dres[r], fchg,
                                   s_w<X>(c, g, GPT2_FCPROJW, l * 4 * C1 * C1 + r * 4 * Cr1), BT, 4 * Cr, C, 0, 1.0f,
                                   tp > 1 ? 4 * C : 0, c->gelu_fuse ? fch : NULL)) != 0)
                 return rc;
@@ -743,20 +755,25 @@ template <class X> static int s_backward(stage_t *s, cs_slot *sl, const float *d
             CK(cudaSetDevice(g->dev));
             CK(cl_layernorm_backward<X>(dres[r], cs_g(c, g, GPT2_LN2W, l * C1), cs_g(c, g, GPT2_LN2B, l * C1),
                                         dbuf[r], res2, cs_p(c, g, GPT2_LN2W, l * C1), ln2_mean, ln2_rstd, BT, C,
-                                        g->colpart, g->st));
+                                        g->colpart, g->st, bsum ? cs_g(c, g, GPT2_ATTPROJB, l * C1) : NULL));
             s_mark(c, r, P_LN_BWD);
             // attention: dres holds d(res2); projection row-parallel at tp > 1
             if ((rc = s_mm_bwd<X>(c, g, r, s, dbuf[r], cs_g(c, g, GPT2_ATTPROJW, l * C1 * C1 + r * Cr1),
-                                  cs_g(c, g, GPT2_ATTPROJB, l * C1), dres[r], atty,
+                                  bsum ? NULL : cs_g(c, g, GPT2_ATTPROJB, l * C1), dres[r], atty,
                                   s_w<X>(c, g, GPT2_ATTPROJW, l * C1 * C1 + r * Cr1), BT, Cr, C, 0, 1.0f,
                                   tp > 1 ? C : 0)) != 0)
                 return rc;
-            CK(cl_attention_backward<X>(dqkv, g->dsum, dbuf[r], atty, lse, qkv, B, T, Cr, NHr, g->st));
-            s_mark(c, r, P_ATTN_BWD);
             const X *wqkv = s_w<X>(c, g, GPT2_QKVW, l * 3 * C1 * C1);
             float *dwqkv = cs_g(c, g, GPT2_QKVW, l * 3 * C1 * C1), *dbqkv = cs_g(c, g, GPT2_QKVB, l * 3 * C1);
+            // bf16: the QKV bias gradient from the attention backward's own tiles (rank r's
+            // rows of each of the q, k, v biases)
+            float *const dbq[3] = { dbqkv + r * Cr1, dbqkv + C1 + r * Cr1, dbqkv + 2 * C1 + r * Cr1 };
+            CK(cl_attention_backward<X>(dqkv, g->dsum, dbuf[r], atty, lse, qkv, B, T, Cr, NHr, g->st,
+                                        bsum ? dbq : NULL, g->colpart));
+            s_mark(c, r, P_ATTN_BWD);
             if (tp == 1 && !defer) {
-                if ((rc = s_mm_bwd<X>(c, g, r, s, dbuf[r], dwqkv, dbqkv, dqkv, ln1, wqkv, BT, C, 3 * C)) != 0)
+                if ((rc = s_mm_bwd<X>(c, g, r, s, dbuf[r], dwqkv, bsum ? NULL : dbqkv, dqkv, ln1, wqkv, BT, C,
+                                      3 * C)) != 0)
                     return rc;
                 continue;
             }
@@ -788,7 +805,8 @@ template <class X> static int s_backward(stage_t *s, cs_slot *sl, const float *d
             CK(cudaSetDevice(g->dev));
             CK(cl_layernorm_backward<X>(dres[r], cs_g(c, g, GPT2_LN1W, l * C1), cs_g(c, g, GPT2_LN1B, l * C1),
                                         dbuf[r], x, cs_p(c, g, GPT2_LN1W, l * C1), ln1_mean, ln1_rstd, BT, C,
-                                        g->colpart, g->st));
+                                        g->colpart, g->st,
+                                        bsum && l > 0 ? cs_g(c, g, GPT2_FCPROJB, (size_t)(l - 1) * C1) : NULL));
             s_mark(c, r, P_LN_BWD);
         }
         // dres holds d(x)
