@@ -155,7 +155,7 @@ cudaError_t cl_adamw(float *p, cu_bf16 *p16, float *m, float *v, const float *g,
 // Sum of squares (double) of each segment of x: partials[seg * CL_SUMSQ_BLOCKS + k] for
 // k < CL_SUMSQ_BLOCKS; segs is a device array of (off, n, rows, stride) quadruples: rows runs
 // of n elements starting at off, stride apart (rows <= 1: the one run [off, off+n)).
-#define CL_SUMSQ_BLOCKS 64
+#define CL_SUMSQ_BLOCKS 128
 cudaError_t cl_sumsq(double *partials, const float *x, const unsigned long long *segs, int nseg, cudaStream_t st);
 // a = b = a + b (a first, as stage_tied_sync)
 cudaError_t cl_tied_sum(float *a, float *b, size_t n, cudaStream_t st);
