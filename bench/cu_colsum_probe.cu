@@ -70,6 +70,25 @@ __global__ void __launch_bounds__(256) k_read(const uint4 *__restrict__ x, size_
         sink[0] = a;
 }
 
+// the 8 warps' sums of the block's 32 column vectors, added in warp order, into its partial row
+__device__ __forceinline__ void d_block_part(float *part, float (*sum)[32 * 8], const float acc[8], int OC, int v,
+                                             int w, int lane, bool on)
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        sum[w][lane * 8 + j] = acc[j];
+    __syncthreads();
+    if (w == 0 && on)
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float a = sum[0][lane * 8 + j];
+#pragma unroll
+            for (int k = 1; k < 8; k++)
+                a += sum[k][lane * 8 + j];
+            part[(size_t)blockIdx.y * OC + v * 8 + j] = a;
+        }
+}
+
 // ---- the stage's kernels (cuda/cu_layers.cu, bf16: 8 columns per 16-byte vector) ----
 __global__ void __launch_bounds__(256) k_colsum_part(float *part, const __nv_bfloat16 *dout, int N, int OC, int ld,
                                                      int rows_per_chunk)
@@ -104,19 +123,7 @@ __global__ void __launch_bounds__(256) k_colsum_part(float *part, const __nv_bfl
                 acc[j] += t[j];
         }
     }
-#pragma unroll
-    for (int j = 0; j < W; j++)
-        sum[w][lane * W + j] = acc[j];
-    __syncthreads();
-    if (w == 0 && on)
-#pragma unroll
-        for (int j = 0; j < W; j++) {
-            float a = sum[0][lane * W + j];
-#pragma unroll
-            for (int k = 1; k < 8; k++)
-                a += sum[k][lane * W + j];
-            part[(size_t)blockIdx.y * OC + v * W + j] = a;
-        }
+    d_block_part(part, sum, acc, OC, v, w, lane, on);
 }
 
 __global__ void __launch_bounds__(256) k_colpart_sum(float *out, const float *part, int nblocks, size_t stride, int n)
@@ -198,19 +205,7 @@ __global__ void __launch_bounds__(256) k_colsum_pipe(float *part, const __nv_bfl
             add_round(b);
         }
     }
-#pragma unroll
-    for (int j = 0; j < W; j++)
-        sum[w][lane * W + j] = acc[j];
-    __syncthreads();
-    if (w == 0 && on)
-#pragma unroll
-        for (int j = 0; j < W; j++) {
-            float a = sum[0][lane * W + j];
-#pragma unroll
-            for (int k = 1; k < 8; k++)
-                a += sum[k][lane * W + j];
-            part[(size_t)blockIdx.y * OC + v * W + j] = a;
-        }
+    d_block_part(part, sum, acc, OC, v, w, lane, on);
 }
 
 static float s_time(const std::function<void()> &f)
