@@ -409,26 +409,34 @@ template <class X> static int s_download(stage_t *s, float *dst, const X *src)
     return 0;
 }
 
-// The positions of the micro-batch grouped by token, for the deterministic
-// embedding gradient (cl_encoder_backward): into c->h_rows as order (B*T
-// positions, by token, ascending within one token), useg (nu + 1 starts) and
-// urow (the nu distinct tokens); sl->nu. A counting sort over the vocabulary.
-// The caller uploads h_rows before the next call (the stream is synchronised
-// at the end of every forward).
-static int s_token_rows(stage_t *s, cs_slot *sl, const int *tokens)
+// every token inside the vocabulary, before the encoder reads wte's rows by them
+static int s_token_check(stage_t *s, const int *tokens)
 {
     cs_dev *c = CS(s);
     const int BT = s->o.B * s->o.T, Vp = s->o.cfg.Vp;
-    int *order = c->h_rows, *useg = order + BT, *urow = useg + BT + 1, *cnt = c->h_cnt;
-    memset(cnt, 0, (size_t)Vp * sizeof(int));
-    for (int i = 0; i < BT; i++) {
+    for (int i = 0; i < BT; i++)
         if (tokens[i] < 0 || tokens[i] >= Vp) {
             snprintf(c->lasterr, sizeof c->lasterr, "token %d at position %d outside the vocabulary 0..%d", tokens[i],
                      i, Vp - 1);
             return TAH_EINVAL;
         }
+    return 0;
+}
+
+// The positions of the micro-batch grouped by token, for the deterministic
+// embedding gradient (cl_encoder_backward): into c->h_rows as order (B*T
+// positions, by token, ascending within one token), useg (nu + 1 starts) and
+// urow (the nu distinct tokens); sl->nu. A counting sort over the vocabulary
+// (tokens checked by s_token_check). The caller uploads h_rows before the next
+// call (the stream is synchronised at the end of every forward).
+static void s_token_rows(stage_t *s, cs_slot *sl, const int *tokens)
+{
+    cs_dev *c = CS(s);
+    const int BT = s->o.B * s->o.T, Vp = s->o.cfg.Vp;
+    int *order = c->h_rows, *useg = order + BT, *urow = useg + BT + 1, *cnt = c->h_cnt;
+    memset(cnt, 0, (size_t)Vp * sizeof(int));
+    for (int i = 0; i < BT; i++)
         cnt[tokens[i]]++;
-    }
     int nu = 0, off = 0;
     for (int v = 0; v < Vp; v++) {
         if (!cnt[v])
@@ -443,7 +451,6 @@ static int s_token_rows(stage_t *s, cs_slot *sl, const int *tokens)
     for (int i = 0; i < BT; i++)
         order[cnt[tokens[i]]++] = i;
     sl->nu = nu;
-    return 0;
 }
 
 // TAH_CU_HASH=1: a hash of rank 0's tensor (n elements of X) on stderr, to compare runs
@@ -489,12 +496,8 @@ static int s_forward(stage_t *s, cs_slot *sl, const int *tokens, const float *in
     for (int r = 0; r < tp; r++) {
         cs_rank *g = &c->g[r];
         CK(cudaSetDevice(g->dev));
-        if (s->o.first && r == 0) {
-            if ((rc = s_token_rows(s, sl, tokens)) != 0)
-                return rc;
-            CK(cudaMemcpyAsync(sl->rows, c->h_rows, (3 * (size_t)BT + 1) * sizeof(int), cudaMemcpyHostToDevice,
-                               g->st));
-        }
+        if (s->o.first && r == 0 && (rc = s_token_check(s, tokens)) != 0)
+            return rc;
         if (s->o.first) {
             CK(cudaMemcpyAsync(sl->tok[r], tokens, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, g->st));
             CK(cl_encoder_forward<X>(a_in[r], sl->tok[r], cs_p(c, g, GPT2_WTE, 0), cs_p(c, g, GPT2_WPE, 0), B, T, C,
@@ -589,6 +592,13 @@ static int s_forward(stage_t *s, cs_slot *sl, const int *tokens, const float *in
             (rc = s_hash<X>(s, "res2", l, (X *)sl->a[0][A_RES2] + (size_t)l * BTC, BTC)) != 0 ||
             (rc = s_hash<X>(s, "res3", l, (X *)sl->a[0][A_RES3] + (size_t)l * BTC, BTC)) != 0)
             return rc;
+    }
+    if (s->o.first) { // the encoder backward's token rows, sorted on the host while the layers run
+        // (h_rows is free: the previous forward's copy of it ended before its s_finish returned)
+        s_token_rows(s, sl, tokens);
+        CK(cudaSetDevice(c->g[0].dev));
+        CK(cudaMemcpyAsync(sl->rows, c->h_rows, (3 * (size_t)BT + 1) * sizeof(int), cudaMemcpyHostToDevice,
+                           c->g[0].st));
     }
 
     if (s->o.last) { // every rank (identical inputs): lnf, head, loss; rank 0's loss is reported
