@@ -638,8 +638,15 @@ static int s_forward(stage_t *s, cs_slot *sl, const int *tokens, const float *in
     return 0;
 }
 
+// bf16: bias gradients come out of kernels that hold their tensor anyway instead of a
+// pass that reads it again: the projections' (column sums of dres) from the LayerNorm
+// backward that leaves dres (fcproj of layer l from ln1 of layer l + 1 or from lnf,
+// attproj from ln2), QKV's from the attention backward. fp32 keeps the separate sums.
+static int s_bias_fused(const cs_dev *c) { return c->bf16; }
+
 // Layer l's QKV weight and bias gradients of rank r from its dqkv and ln1
-// (column-parallel at tp > 1: rank r's rows of each of Q, K and V).
+// (column-parallel at tp > 1: rank r's rows of each of Q, K and V; the bias
+// only where the attention backward did not sum it: s_bias_fused).
 template <class X> static int s_qkv_dw(stage_t *s, int r, int l, const X *dqkv, const X *ln1)
 {
     cs_dev *c = CS(s);
@@ -652,7 +659,7 @@ template <class X> static int s_qkv_dw(stage_t *s, int r, int l, const X *dqkv, 
         if ((rc = s_mm_dw<X>(c, g, s, dwqkv, ln1, dqkv, BT, C, 3 * C, 1.0f)) != 0)
             return rc;
         s_mark(c, r, P_MM_DW);
-        if (!c->bf16) { // bf16: the attention backward summed it (s_backward)
+        if (!s_bias_fused(c)) {
             CK(cl_bias_backward<X>(dbqkv, dqkv, BT, 3 * C, g->colpart, g->st));
             s_mark(c, r, P_BIAS_BWD);
         }
@@ -664,7 +671,7 @@ template <class X> static int s_qkv_dw(stage_t *s, int r, int l, const X *dqkv, 
             return rc;
     }
     s_mark(c, r, P_MM_DW);
-    if (!c->bf16) {
+    if (!s_bias_fused(c)) {
         for (int q = 0; q < 3; q++)
             CK(cl_bias_backward<X>(dbqkv + q * C1 + r * Cr1, dqkv + q * Cr1, BT, Cr, g->colpart, g->st, 3 * Cr));
         s_mark(c, r, P_BIAS_BWD);
@@ -680,11 +687,7 @@ template <class X> static int s_backward(stage_t *s, cs_slot *sl, const float *d
     const size_t BTC = (size_t)BT * C, BTCr = (size_t)BT * Cr, C1 = (size_t)C, Cr1 = (size_t)Cr;
     X *dres[TP_MAX] = {}, *dbuf[TP_MAX] = {};
     int rc;
-    // bf16: bias gradients come out of kernels that hold their tensor anyway instead of a
-    // pass that reads it again: the projections' (column sums of dres) from the LayerNorm
-    // backward that leaves dres (fcproj of layer l from ln1 of layer l + 1 or from lnf,
-    // attproj from ln2), QKV's from the attention backward. fp32 keeps the separate sums.
-    const int bsum = c->bf16;
+    const int bsum = s_bias_fused(c);
 
     for (int r = 0; r < tp; r++) {
         dres[r] = (X *)c->g[r].dres;
