@@ -18,6 +18,14 @@ __device__ __forceinline__ size_t d_strided(size_t off, size_t n, size_t rows, s
     return off + r * stride + (e - r * n);
 }
 
+// whether a set can go 4 elements at a time: every run's groups of 4 whole (one run, or
+// runs of a multiple of 4 elements a multiple of 4 apart) and its first element at x's
+// 16-byte aligned address (x: the set's base pointer as bytes, esz bytes an element)
+__device__ __forceinline__ bool d_by4(const void *x, size_t esz, size_t off, size_t n, size_t rows, size_t stride)
+{
+    return ((uintptr_t)x + off * esz) % (4 * esz) == 0 && (rows <= 1 || (n % 4 == 0 && stride % 4 == 0));
+}
+
 // optim_adamw's update of one element (the same operations in the same order)
 __device__ __forceinline__ float d_adamw1(float pi, float gi, float &mi, float &vi, float lr, float b1, float b2,
                                           float eps, float bc1, float bc2, float grad_scale, float wd)
@@ -29,9 +37,9 @@ __device__ __forceinline__ float d_adamw1(float pi, float gi, float &mi, float &
     return pi - lr * (mh / (sqrtf(vh) + eps) + wd * pi);
 }
 
-// Contiguous tensors at 16-byte aligned addresses (all of GPT-2's) go 4 elements a thread at
-// a time (16-byte loads and stores: more bytes in flight per thread), the rest one element
-// at a time; the arithmetic is d_adamw1's either way.
+// Tensors that d_by4 allows (all of GPT-2's, whole or sharded) go 4 elements a thread at a
+// time (16-byte loads and stores: more bytes in flight per thread), the rest one element at
+// a time; the arithmetic is d_adamw1's either way.
 __global__ void k_adamw(float *p, cu_bf16 *p16, float *m, float *v, const float *g, cl_adamw_tensors t, float lr,
                         float b1, float b2, float eps, float bc1, float bc2, float grad_scale)
 {
@@ -41,13 +49,11 @@ __global__ void k_adamw(float *p, cu_bf16 *p16, float *m, float *v, const float 
     const float wd = t.wd[k];
     const size_t j0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, nj = (size_t)gridDim.x * blockDim.x;
     size_t done = 0; // elements before the scalar loop
-    const bool al = ((uintptr_t)(p + off) & 15) == 0 && ((uintptr_t)(g + off) & 15) == 0 &&
-                    ((uintptr_t)(m + off) & 15) == 0 && ((uintptr_t)(v + off) & 15) == 0 &&
-                    (!p16 || ((uintptr_t)(p16 + off) & 7) == 0);
-    if (rows <= 1 && al) {
+    if (d_by4(p, 4, off, n, rows, stride) && d_by4(g, 4, off, n, rows, stride) && d_by4(m, 4, off, n, rows, stride) &&
+        d_by4(v, 4, off, n, rows, stride) && (!p16 || d_by4(p16, 2, off, n, rows, stride))) {
         const size_t n4 = total / 4;
         for (size_t j = j0; j < n4; j += nj) {
-            const size_t i = off + 4 * j;
+            const size_t i = d_strided(off, n, rows, stride, 4 * j);
             const float4 gq = *(const float4 *)(g + i), pq = *(const float4 *)(p + i);
             float4 mq = *(const float4 *)(m + i), vq = *(const float4 *)(v + i);
             float4 o;
@@ -122,11 +128,20 @@ cudaError_t cl_rows(float *t, cu_bf16 *t16, float *buf, const int *rows, size_t 
     return cudaGetLastError();
 }
 
-// Block k of segment s adds the squares of its share in double: a contiguous segment at a
-// 16-byte aligned address in 16-byte loads, four in flight per thread, each into its own
-// accumulator (a segment of 38 M elements, GPT-2's wte, has only CL_SUMSQ_BLOCKS blocks; one
-// 4-byte load in flight per thread kept them far below the copy rate); the rest element by
-// element. The sums are combined in a fixed order (warp shuffles, then the warps in order).
+// a += the squares of q's elements in double, in order
+__device__ __forceinline__ void d_sq4(double &a, float4 q)
+{
+    a += (double)q.x * (double)q.x;
+    a += (double)q.y * (double)q.y;
+    a += (double)q.z * (double)q.z;
+    a += (double)q.w * (double)q.w;
+}
+
+// Block k of segment s adds the squares of its share in double: a segment that d_by4 allows
+// in 16-byte loads, four in flight per thread, each into its own accumulator (a segment of
+// 38 M elements, GPT-2's wte, has only CL_SUMSQ_BLOCKS blocks; one 4-byte load in flight
+// per thread kept them far below the copy rate); the rest element by element. The sums are
+// combined in a fixed order (warp shuffles, then the warps in order).
 __global__ void __launch_bounds__(256) k_sumsq(double *partials, const float *x, const unsigned long long *segs)
 {
     __shared__ double sh[8];
@@ -136,31 +151,22 @@ __global__ void __launch_bounds__(256) k_sumsq(double *partials, const float *x,
     const size_t j0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, nj = (size_t)gridDim.x * blockDim.x;
     double acc = 0.0;
     size_t done = 0;
-    if (rows <= 1 && ((uintptr_t)(x + off) & 15) == 0) {
-        const float4 *x4 = (const float4 *)(x + off);
+    if (d_by4(x, 4, off, n, rows, stride)) {
         const size_t n4 = total / 4;
+        auto ld4 = [&](size_t j) { return *(const float4 *)(x + d_strided(off, n, rows, stride, 4 * j)); };
         double a[4] = { 0.0, 0.0, 0.0, 0.0 };
         size_t j = j0;
         for (; j + 3 * nj < n4; j += 4 * nj) {
             float4 q[4];
 #pragma unroll
             for (int u = 0; u < 4; u++)
-                q[u] = x4[j + u * nj];
+                q[u] = ld4(j + u * nj);
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                a[u] += (double)q[u].x * (double)q[u].x;
-                a[u] += (double)q[u].y * (double)q[u].y;
-                a[u] += (double)q[u].z * (double)q[u].z;
-                a[u] += (double)q[u].w * (double)q[u].w;
-            }
+            for (int u = 0; u < 4; u++)
+                d_sq4(a[u], q[u]);
         }
-        for (; j < n4; j += nj) {
-            const float4 q = x4[j];
-            a[0] += (double)q.x * (double)q.x;
-            a[0] += (double)q.y * (double)q.y;
-            a[0] += (double)q.z * (double)q.z;
-            a[0] += (double)q.w * (double)q.w;
-        }
+        for (; j < n4; j += nj)
+            d_sq4(a[0], ld4(j));
         acc = (a[0] + a[1]) + (a[2] + a[3]);
         done = 4 * n4;
     }
