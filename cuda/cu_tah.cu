@@ -1741,10 +1741,12 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
 
 // k_tah_fused's phases 0 and 1 with each unit's codes right after its keys (d_tah_spec_t64), and
 // no select. CTA (b, j) works on sample b; the sample's units of 32 tiles go to its P * 4 warps:
-// four rounds in a fixed order (warp w of CTA j: units 4P r + 4j + w), then one at a time from
-// the sample's counter (sdone[b]), each claimed two units ahead, so that the warps of a sample
-// end within about a unit of each other (with P CTAs of 4 warps per sample, 800 units are 4.08
-// per warp: a fixed share left a fifth round to a few warps). Keys go to key16 (sample b's at
+// two rounds in a fixed order (warp w of CTA j: units 4P r + 4j + w), then one at a time from
+// the sample's counter (sdone[b]), each claimed when its copy is issued, one unit ahead of its
+// work, so that the warps of a sample end within about a unit of each other. (Until round 24
+// four rounds were fixed and claims made two units ahead: the last units were handed out ~10 us
+// before they ran, and the warps of a sample ended up to 8 us apart; cuda/NOTES.md, "Twenty-fifth
+// version".) Keys go to key16 (sample b's at
 // b * nk) and, for the CTA's histogram, to a bag in shared memory (lmax / 32 units; past that,
 // straight to the sample's histogram); the CTA's max |x| to gamax. A cooperative launch for
 // the words the CTAs share: CTA (b, 0) zeroes sample b's histogram and counter and tags ztag[b],
@@ -1788,8 +1790,7 @@ __global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, ui
     float *wb = (float *)(sk + ((lmax + 3u) & ~3u)) + (size_t)wid * S_SP_WARPW;
     const uint64_t t0 = (uint64_t)b * na; // the sample's first tile
     const uint32_t w4 = nwarp * j + wid, stride = nwarp * P;
-    constexpr uint32_t nst = 4u; // rounds in a fixed order (3: 2.3 us slower, all fixed: 1.5 us, H100)
-    uint32_t u = w4, un = w4 + stride, k = 0;
+    uint32_t u = w4, un = w4 + stride, k = 0; // the two fixed rounds
     if (u < nUs)
         d_stage_unit32(wb, x, t0 + S_SP_UNIT * u, min(S_SP_UNIT, na - S_SP_UNIT * u), lane);
     // the tags, read at the first iteration and looked at only when needed: a load that waits
@@ -1801,16 +1802,21 @@ __global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, ui
         tf = *(volatile unsigned long long *)z.flag;
     }
     for (uint32_t it = 0; u < nUs; it++) { // uniform per warp
+        if (it >= 1u) { // the next unit, claimed now and waited for (the other warps fill the wait)
+            uint32_t c = nUs;
+            if (lane == 0) {
+                while (tz != head.tag) { // CTA (b, 0)'s zeroing (done long ago, as a rule)
+                    __nanosleep(S_POLL_NS);
+                    tz = *(volatile unsigned long long *)&z.ztag[b];
+                }
+                c = 2u * stride + atomicAdd(&z.sdone[b], 1u);
+            }
+            un = __shfl_sync(CU_FULL, c, 0);
+        }
         d_stage_unit32(wb + (k ^ 1u) * S_SP_UNIT * S_ST_ROWW, x, t0 + S_SP_UNIT * un,
                        un < nUs ? min(S_SP_UNIT, na - S_SP_UNIT * un) : 0u, lane);
-        uint32_t r = nUs; // iteration it + 2's unit, claimed now (its result is needed one iteration on)
-        if (it + 2u >= nst && un < nUs && lane == 0) {
-            while (tz != head.tag) { // CTA (b, 0)'s zeroing (done long ago, as a rule)
-                __nanosleep(S_POLL_NS);
-                tz = *(volatile unsigned long long *)&z.ztag[b];
-            }
-            r = nst * stride + atomicAdd(&z.sdone[b], 1u);
-        }
+        if (lane == 0 && it == 0u && tz != head.tag) // read again, to be current by the first claim
+            tz = *(volatile unsigned long long *)&z.ztag[b];
         d_cp_wait1();
         __syncwarp();
         const uint32_t lt = S_SP_UNIT * u + lane;
@@ -1832,7 +1838,6 @@ __global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, ui
         }
         __syncwarp(); // buffer k read (and rewritten by the rotated pass) before its next copies
         u = un;
-        un = it + 2u < nst ? w4 + (it + 2u) * stride : __shfl_sync(CU_FULL, r, 0);
         k ^= 1u;
     }
     amax = __reduce_max_sync(CU_FULL, amax);
