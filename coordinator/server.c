@@ -51,7 +51,7 @@ typedef struct cnode {
 
 typedef struct cagg {      /* one step's reports, until every stage sent its own */
     int step, count;
-    uint64_t wire, fwd, bwd, fp32;
+    uint64_t wire, fwd, bwd, fp32, val; /* val: the validation pass's frames, not in the others */
     int has_loss, has_val;
     double loss, val_loss, lr, grad_norm, ms, time_s;
 } cagg_t;
@@ -813,10 +813,12 @@ static void s_step_report(coord_t *c, cnode_t *n, const Tah__StepReport *r)
     a->bwd += r->bwd_bytes;
     a->wire += r->fwd_bytes + r->bwd_bytes + r->tied_bytes;
     a->fp32 += r->fwd_fp32_bytes + r->bwd_fp32_bytes;
+    a->val += r->val_bytes;
     double sec = r->ms / 1e3;
     store_begin(c->store);
-    if (k < S - 1 && r->fwd_bytes)
-        store_link_add(c->store, j->j.id, k, k + 1, r->fwd_bytes, r->fwd_fp32_bytes, sec);
+    if (k < S - 1 && (r->fwd_bytes || r->val_bytes)) /* the link's totals: validation frames too */
+        store_link_add(c->store, j->j.id, k, k + 1, r->fwd_bytes + r->val_bytes,
+                       r->fwd_fp32_bytes + r->val_fp32_bytes, sec);
     if (k > 0 && r->bwd_bytes)
         store_link_add(c->store, j->j.id, k, k - 1, r->bwd_bytes, r->bwd_fp32_bytes, sec);
     if (r->tied_bytes)
@@ -842,6 +844,8 @@ static void s_step_report(coord_t *c, cnode_t *n, const Tah__StepReport *r)
                     a->step, a->loss, a->lr, a->grad_norm, tps, a->ms);
             if (a->has_val)
                 fprintf(j->mf, ",\"val_loss\":%.6f", a->val_loss);
+            if (a->val)
+                fprintf(j->mf, ",\"val_bytes\":%llu", (unsigned long long)a->val);
             fprintf(j->mf,
                     ",\"time_s\":%.3f,\"wire_bytes\":%llu,\"fwd_bytes\":%llu,\"bwd_bytes\":%llu,"
                     "\"fp32_bytes\":%llu,\"compression\":%.3f}\n",

@@ -112,7 +112,8 @@ typedef struct runner {
     s_entry_t *stash;
     int nstash;
     int64_t fwd_fs, bwd_fs, fp32_fs, tied_fs;
-    uint64_t bytes_fwd, bytes_bwd, fp32_fwd, fp32_bwd, bytes_tied; /* this step */
+    uint64_t bytes_fwd, bytes_bwd, fp32_fwd, fp32_bwd, bytes_tied; /* this step's training */
+    uint64_t bytes_val, fp32_val;                                   /* this step's validation pass */
     uint64_t data_pos;
     double t_start;
     long ckpt_delay_ms;      /* TAH_NODE_TEST_CKPT_DELAY_MS (tests: a slow disk) */
@@ -605,6 +606,7 @@ static int s_eval(runner_t *r, int step, double *val_loss)
             stage_discard(r->st, 0);
             if (rc)
                 return s_fail(r, step, "sending a validation activation failed (%s)", tah_strerror(rc));
+            r->fp32_val += (uint64_t)r->fp32_fs;
         } else {
             stage_discard(r->st, 0);
             sum += l;
@@ -1152,7 +1154,7 @@ void *node_runner_main(void *arg)
         float lr = 0.0f;
         int rc = 0;
         const int eval = r->x->val_batches && (s1 == 1 || s1 % t->val_every == 0 || s1 == steps);
-        r->bytes_fwd = r->bytes_bwd = r->fp32_fwd = r->fp32_bwd = r->bytes_tied = 0;
+        r->bytes_fwd = r->bytes_bwd = r->fp32_fwd = r->fp32_bwd = r->bytes_tied = r->bytes_val = r->fp32_val = 0;
         memset(r->ph, 0, sizeof r->ph);
         atomic_store(&j->rx_ns, 0);
         if (k == 0 || k == S - 1) /* the step's batches (the tied exchange's rows need them first) */
@@ -1165,7 +1167,10 @@ void *node_runner_main(void *arg)
             double ph[P_N];
             memcpy(ph, r->ph, sizeof ph);
             const double te = s_now();
+            const uint64_t f0 = r->bytes_fwd; /* the validation's frames: reported apart (val_bytes) */
             rc = s_eval(r, s1, &val_loss);
+            r->bytes_val += r->bytes_fwd - f0;
+            r->bytes_fwd = f0;
             t_eval = s_now() - te;
             memcpy(r->ph, ph, sizeof ph);
         }
@@ -1204,6 +1209,8 @@ void *node_runner_main(void *arg)
         sr.fwd_fp32_bytes = r->fp32_fwd;
         sr.bwd_fp32_bytes = r->fp32_bwd;
         sr.tied_bytes = r->bytes_tied;
+        sr.val_bytes = r->bytes_val;
+        sr.val_fp32_bytes = r->fp32_val;
         sr.rejected = atomic_load(j->rejected);
         Tah__Envelope env = TAH__ENVELOPE__INIT;
         env.body_case = TAH__ENVELOPE__BODY_STEP_REPORT;

@@ -26,6 +26,8 @@ static void s_compare(const char *dist, const char *ref, int steps)
         fail_msg("%s", why);
 }
 
+static char s_metrics[1200]; /* the last job's metrics.jsonl (s_run_job) */
+
 static void s_run_job(rt_t *r, const char *name, const char *ini, char *const train_argv[], int steps)
 {
     char out[4096], state[64], reason[512];
@@ -41,6 +43,7 @@ static void s_run_job(rt_t *r, const char *name, const char *ini, char *const tr
     assert_non_null(e);
     char metrics[1200];
     snprintf(metrics, sizeof metrics, "%s", e->status_rep->jobs[0]->metrics_path);
+    snprintf(s_metrics, sizeof s_metrics, "%s", metrics);
     assert_int_equal(e->status_rep->jobs[0]->step, steps);
     assert_true(e->status_rep->jobs[0]->n_links > 0);
     wire_envelope_free(&e);
@@ -84,6 +87,21 @@ static void test_fp32_equals_tah_train(void **state)
                    "--stages", "4", "--micro-batches", "3", "--schedule", "1f1b", "--seed", "7", "--threads",
                    "1", "--metrics", ref, "--quiet", NULL };
     s_run_job(&r, "a.ini", ini, a1, 12);
+    /* the validation passes' frames (steps 1, 5, 10, 12) are counted apart: every step's
+     * training traffic is about the same (headers differ by a few varint bytes), and the
+     * fp32 codec's frames are the fp32 frames (counted in them, they had halved "compression") */
+    static double comp[32], fwd[32], valb[32];
+    assert_int_equal(rt_metrics(s_metrics, "compression", comp, 32), 12);
+    assert_int_equal(rt_metrics(s_metrics, "fwd_bytes", fwd, 32), 12);
+    assert_int_equal(rt_metrics(s_metrics, "val_bytes", valb, 32), 12);
+    for (int i = 0; i < 12; i++) {
+        const int s = i + 1, eval = s == 1 || s % 5 == 0 || s == 12;
+        if (fabs(comp[i] - 1.0) > 0.02 || fabs(fwd[i] - fwd[1]) > 0.01 * fwd[1])
+            fail_msg("step %d: compression %.3f, fwd_bytes %.0f (step 2: %.0f)", s, comp[i], fwd[i], fwd[1]);
+        /* 2 validation batches through 3 links, each an fp32 frame of a (2,16,64) tensor */
+        if (eval ? !(valb[i] >= 3 * 2 * 2 * 16 * 64 * 4) : !isnan(valb[i]))
+            fail_msg("step %d: val_bytes %.0f", s, valb[i]);
+    }
     char ck[800];
     for (int k = 0; k < 4; k++) {
         snprintf(ck, sizeof ck, "%s/job1.stage%d.ckpt", r.dir, k);
