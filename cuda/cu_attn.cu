@@ -302,9 +302,8 @@ cudaError_t cl_attention_backward(X *dqkv, float *dsum, const X *dout, const X *
     case 128: e = s_bwd<X, 128>(dqkv, dsum, dout, out, lse, qkv, B, T, C, NH, st); break;
     default: return cudaErrorInvalidValue;
     }
-    for (int i = 0; dbias && i < 3 && e == cudaSuccess; i++)
-        if (dbias[i])
-            e = cl_bias_backward<X>(dbias[i], dqkv + (size_t)i * C, B * T, C, part, st, 3 * C);
+    if (e == cudaSuccess && dbias)
+        e = cl_qkv_bias_backward<X>(dbias, dqkv, B * T, C, part, st);
     return e;
 }
 

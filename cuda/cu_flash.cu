@@ -588,8 +588,5 @@ cudaError_t cl_flash_backward(cu_bf16 *dqkv, float *dsum, const cu_bf16 *dout, c
         return e;
     if (p) // every (row tile, column) of part written once by the two kernels
         return cl_colpart_sum(dbias, 3, C, p, B * nt, st);
-    for (int i = 0; i < 3 && e == cudaSuccess; i++)
-        if (dbias[i])
-            e = cl_bias_backward<cu_bf16>(dbias[i], dqkv + (size_t)i * C, B * T, C, part, st, 3 * C);
-    return e;
+    return cl_qkv_bias_backward<cu_bf16>(dbias, dqkv, B * T, C, part, st);
 }

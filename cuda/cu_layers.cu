@@ -731,6 +731,16 @@ cudaError_t cl_bias_backward(float *dbias, const X *dout, int N, int OC, float *
     return s_colsum<X>(NULL, dbias, dout, NULL, NULL, NULL, N, OC, ld, st);
 }
 
+template <class X>
+cudaError_t cl_qkv_bias_backward(float *const *dbias, const X *dqkv, int N, int C, float *part, cudaStream_t st)
+{
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < 3 && e == cudaSuccess; i++)
+        if (dbias[i])
+            e = cl_bias_backward<X>(dbias[i], dqkv + (size_t)i * C, N, C, part, st, 3 * C);
+    return e;
+}
+
 // ---- residual + bias after a compressed all-reduce (element-wise) ----
 
 template <class X>
@@ -1012,6 +1022,7 @@ cudaError_t cl_crossentropy_backward(X *logits, const float *lse, const int *tar
                                                   const float *, const float *, int, int, float *,            \
                                                   cudaStream_t, float *);                                     \
     template cudaError_t cl_bias_backward<X>(float *, const X *, int, int, float *, cudaStream_t, int);       \
+    template cudaError_t cl_qkv_bias_backward<X>(float *const *, const X *, int, int, float *, cudaStream_t); \
     template cudaError_t cl_residual_bias<X>(X *, const X *, const float *, const float *, int, int,          \
                                              cudaStream_t);                                                   \
     template int cl_crossentropy_fusable<X>(const X *, int);                                                  \

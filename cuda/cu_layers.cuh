@@ -83,6 +83,11 @@ cudaError_t cl_colpart_sum(float *const *out, int np, int n, const float *part, 
 template <class X>
 cudaError_t cl_bias_backward(float *dbias /* (OC) += */, const X *dout /* (N,OC), row stride ld */, int N, int OC,
                              float *part /* scratch or NULL */, cudaStream_t st, int ld = 0);
+// dbias[i] (NULL: none) += the column sums of dqkv's i-th third (q, k, v), by cl_bias_backward:
+// the QKV bias gradient where the attention backward's kernels did not sum it
+template <class X>
+cudaError_t cl_qkv_bias_backward(float *const *dbias, const X *dqkv /* (N,3C) */, int N, int C, float *part,
+                                 cudaStream_t st);
 // out = x + sum + bias[column] (the row-parallel layers' residual after a
 // compressed all-reduce; out may not alias sum)
 template <class X>
