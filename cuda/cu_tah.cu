@@ -1748,9 +1748,13 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
 // before they ran, and the warps of a sample ended up to 8 us apart; cuda/NOTES.md, "Twenty-fifth
 // version".) Keys go to key16 (sample b's at
 // b * nk) and, for the CTA's histogram, to a bag in shared memory (lmax / 32 units; past that,
-// straight to the sample's histogram); the CTA's max |x| to gamax. A cooperative launch for
-// the words the CTAs share: CTA (b, 0) zeroes sample b's histogram and counter and tags ztag[b],
-// CTA 0 zeroes gamax and tags `flag`; every CTA waits for the tags before it uses them.
+// straight to the sample's histogram); the CTA's max |x| to gamax. The words the CTAs share:
+// CTA (b, 0) zeroes sample b's histogram and counter and tags ztag[b], CTA 0 zeroes gamax and
+// tags `flag`; every CTA waits for the tags before it uses them. An ordinary launch, not a
+// cooperative one (which had kept k_tah_emit's programmatic launch from starting before this
+// grid's end; cuda/NOTES.md, "Twenty-sixth version"): the grid is no larger than fits on the GPU
+// at once and a CTA waits only for lower-numbered ones, so the CTA it waits for is running or
+// gets an SM once whatever else runs there ends.
 template <typename X>
 __global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, uint4 *__restrict__ rec,
                                                      uint16_t *__restrict__ key16, s_fz z, cu_hp head, s_tg g,
@@ -1887,7 +1891,7 @@ __device__ __forceinline__ bool d_hshift(uint32_t &h, int32_t d)
 // The frame from k_tah_spec's records: CTA (b, j) writes tiles [512 j, 512 j + 512) of sample b.
 // Every CTA finds the sample's threshold T and `need` from its histogram (as k_tah_fused) and
 // counts its own keys > T and == T, publishes them in cnt[cta] with 36 bits of the call's tag,
-// and sums those of the sample's CTAs before it (a cooperative launch: they are all resident);
+// and sums those of the sample's CTAs before it (all fit at once, as k_tah_spec's);
 // then each thread its two tiles (i = c0 + tid, c0 + 256 + tid): high or low, the high tiles
 // before it, and the record's codes of that width into the frame.
 template <typename X>
@@ -1896,6 +1900,9 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
                                                   cu_hp head, s_tg g, uint32_t PB, uint32_t nk)
 {
     constexpr uint32_t BH = 4u, BL = 3u;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory"); // k_tah_spec done, its writes visible
+#endif
     __shared__ uint32_t ws[32], sh_T, sh_need, sh_pre, sh_end;
     __shared__ __align__(16) uint64_t srun[S_EM_TILES * 4u]; // the CTA's codes (32 bytes a tile at most)
     const uint32_t tid = threadIdx.x, lane = tid & 31u;
@@ -1913,7 +1920,7 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
 #pragma unroll
     for (int s = 0; s < 2; s++) {
         const uint32_t i = c0 + 256u * (uint32_t)s + tid;
-        key[s] = i < n ? key16[(size_t)b * nk + i] : 0u;
+        key[s] = i < n ? __ldcg(&key16[(size_t)b * nk + i]) : 0u;
     }
     const int32_t e = d_tah_exp(__ldcg(z.gamax), g.lg);
     if (blockIdx.x == 0 && tid == 0) {
@@ -2678,7 +2685,9 @@ static int s_encode_spec(const s_tg &g, const X *x, uint8_t *payload, cu_hp head
     P = P < (nus + S_SP_WARPS - 1) / S_SP_WARPS ? P : (nus + S_SP_WARPS - 1) / S_SP_WARPS;
     if (P == 0)
         return 1;
-    // k_tah_emit's CTAs wait for the counts of those before them: all resident
+    // k_tah_emit's CTAs wait for the counts of those before them: all fit at once. It is a
+    // programmatic dependent launch (Hopper on): its CTAs start as k_tah_spec's end and wait at
+    // griddepcontrol.wait for its writes, instead of after the grid's completion (~1.2 us, H100)
     uint32_t a_PB = (uint32_t)((g.n_alloc + S_EM_TILES - 1) / S_EM_TILES);
     const void *ekern = (const void *)k_tah_emit<X>;
     if (g.B * a_PB > (uint64_t)cu_coop_blocks(ekern, 256, 0) || g.B * a_PB > S_FUSE_MAXGRID)
@@ -2692,9 +2701,21 @@ static int s_encode_spec(const s_tg &g, const X *x, uint8_t *payload, cu_hp head
     s_tg a_g = g;
     uint32_t a_P = (uint32_t)P, a_nk = (uint32_t)s_spec_nk(g), a_lmax = (uint32_t)lmax;
     void *args[] = { &a_x, &a_rec, &a_key, &a_z, &a_head, &a_g, &a_P, &a_nk, &a_lmax };
-    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)(P * g.B)), dim3(S_SP_WARPS * 32), args, smem, st));
+    CUDA_CHECK(cudaLaunchKernel(kern, dim3((unsigned int)(P * g.B)), dim3(S_SP_WARPS * 32), args, smem, st));
     void *eargs[] = { &a_x, &a_rec, &a_key, &a_z, &a_p, &a_head, &a_g, &a_PB, &a_nk };
-    CUDA_CHECK(cudaLaunchCooperativeKernel(ekern, dim3((unsigned int)(g.B * a_PB)), dim3(256), eargs, 0, st));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned int)(g.B * a_PB));
+    cfg.blockDim = dim3(256);
+    cfg.stream = st;
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &at;
+    int dev = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cfg.numAttrs = major >= 9 ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelExC(&cfg, ekern, eargs));
     return 0;
 }
 
