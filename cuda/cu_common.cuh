@@ -124,6 +124,7 @@ __device__ __forceinline__ uint64_t d_l2_evict_first()
 __device__ __forceinline__ void d_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // every group but the newest complete
 __device__ __forceinline__ void d_cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void d_cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // 32 consecutive floats at src (16-byte aligned; shared memory in the staged kernels)
 __device__ __forceinline__ void d_load32(const float *src, float v[32])

@@ -1743,7 +1743,10 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
 // no select. CTA (b, j) works on sample b; the sample's units of 32 tiles go to its P * 4 warps:
 // two rounds in a fixed order (warp w of CTA j: units 4P r + 4j + w), then one at a time from
 // the sample's counter (sdone[b]), each claimed when its copy is issued, one unit ahead of its
-// work, so that the warps of a sample end within about a unit of each other. (Until round 24
+// work, so that the warps of a sample end within about a unit of each other; once a claim is
+// within two rounds of the sample's last unit, each later unit is claimed when the warp's unit
+// is done (its copy then waited for: the other warps fill the wait), so that the last units go
+// to the warps free first (round 25: ~0.7 us). (Until round 24
 // four rounds were fixed and claims made two units ahead: the last units were handed out ~10 us
 // before they ran, and the warps of a sample ended up to 8 us apart; cuda/NOTES.md, "Twenty-fifth
 // version".) Keys go to key16 (sample b's at
@@ -1805,23 +1808,32 @@ __global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, ui
         tz = *(volatile unsigned long long *)&z.ztag[b];
         tf = *(volatile unsigned long long *)z.flag;
     }
-    for (uint32_t it = 0; u < nUs; it++) { // uniform per warp
-        if (it >= 1u) { // the next unit, claimed now and waited for (the other warps fill the wait)
-            uint32_t c = nUs;
-            if (lane == 0) {
-                while (tz != head.tag) { // CTA (b, 0)'s zeroing (done long ago, as a rule)
-                    __nanosleep(S_POLL_NS);
-                    tz = *(volatile unsigned long long *)&z.ztag[b];
-                }
-                c = 2u * stride + atomicAdd(&z.sdone[b], 1u);
+    auto claim = [&]() {
+        uint32_t c = nUs;
+        if (lane == 0) {
+            while (tz != head.tag) { // CTA (b, 0)'s zeroing (done long ago, as a rule)
+                __nanosleep(S_POLL_NS);
+                tz = *(volatile unsigned long long *)&z.ztag[b];
             }
-            un = __shfl_sync(CU_FULL, c, 0);
+            c = 2u * stride + atomicAdd(&z.sdone[b], 1u);
         }
-        d_stage_unit32(wb + (k ^ 1u) * S_SP_UNIT * S_ST_ROWW, x, t0 + S_SP_UNIT * un,
-                       un < nUs ? min(S_SP_UNIT, na - S_SP_UNIT * un) : 0u, lane);
-        if (lane == 0 && it == 0u && tz != head.tag) // read again, to be current by the first claim
-            tz = *(volatile unsigned long long *)&z.ztag[b];
-        d_cp_wait1();
+        return __shfl_sync(CU_FULL, c, 0);
+    };
+    auto stage = [&](uint32_t v) { // unit v's copy into the buffer not in use
+        d_stage_unit32(wb + (k ^ 1u) * S_SP_UNIT * S_ST_ROWW, x, t0 + S_SP_UNIT * v,
+                       v < nUs ? min(S_SP_UNIT, na - S_SP_UNIT * v) : 0u, lane);
+    };
+    bool late = false; // the sample's last units: each claimed once the warp's unit is done
+    for (uint32_t it = 0; u < nUs; it++) { // uniform per warp
+        if (!late) {
+            if (it >= 1u) // the next unit, claimed now and waited for (the other warps fill the wait)
+                un = claim();
+            stage(un);
+            if (lane == 0 && it == 0u && tz != head.tag) // read again, to be current by the first claim
+                tz = *(volatile unsigned long long *)&z.ztag[b];
+            d_cp_wait1();
+        } else
+            d_cp_wait0();
         __syncwarp();
         const uint32_t lt = S_SP_UNIT * u + lane;
         const bool valid = lt < na;
@@ -1841,6 +1853,11 @@ __global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, ui
             atomicAdd(&H[key], 1u);
         }
         __syncwarp(); // buffer k read (and rewritten by the rotated pass) before its next copies
+        if (late) { // the next unit claimed now, its copy waited for at the next iteration's top
+            un = claim();
+            stage(un);
+        } else if (it >= 1u && un + 2u * stride >= nUs)
+            late = true;
         u = un;
         k ^= 1u;
     }
