@@ -1237,22 +1237,28 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
 // by a CTA of 256 threads (16 bins each, thread 0 the top ones, one block scan): T, the largest
 // key with at least nh keys >= T, to *sh_T and need, how many keys == T are high (the lowest
 // indices first), to *sh_need, written by the one thread whose bins hold T. The caller
-// synchronises before reading them.
+// synchronises before reading them. PK: H packs two bins a word (d_hist_add).
+template <bool PK>
 __device__ __forceinline__ void d_tah_threshold(const uint32_t *H, uint32_t nh, uint32_t *ws, uint32_t *sh_T,
                                                 uint32_t *sh_need)
 {
-    constexpr uint32_t nb = CODEC_TAH_KEY_BINS / 256u;
-    static_assert(nb % 4u == 0u, "16-byte histogram loads");
+    constexpr uint32_t nb = CODEC_TAH_KEY_BINS / 256u, nw = PK ? nb / 2u : nb;
+    static_assert(nw % 4u == 0u, "16-byte histogram loads");
     const uint32_t hb = (255u - threadIdx.x) * nb; // thread 0: the top bins
     uint32_t hv[nb], c = 0;
 #pragma unroll
-    for (uint32_t q = 0; q < nb; q += 4u) {
-        const uint4 v = __ldcg((const uint4 *)&H[hb + q]);
-        hv[q] = v.x;
-        hv[q + 1] = v.y;
-        hv[q + 2] = v.z;
-        hv[q + 3] = v.w;
-        c += v.x + v.y + v.z + v.w;
+    for (uint32_t q = 0; q < nw; q += 4u) {
+        const uint4 v = __ldcg((const uint4 *)&H[hb / (nb / nw) + q]);
+        const uint32_t w[4] = { v.x, v.y, v.z, v.w };
+#pragma unroll
+        for (uint32_t r = 0; r < 4u; r++) {
+            if constexpr (PK) {
+                hv[2u * (q + r)] = w[r] & 0xffffu;
+                hv[2u * (q + r) + 1u] = w[r] >> 16;
+            } else
+                hv[q + r] = w[r];
+            c += PK ? (w[r] & 0xffffu) + (w[r] >> 16) : w[r];
+        }
     }
     uint32_t tot;
     uint32_t above = d_block_scan(c, ws, &tot); // keys above this thread's bins
@@ -1268,10 +1274,22 @@ __device__ __forceinline__ void d_tah_threshold(const uint32_t *H, uint32_t nh, 
         }
 }
 
+// c more keys in bin `key` of a sample's histogram H: a word a bin, or (PK) two 16-bit bins a
+// word, bin 2i in the low half (k_tah_spec's samples have fewer than 2^16 tiles: no carry), so
+// that each of k_tah_emit's CTAs reads 8 KB of it instead of 16 KB for its threshold
+template <bool PK>
+__device__ __forceinline__ void d_hist_add(uint32_t *H, uint32_t key, uint32_t c)
+{
+    if (PK)
+        atomicAdd(&H[key >> 1], c << (16u * (key & 1u)));
+    else
+        atomicAdd(&H[key], c);
+}
+
 // A CTA's keys (n of them at keys; 0xffffffff: an empty slot) added to the sample's histogram H:
 // counted first in a shared-memory window lh of LH bins around keys[0] (a CTA's keys cluster),
 // keys outside it straight to H, then the window's non-zero bins added to H. Block-wide.
-template <uint32_t LH>
+template <uint32_t LH, bool PK>
 __device__ __forceinline__ void d_hist_window(const uint32_t *keys, uint32_t n, uint32_t *lh, uint32_t *H)
 {
     const uint32_t tid = threadIdx.x;
@@ -1284,12 +1302,12 @@ __device__ __forceinline__ void d_hist_window(const uint32_t *keys, uint32_t n, 
         if (key - base < LH)
             atomicAdd(&lh[key - base], 1u);
         else if (key != 0xffffffffu)
-            atomicAdd(&H[key], 1u);
+            d_hist_add<PK>(H, key, 1u);
     }
     __syncthreads();
     for (uint32_t q = tid; q < LH; q += blockDim.x)
         if (lh[q] != 0u)
-            atomicAdd(&H[base + q], lh[q]);
+            d_hist_add<PK>(H, base + q, lh[q]);
 }
 
 // k_tah_fused's ordering around the words CTAs poll: release/acquire fences at GPU scope (round 16;
@@ -1424,7 +1442,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
 
     // 2. select
     if (!all) // lh: a window of S_LH bins around the CTA's first key
-        d_hist_window<S_LH>(sk, L, lh, H);
+        d_hist_window<S_LH, false>(sk, L, lh, H);
     d_fence_gpu(); // this thread's atomics before the CTA's arrival below
     __syncthreads();
     if (tid == 0) {
@@ -1450,7 +1468,7 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
     const uint32_t i0 = min(tid * per, L), i1 = min(i0 + per, L);
     uint32_t T = 0, need = 0, e = 0, run; // run: the sample's high tiles before key i0
     if (!all) {
-        d_tah_threshold(H, (uint32_t)g.n_hi, ws, &sh_T, &sh_need);
+        d_tah_threshold<false>(H, (uint32_t)g.n_hi, ws, &sh_T, &sh_need);
         __syncthreads();
         T = sh_T;
         need = sh_need;
@@ -1777,7 +1795,7 @@ __global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, ui
         s_slot = 0;
     if (j == 0) {
         if (!all)
-            for (uint32_t i = tid; i < CODEC_TAH_KEY_BINS; i += blockDim.x)
+            for (uint32_t i = tid; i < CODEC_TAH_KEY_BINS / 2u; i += blockDim.x) // two bins a word
                 H[i] = 0;
         if (tid == 0)
             z.sdone[b] = 0;
@@ -1850,7 +1868,7 @@ __global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, ui
         else if (valid && !all) { // the bag is full: this unit's keys straight to the histogram
             while (*(volatile unsigned long long *)&z.ztag[b] != head.tag)
                 __nanosleep(S_POLL_NS);
-            atomicAdd(&H[key], 1u);
+            d_hist_add<true>(H, key, 1u);
         }
         __syncwarp(); // buffer k read (and rewritten by the rotated pass) before its next copies
         if (late) { // the next unit claimed now, its copy waited for at the next iteration's top
@@ -1889,7 +1907,7 @@ __global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, ui
     }
     const uint32_t nbag = S_SP_UNIT * min(s_slot, cap);
     if (!all && nbag != 0u) // the bag's histogram as k_tah_fused counts its keys
-        d_hist_window<S_SP_LH>(sk, nbag, lh, H);
+        d_hist_window<S_SP_LH, true>(sk, nbag, lh, H);
 }
 
 // an fp16 field (min or step) at an exponent d lower: false when it would leave the normal
@@ -1946,7 +1964,7 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
     }
     uint32_t T = 0, need = 0;
     if (!all) {
-        d_tah_threshold(z.hist + (size_t)b * CODEC_TAH_KEY_BINS, (uint32_t)g.n_hi, ws, &sh_T, &sh_need);
+        d_tah_threshold<true>(z.hist + (size_t)b * CODEC_TAH_KEY_BINS, (uint32_t)g.n_hi, ws, &sh_T, &sh_need);
         __syncthreads();
         T = sh_T;
         need = sh_need;
