@@ -97,7 +97,7 @@ struct s_fz {
     unsigned long long *ztag; // [S_FUSE_MAXGRID] per sample: the call's tag once its histogram is zeroed
     uint32_t *gdone, *gamax;  // CTAs past phase 1; the frame's max |x| bits (atomicMax)
     uint32_t *sdone;          // [S_FUSE_MAXGRID] per sample: its CTAs past phase 1
-    uint32_t *hist;           // [B][CODEC_TAH_KEY_BINS] per sample: its keys' histogram
+    uint32_t *hist;           // [B][CODEC_TAH_KEY_BINS] per sample: its keys' histogram (k_tah_spec's: two bins a word)
 };
 #define S_LH 512u // k_tah_fused: keys counted in shared memory first, a window of S_LH bins
 
@@ -2722,7 +2722,7 @@ static int s_encode_spec(const s_tg &g, const X *x, uint8_t *payload, cu_hp head
         return 1;
     // k_tah_emit's CTAs wait for the counts of those before them: all fit at once. It is a
     // programmatic dependent launch (Hopper on): its CTAs start as k_tah_spec's end and wait at
-    // griddepcontrol.wait for its writes, instead of after the grid's completion (~1.2 us, H100)
+    // griddepcontrol.wait for its writes, instead of after the grid's completion (~1.5 us, H100)
     uint32_t a_PB = (uint32_t)((g.n_alloc + S_EM_TILES - 1) / S_EM_TILES);
     const void *ekern = (const void *)k_tah_emit<X>;
     if (g.B * a_PB > (uint64_t)cu_coop_blocks(ekern, 256, 0) || g.B * a_PB > S_FUSE_MAXGRID)
