@@ -1,12 +1,16 @@
 // cu_ash.cu — ASH-FP8 (TACO) on the GPU, codecs/ash.c's payload: per block
 // of n = `block` elements, f32 alpha, f32 s, n E4M3 codes.
 //
-// block <= 256 (the default 256): a segment of tpg = n/8 lanes per block,
+// block 256 (the default): k_ash_enc256 / k_ash_dec256, four blocks per warp on the split
+// layout (lane l holds elements 4l..4l+3 and 128+4l..128+4l+3; stages 1, 2 in registers,
+// 4..64 across lanes, 128 between the lane's two runs; see the comment above k_ash_enc256).
+//
+// blocks 16..128: a segment of tpg = n/8 lanes per block (k_ash_enc_warp, k_ash_dec_warp),
 // lane l holds elements [8l, 8l+8) in registers (two 16-byte loads):
 //
-//   warp (n = 256): lane 0: x[0..8)  lane 1: x[8..16) ... lane 31: x[248..256)
-//   Hadamard: stages h = 1,2,4 inside the lane, h = 8..128 with
-//   __shfl_xor_sync(lane ^ 1 .. lane ^ 16); max|z| a shuffle reduction;
+//   warp (n = 128): lane 0: x[0..8)  lane 1: x[8..16) ... lane 15: x[120..128)
+//   Hadamard: stages h = 1,2,4 inside the lane, h = 8..64 with
+//   __shfl_xor_sync(lane ^ 1 .. lane ^ 8); max|z| a shuffle reduction;
 //   codes: 4 hardware cvt.rn.satfinite.e4m3x2 per lane, one 8-byte store.
 //
 // The RMS is a double sum in codecs/ash.c's order (8 lanes i % 8, the tail

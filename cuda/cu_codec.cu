@@ -284,6 +284,8 @@ extern "C" int cu_codec_status(const void *d_scratch, cudaStream_t stream, char 
                                                    "the decoded output (decode)");
     if (st & CU_ST_RANGE)
         return s_fail(TAH_ERANGE, err, errlen, "cuda encode: value out of the codec's range (fixpt: lower "
-                                               "scale; fp16: |x| > 65504; ash-fp8: tau*block overflows)");
+                                               "scale; fp16: |x| > 65504; bf16: rounds to infinity; "
+                                               "ash-fp8: tau*block overflows; tah: a tile's fp16 field "
+                                               "overflows)");
     return 0;
 }

@@ -557,8 +557,9 @@ int cu_tah_encode_bf16(const codec_spec_t *spec, codec_shape_t shape, const cu_b
 int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *payload, float *out,
                   cu_hp head, void *work, cudaStream_t st, char *err, size_t errlen);
 
-// The one-launch encoders (round 6: k_int_fused, k_tah_fused) unless TAH_CU_FUSE=0 (then
-// round 5's memset + two or three kernels).
+// The one-launch encoders (round 6: k_int_fused, k_tah_fused; and TAH-Quant's k_tah_spec +
+// k_tah_emit) unless TAH_CU_FUSE=0 (then int: k_int_stats + k_int_codes; TAH-Quant: a memset
+// and four kernels). The default int encoder, k_int_row, is one launch either way.
 bool cu_fuse(void);
 // The newer kernels unless TAH_CU_TPT=0 (then round 7's segment kernels: a same-binary
 // comparison): round 8's lane pairs per TAH tile (encode and decode), round 10's warp per

@@ -2,6 +2,11 @@
 // nearest and stochastic rounding) and grouped INT (int, asymmetric and
 // symmetric). Same payloads as codecs/fixpt.c and codecs/intq.c.
 //
+// Which kernel runs: the default specs (fixpt 8 bits, int 4 bits, group 128) on whole,
+// aligned groups take the warp-per-group kernels of round 10 (k_fix_enc_row, k_int_row,
+// k_group_dec_row; below). The other shapes and specs, and TAH_CU_TPT=0, take the segment
+// kernels described first. (docs/cuda-codecs.md lists every path.)
+//
 // Encode, one launch (fixpt; int since round 6: k_int_fused, a cooperative
 // launch with one grid barrier between the statistics and the codes, since an
 // exponent per block of S_IBLK groups scales the metadata of the block's groups;
@@ -35,8 +40,9 @@
 // per exponent block, comment above k_int_row).
 // TAH_CU_TPT=0 keeps the segment kernels (a same-binary comparison).
 //
-// Decode: a flat grid, one thread per 8-code chunk (b bytes in, 8 floats
-// out), checking the metadata and codes exactly as the CPU decoder does.
+// Decode (groups above 256: k_group_decode): a flat grid, one thread per 8-code chunk (b bytes
+// in, 8 floats out), checking the metadata and codes exactly as the CPU decoder does; groups up
+// to 256 on segments (k_group_dec_seg), the default spec by k_group_dec_row.
 #include <float.h>
 
 #include <cooperative_groups.h> // this_grid().sync() in k_int_fused
