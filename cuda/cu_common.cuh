@@ -99,7 +99,8 @@ __device__ __forceinline__ bool d_nonfinite(float f) { return (__float_as_uint(f
 
 // ---- cp.async staging (round 8: TAH and int encoders) ----
 // 16 bytes global -> shared, through L2 only; groups committed and waited on per thread
-// (a warp's copies are all visible after d_cp_wait1 and __syncwarp).
+// (a warp's copies of a group are all visible once each lane has waited for it, d_cp_wait1 or
+// d_cp_wait0, and __syncwarp).
 __device__ __forceinline__ void d_cp16s(uint32_t sa, const float *gmem) // sa: a shared-window address
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");

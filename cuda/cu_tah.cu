@@ -1233,7 +1233,7 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
     }
 }
 
-// A sample's threshold from its key histogram H (CODEC_TAH_KEY_BINS words, read through L2),
+// A sample's threshold from its key histogram H (CODEC_TAH_KEY_BINS bins, read through L2),
 // by a CTA of 256 threads (16 bins each, thread 0 the top ones, one block scan): T, the largest
 // key with at least nh keys >= T, to *sh_T and need, how many keys == T are high (the lowest
 // indices first), to *sh_need, written by the one thread whose bins hold T. The caller
@@ -1773,9 +1773,10 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
 // CTA (b, 0) zeroes sample b's histogram and counter and tags ztag[b], CTA 0 zeroes gamax and
 // tags `flag`; every CTA waits for the tags before it uses them. An ordinary launch, not a
 // cooperative one (which had kept k_tah_emit's programmatic launch from starting before this
-// grid's end; cuda/NOTES.md, "Twenty-sixth version"): the grid is no larger than fits on the GPU
-// at once and a CTA waits only for lower-numbered ones, so the CTA it waits for is running or
-// gets an SM once whatever else runs there ends.
+// grid's end; cuda/NOTES.md, "Twenty-sixth version"): a CTA waits only for lower-numbered CTAs
+// (here CTA 0 and CTA (b, 0); in k_tah_emit's look-back, the sample's CTAs before it), and NVIDIA
+// GPUs dispatch a grid's CTAs in increasing order, the property CUB's single-pass scan also
+// relies on; the grid is also no larger than fits on the GPU at once.
 template <typename X>
 __global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, uint4 *__restrict__ rec,
                                                      uint16_t *__restrict__ key16, s_fz z, cu_hp head, s_tg g,
@@ -1926,7 +1927,7 @@ __device__ __forceinline__ bool d_hshift(uint32_t &h, int32_t d)
 // The frame from k_tah_spec's records: CTA (b, j) writes tiles [512 j, 512 j + 512) of sample b.
 // Every CTA finds the sample's threshold T and `need` from its histogram (as k_tah_fused) and
 // counts its own keys > T and == T, publishes them in cnt[cta] with 36 bits of the call's tag,
-// and sums those of the sample's CTAs before it (all fit at once, as k_tah_spec's);
+// and sums those of the sample's CTAs before it (lower-numbered: k_tah_spec's comment);
 // then each thread its two tiles (i = c0 + tid, c0 + 256 + tid): high or low, the high tiles
 // before it, and the record's codes of that width into the frame.
 template <typename X>
@@ -2700,6 +2701,24 @@ static bool s_pair_ok(const s_tg &g, const void *x, const uint8_t *payload)
            g.code_bytes % 8u == 0 && (pa + g.meta_off) % 4u == 0 && g.T <= 0xffffffffull;
 }
 
+// Whether k_tah_emit may be a programmatic dependent launch on the current device: only where the
+// code it runs was compiled for sm_90 or later (its PTX then has the griddepcontrol.wait the
+// launch relies on; a build for an older architecture JIT-compiled on a Hopper has not). Cached
+// per device and kernel (a benign race: every thread computes the same answer).
+static bool s_emit_pdl(const void *ekern)
+{
+    static signed char known[2][64]; // [bf16][device]: 0 unknown, 1 yes, -1 no
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return false;
+    const int t = ekern == (const void *)k_tah_emit<cu_bf16> ? 1 : 0;
+    if (known[t][dev] == 0) {
+        cudaFuncAttributes fa;
+        known[t][dev] = cudaFuncGetAttributes(&fa, ekern) == cudaSuccess && fa.ptxVersion >= 90 ? 1 : -1;
+    }
+    return known[t][dev] > 0;
+}
+
 // Round 17's encode (k_tah_spec + k_tah_emit) where it applies: 0 or a TAH_E* code, 1 when it
 // does not (the lane-pair conditions, the default widths, samples of fewer than 2^16 tiles).
 // X: fp32 or bf16 input (cu_bf16: the staged rows are the bf16 tiles, widened as read).
@@ -2720,9 +2739,10 @@ static int s_encode_spec(const s_tg &g, const X *x, uint8_t *payload, cu_hp head
     P = P < (nus + S_SP_WARPS - 1) / S_SP_WARPS ? P : (nus + S_SP_WARPS - 1) / S_SP_WARPS;
     if (P == 0)
         return 1;
-    // k_tah_emit's CTAs wait for the counts of those before them: all fit at once. It is a
-    // programmatic dependent launch (Hopper on): its CTAs start as k_tah_spec's end and wait at
-    // griddepcontrol.wait for its writes, instead of after the grid's completion (~1.5 us, H100)
+    // k_tah_emit's CTAs wait for the counts of those before them (see k_tah_spec's comment on
+    // why an ordinary launch is enough). It is a programmatic dependent launch (s_emit_pdl): its
+    // CTAs start as k_tah_spec's end and wait at griddepcontrol.wait for its writes, instead of
+    // after the grid's completion (~1.5 us, H100)
     uint32_t a_PB = (uint32_t)((g.n_alloc + S_EM_TILES - 1) / S_EM_TILES);
     const void *ekern = (const void *)k_tah_emit<X>;
     if (g.B * a_PB > (uint64_t)cu_coop_blocks(ekern, 256, 0) || g.B * a_PB > S_FUSE_MAXGRID)
@@ -2746,11 +2766,14 @@ static int s_encode_spec(const s_tg &g, const X *x, uint8_t *payload, cu_hp head
     at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at.val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = &at;
-    int dev = 0, major = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    cfg.numAttrs = major >= 9 ? 1 : 0;
-    CUDA_CHECK(cudaLaunchKernelExC(&cfg, ekern, eargs));
+    cfg.numAttrs = s_emit_pdl(ekern) ? 1 : 0;
+    cudaError_t le = cudaLaunchKernelExC(&cfg, ekern, eargs);
+    if (le != cudaSuccess && cfg.numAttrs != 0) { // a driver that refuses the attribute: a plain launch
+        (void)cudaGetLastError();
+        cfg.numAttrs = 0;
+        le = cudaLaunchKernelExC(&cfg, ekern, eargs);
+    }
+    CUDA_CHECK(le);
     return 0;
 }
 
