@@ -184,7 +184,9 @@ static int s_send_msg(runner_t *r, int dest, Tah__DataHeader *h, zmq_msg_t *payl
     }
     if (payload)
         zmq_msg_close(payload);
-    if (dest == NODE_DEST_DOWN)
+    if (h->kind == TAH__DATA_KIND__DATA_EVAL) /* the validation pass's: reported apart (val_bytes) */
+        r->bytes_val += total;
+    else if (dest == NODE_DEST_DOWN)
         r->bytes_fwd += total;
     else if (dest == NODE_DEST_UP)
         r->bytes_bwd += total;
@@ -1167,10 +1169,7 @@ void *node_runner_main(void *arg)
             double ph[P_N];
             memcpy(ph, r->ph, sizeof ph);
             const double te = s_now();
-            const uint64_t f0 = r->bytes_fwd; /* the validation's frames: reported apart (val_bytes) */
             rc = s_eval(r, s1, &val_loss);
-            r->bytes_val += r->bytes_fwd - f0;
-            r->bytes_fwd = f0;
             t_eval = s_now() - te;
             memcpy(r->ph, ph, sizeof ph);
         }
