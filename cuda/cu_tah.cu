@@ -2704,19 +2704,20 @@ static bool s_pair_ok(const s_tg &g, const void *x, const uint8_t *payload)
 // Whether k_tah_emit may be a programmatic dependent launch on the current device: only where the
 // code it runs was compiled for sm_90 or later (its PTX then has the griddepcontrol.wait the
 // launch relies on; a build for an older architecture JIT-compiled on a Hopper has not). Cached
-// per device and kernel (a benign race: every thread computes the same answer).
-static bool s_emit_pdl(const void *ekern)
+// per device and input type (a benign race: every thread computes the same answer).
+template <typename X>
+static bool s_emit_pdl()
 {
-    static signed char known[2][64]; // [bf16][device]: 0 unknown, 1 yes, -1 no
+    static signed char known[64]; // [device]: 0 unknown, 1 yes, -1 no
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
         return false;
-    const int t = ekern == (const void *)k_tah_emit<cu_bf16> ? 1 : 0;
-    if (known[t][dev] == 0) {
+    if (known[dev] == 0) {
         cudaFuncAttributes fa;
-        known[t][dev] = cudaFuncGetAttributes(&fa, ekern) == cudaSuccess && fa.ptxVersion >= 90 ? 1 : -1;
+        const bool ok = cudaFuncGetAttributes(&fa, (const void *)k_tah_emit<X>) == cudaSuccess && fa.ptxVersion >= 90;
+        known[dev] = ok ? 1 : -1;
     }
-    return known[t][dev] > 0;
+    return known[dev] > 0;
 }
 
 // Round 17's encode (k_tah_spec + k_tah_emit) where it applies: 0 or a TAH_E* code, 1 when it
@@ -2766,7 +2767,7 @@ static int s_encode_spec(const s_tg &g, const X *x, uint8_t *payload, cu_hp head
     at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at.val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = &at;
-    cfg.numAttrs = s_emit_pdl(ekern) ? 1 : 0;
+    cfg.numAttrs = s_emit_pdl<X>() ? 1 : 0;
     cudaError_t le = cudaLaunchKernelExC(&cfg, ekern, eargs);
     if (le != cudaSuccess && cfg.numAttrs != 0) { // a driver that refuses the attribute: a plain launch
         (void)cudaGetLastError();
