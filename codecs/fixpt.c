@@ -10,14 +10,17 @@
  *   t = clamp(y * (1/d), -qmax, qmax)   (1/d rounded once; 0 when d = 0)
  *   nearest:    q = round(t), ties to EVEN
  *   stochastic: q = floor(t) + (u < t - floor(t)), u uniform in [0,1) on a
- *               2^-24 grid from a counter-based hash of (seed, i), i the
- *               element's index in the tensor:
- *                 key = mix(seed)
- *                 u_i = (mix(key + (i+1) * 0x9e3779b97f4a7c15) >> 40) * 2^-24
+ *               2^-23 grid from a counter-based hash of (seed, i), i the
+ *               element's index in the tensor (i < CODEC_MAX_ELEMS = 2^31):
+ *                 k   = mix(mix(seed) + 0x9e3779b97f4a7c15) >> 32
+ *                 u_i = (lowbias32(i xor k) >> 9) * 2^-23
  *               where mix is the splitmix64 finaliser (xor-shift 30, times
  *               0xbf58476d1ce4e5b9, xor-shift 27, times 0x94d049bb133111eb,
- *               xor-shift 31). Reproducible, independent of thread order,
- *               and the same on a GPU. E[q] = t up to the 2^-24 grid of u.
+ *               xor-shift 31) and lowbias32 the 32-bit hash x ^= x >> 16,
+ *               x *= 0x7feb352d, x ^= x >> 15, x *= 0x846ca68b, x ^= x >> 16:
+ *               a few 32-bit operations per element (SIMD lanes, GPU lanes).
+ *               Reproducible, independent of thread order, and the same on
+ *               a GPU. E[q] = t up to the 2^-23 grid of u.
  *   code = q + qmax, in [0, 2*qmax] = [0, 2^b - 2]; code 2^b - 1 is invalid.
  * Decode: g^ = (code - qmax) * (d / c).
  *
@@ -91,8 +94,20 @@ static void s_quant_nearest(uint16_t *codes, const float *g, uint32_t m, float c
     }
 }
 
+/* lowbias32 (see the top) */
+static inline uint32_t s_hash32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+}
+
+/* elements index0 .. index0 + m - 1 with the key k (see the top): 32-bit
+ * lanes only, so the loop vectorises */
 static void s_quant_stochastic(uint16_t *codes, const float *g, uint32_t m, float c, float inv, float qmaxf,
-                               int32_t qmax, uint64_t key, uint64_t index0)
+                               int32_t qmax, uint32_t k, uint32_t index0)
 {
     for (uint32_t i = 0; i < m; i++) {
         float t = (c * g[i]) * inv;
@@ -101,8 +116,7 @@ static void s_quant_stochastic(uint16_t *codes, const float *g, uint32_t m, floa
         int32_t fl = (int32_t)t;               /* truncation ... */
         fl -= (int32_t)((float)fl > t);        /* ... to floor */
         float frac = t - (float)fl;            /* exact for |t| >= 1, else rounded once */
-        uint64_t h = s_mix64(key + (index0 + i + 1) * S_GAMMA);
-        float u = (float)(uint32_t)(h >> 40) * 0x1p-24f;
+        float u = (float)(s_hash32((index0 + i) ^ k) >> 9) * 0x1p-23f;
         codes[i] = (uint16_t)(fl + (int32_t)(u < frac) + qmax);
     }
 }
@@ -115,7 +129,7 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *
     const float qmaxf = (float)qmax, c = p->scale;
     const uint64_t n = codec_shape_elems(shape), ng = s_ngroups(n, group);
     const uint64_t gbytes = bitpack_bytes(group, bits);
-    const uint64_t key = s_mix64(p->seed);
+    const uint32_t key = (uint32_t)(s_mix64(s_mix64(p->seed) + S_GAMMA) >> 32); /* k (see the top) */
     uint16_t codes[S_CHUNK];
     uint8_t *code_base = payload + 2 * ng;
     for (uint64_t g = 0; g < ng; g++) {
@@ -138,7 +152,7 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *
         for (uint32_t k = 0; k < len; k += S_CHUNK) {
             uint32_t m = len - k < S_CHUNK ? len - k : S_CHUNK;
             if (p->stochastic)
-                s_quant_stochastic(codes, gx + k, m, c, inv, qmaxf, qmax, key, off + k);
+                s_quant_stochastic(codes, gx + k, m, c, inv, qmaxf, qmax, key, (uint32_t)(off + k));
             else
                 s_quant_nearest(codes, gx + k, m, c, inv, qmaxf, qmax);
             bitpack_pack(dst + (size_t)k / 8 * bits, codes, m, bits);

@@ -33,7 +33,8 @@
 // metadata on one lane and only quantises (see the comment above
 // k_int_stats); other int groups: k_absmax (each block's max |x|), then
 // k_group_encode / k_group_enc_seg. fixpt with 4 <= tpg <= 32: k_fix_enc,
-// the step once per group on one lane.
+// the step once per group on one lane. Stochastic rounding hashes each element's index with
+// fixpt.c's lowbias32 (d_stoch_u): 32-bit operations only.
 // Round 10: the default specs (fixpt 8 bits, int 4 bits, group 128) on whole groups go
 // through warp-per-group kernels instead (k_fix_enc_row, k_int_row, k_group_dec_row:
 // lane l on elements 4l..4l+3 of a group); int encode reads x once (round 15: a CTA
@@ -51,7 +52,6 @@
 
 enum { M_FIX_NEAR = 0, M_FIX_STOCH = 1, M_INT_ASYM = 2, M_INT_SYM = 3 };
 
-#define S_GAMMA 0x9e3779b97f4a7c15ull
 #define S_CTA 256u
 #define S_ROWS 4 // rows of groups per warp iteration in the segment kernels
 #define S_IBLK 64u // int: groups per exponent (intq.c's S_BLOCK)
@@ -61,7 +61,7 @@ struct s_gp {
     uint64_t nblk;       // int: exponent blocks of S_IBLK groups (0 for fixpt)
     uint64_t meta_off;   // payload offset of the per-group metadata (int: after the exponents)
     uint64_t codes_off;  // payload offset of the first group's codes
-    uint64_t key;        // fixpt stochastic: mix64(seed)
+    uint32_t key;        // fixpt stochastic: fixpt.c's k
     uint32_t group, bits, tpg, gbytes, cpg; // cpg: 8-code chunks per full group
     uint32_t L;          // int asymmetric levels 2^b - 1
     int32_t qmax;        // 2^(b-1) - 1
@@ -70,28 +70,32 @@ struct s_gp {
     bool vec;            // x/out 16-byte aligned and group % 4 == 0
 };
 
-__device__ __forceinline__ uint64_t d_mix64(uint64_t z)
+// fixpt.c's lowbias32
+__device__ __forceinline__ uint32_t d_hash32(uint32_t x)
 {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
 }
 
-// fixpt.c's stochastic code of t (|t| <= qmax < 2^15): fl = floor(t) as (int)t - ((float)fl > t),
-// frac = t - (float)fl, plus 1 when the element's uniform u < frac. The floor without
-// conversions (round 11): s = t + 1.5 * 2^23 holds n = rint(t) in its low mantissa bits and
-// s - 1.5 * 2^23 = n exactly (|t| < 2^22), so fl = n - (n > t) and (float)fl = that float
-// less (n > t), both exact: the same fl and frac, two fewer conversions per element.
-__device__ __forceinline__ int32_t d_stoch_code(float t, uint64_t key, uint64_t idx, int32_t qmax)
+// fixpt.c's uniform of element idx, u = (lowbias32(idx ^ k) >> 9) 2^-23, built as a float in [1, 2)
+// less 1 (exact: no conversion)
+__device__ __forceinline__ float d_stoch_u(uint32_t key, uint32_t idx)
 {
-    const float s = __fadd_rn(t, 12582912.0f);
-    const float r = __fsub_rn(s, 12582912.0f);
-    const bool up = r > t;
-    const int32_t fl = (int32_t)(__float_as_uint(s) - 0x4b400000u) - (int32_t)up;
-    const float frac = __fsub_rn(t, up ? __fsub_rn(r, 1.0f) : r);
-    const uint64_t h = d_mix64(key + (idx + 1u) * S_GAMMA);
-    const float u = __fmul_rn((float)(uint32_t)(h >> 40), 0x1p-24f);
-    return fl + (int32_t)(u < frac) + qmax;
+    return __fsub_rn(__uint_as_float((d_hash32(idx ^ key) >> 9) | 0x3f800000u), 1.0f);
+}
+
+// fixpt.c's stochastic code of t (|t| <= qmax < 2^15): floor(t) + (u < frac) + qmax, frac =
+// t - floor(t). Without conversions: t + 1.5 * 2^23 rounded down is floor(t) + 1.5 * 2^23 exactly
+// (ulp 1 there, |t| < 2^22), so its bits less 0x4b400000 are floor(t) and subtracting 1.5 * 2^23
+// again gives floor(t) as a float exactly; frac is then fixpt.c's t - (float)fl, rounded once.
+__device__ __forceinline__ int32_t d_stoch_code(float t, uint32_t key, uint32_t idx, int32_t qmax)
+{
+    const float s = __fadd_rd(t, 12582912.0f);
+    const float frac = __fsub_rn(t, __fsub_rn(s, 12582912.0f));
+    return (int32_t)(__float_as_uint(s) - 0x4b400000u) + (int32_t)(d_stoch_u(key, idx) < frac) + qmax;
 }
 
 // Block exponent of intq.c: e = clamp(ceil(log2 amax) - 14, -126, 114), 0 for 0.
@@ -291,7 +295,7 @@ __device__ __forceinline__ int32_t d_group_code(const s_gp &g, const s_gq &q, fl
         t = __fmul_rn(__fmul_rn(g.c, xv), q.inv);
         t = t < -qmaxf ? -qmaxf : t;
         t = t > qmaxf ? qmaxf : t;
-        return d_stoch_code(t, g.key, idx, g.qmax);
+        return d_stoch_code(t, g.key, (uint32_t)idx, g.qmax);
     } else if (MODE == M_INT_ASYM) {
         const float Lf = (float)g.L;
         t = __fmul_rn(__fsub_rn(__fmul_rn(xv, q.pdown), q.mn), q.inv);
@@ -1284,7 +1288,7 @@ __device__ __forceinline__ void d_fix_iter(uint8_t *__restrict__ p, const s_gp &
                 if (MODE == M_FIX_NEAR) {
                     c = (int32_t)rintf(t) + g.qmax;
                 } else {
-                    c = d_stoch_code(t, g.key, (uint64_t)(off + 8u * tl + (uint32_t)r), g.qmax);
+                    c = d_stoch_code(t, g.key, off + 8u * tl + (uint32_t)r, g.qmax);
                 }
                 code[r] = (uint32_t)r < m ? ((uint32_t)c & mask) : 0u;
             }
@@ -1316,13 +1320,14 @@ __global__ void __launch_bounds__(256, MINB) k_fix_enc(const X *__restrict__ x, 
         d_flag(head, CU_ST_RANGE);
 }
 
-// Round 10: fixpt encode (nearest, 8 bits, whole groups of 128) with a warp per group, lane
+// Round 10: fixpt encode (8 bits, whole groups of 128) with a warp per group, lane
 // l on elements 4l..4l+3 (see k_group_dec_row): S_ROW_ENC groups' loads in flight per lane,
 // each group's max|x| by one redux, lane u computes group u's step (d_fix_iter's
 // arithmetic), and every group's codes leave as one 128-byte store of the warp.
+// Stochastic rounding since round 26 (it had kept the segment kernel, k_fix_enc).
 #define S_ROW_ENC 4u // groups per warp (one iteration)
 
-template <typename X>
+template <int MODE, typename X>
 __global__ void __launch_bounds__(256) k_fix_enc_row(const X *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
                                                      s_gp g)
 {
@@ -1358,11 +1363,24 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const X *__restrict__ x, ui
             break; // warp-uniform
         uint32_t w[4];
         const float f[4] = { v[u].x, v[u].y, v[u].z, v[u].w };
+        if (MODE == M_FIX_NEAR) {
 #pragma unroll
-        for (int r = 0; r < 4; r++) // round(c x / step) + 128 in the low byte
-            w[r] = __float_as_uint(__fadd_rn(__fmul_rn(__fmul_rn(g.c, f[r]), q_inv), 12583040.0f));
+            for (int r = 0; r < 4; r++) // round(c x / step) + 128 in the low byte
+                w[r] = __float_as_uint(__fadd_rn(__fmul_rn(__fmul_rn(g.c, f[r]), q_inv), 12583040.0f));
+        } else { // d_stoch_code with qmax = 127 folded into the floor's constant: floor(t) + 127 +
+                 // (u < frac) in the low byte (at most 254: no carry)
+            const uint32_t i0 = 128u * (g0 + u) + 4u * lane; // a multiple of 4: i0 + r = i0 | r
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                float t = __fmul_rn(__fmul_rn(g.c, f[r]), q_inv);
+                t = fminf(fmaxf(t, -127.0f), 127.0f);
+                const float s = __fadd_rd(t, 12583039.0f); // 1.5 * 2^23 + 127
+                const float frac = __fsub_rn(t, __fsub_rn(s, 12583039.0f));
+                w[r] = __float_as_uint(s) + (uint32_t)(d_stoch_u(g.key, i0 | (uint32_t)r) < frac);
+            }
+        }
         const uint32_t w03 = __byte_perm(__byte_perm(w[0], w[1], 0x0040u), __byte_perm(w[2], w[3], 0x0040u), 0x5410u);
-        *(uint32_t *)(cw + 128u * u) = w03 - 0x01010101u;
+        *(uint32_t *)(cw + 128u * u) = MODE == M_FIX_NEAR ? w03 - 0x01010101u : w03;
     }
     if (slot_bits >= 0x7f800000u)
         d_flag(head, CU_ST_NONFINITE);
@@ -1479,7 +1497,7 @@ static s_gp s_params(const codec_spec_t *spec, uint64_t n, const void *xy)
     g.qmax = (1 << (g.bits - 1)) - 1;
     g.c = fix ? spec->p.fixpt.scale : 1.0f;
     g.inv_l = fix ? 0.0 : 1.0 / (double)(spec->p.intq.symmetric ? (uint32_t)g.qmax : g.L);
-    g.key = fix ? s_mix64_host(spec->p.fixpt.seed) : 0;
+    g.key = fix ? (uint32_t)(s_mix64_host(s_mix64_host(spec->p.fixpt.seed) + 0x9e3779b97f4a7c15ull) >> 32) : 0;
     const uint64_t mb = fix ? 2u : (spec->p.intq.symmetric ? 2u : 4u);
     g.nblk = fix ? 0 : (g.ng + S_IBLK - 1) / S_IBLK;
     g.meta_off = (g.nblk + 3) & ~3ull; // intq.c: the exponents, padded to 4 bytes
@@ -1554,9 +1572,9 @@ static int s_encode_mode(const s_gp &g, const X *x, uint8_t *payload, cu_hp head
             return 0;
         }
     }
-    if constexpr (MODE == M_FIX_NEAR) {
+    if constexpr (MODE <= M_FIX_STOCH) {
         if (s_row_ok(g, MODE, payload, x)) {
-            k_fix_enc_row<<<cu_grid(g.ng, 8u * S_ROW_ENC), 256, 0, st>>>(x, payload, head, g);
+            k_fix_enc_row<MODE><<<cu_grid(g.ng, 8u * S_ROW_ENC), 256, 0, st>>>(x, payload, head, g);
             CU_CHECK_LAUNCH("k_fix_enc_row");
             return 0;
         }

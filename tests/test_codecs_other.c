@@ -681,11 +681,17 @@ static uint64_t s_splitmix_mix(uint64_t z)
     return z ^ (z >> 31);
 }
 
-/* the documented stochastic-rounding uniform of element i */
+/* the documented stochastic-rounding uniform of element i (fixpt.c's top) */
 static double s_fixpt_u(uint64_t seed, uint64_t i)
 {
-    uint64_t h = s_splitmix_mix(s_splitmix_mix(seed) + (i + 1) * 0x9e3779b97f4a7c15ull);
-    return (double)(h >> 40) * 0x1p-24;
+    uint32_t k = (uint32_t)(s_splitmix_mix(s_splitmix_mix(seed) + 0x9e3779b97f4a7c15ull) >> 32);
+    uint32_t h = (uint32_t)i ^ k;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
+    return (double)(h >> 9) * 0x1p-23;
 }
 
 /* Check a fixpt frame against a double model.
@@ -815,7 +821,7 @@ static void test_fixpt_stochastic(void **state)
     /* unbiased: over TRIALS seeds, each element's mean decoded value is
      * within 5 standard errors of g. One trial decodes to floor or ceil of
      * t (a step d/c apart), so its variance is <= (d/c)^2/4 and the mean's
-     * standard error <= (d/c) / (2 sqrt(TRIALS)); the u grid (2^-24) and
+     * standard error <= (d/c) / (2 sqrt(TRIALS)); the u grid (2^-23) and
      * float rounding add a bias below 2^-20 d/c. Bits = 4 so steps are
      * coarse and a biased rounding would show. */
     double dmax = 0;
@@ -873,6 +879,50 @@ static void test_fixpt_reproducible(void **state)
     free(b);
     free(c);
     free(x);
+}
+
+/* Stochastic rounding draws independent uniforms: for neighbouring elements of
+ * one frame and for one element under two seeds (the runtime gives every step
+ * and micro-batch its own seed). Groups of 128 whose first element is 127
+ * (scale 1: step d = 1) and whose others are 10.3f (t = 10.3f, frac p ~ 0.3):
+ * each code rounds up with probability p, and a pair of roundings both up
+ * with p^2 when the pair is independent. N elements: standard errors
+ * sqrt(p (1 - p) / N) and sqrt(p^2 (1 - p^2) / N); asserted within 6 of them. */
+static void test_fixpt_stochastic_independent(void **state)
+{
+    (void)state;
+    enum { G = 128, NG = 8192, N = G * NG };
+    float *x = s_alloc_f(N), *out = s_alloc_f(N), *out2 = s_alloc_f(N);
+    for (uint32_t i = 0; i < N; i++)
+        x[i] = i % G == 0 ? 127.0f : 10.3f;
+    const double p = (double)(10.3f - 10.0f);
+    size_t len;
+    free(s_roundtrip("fixpt:scale=1,stochastic=1,seed=11", s_shape(1, 1, N), x, out, &len));
+    free(s_roundtrip("fixpt:scale=1,stochastic=1,seed=12", s_shape(1, 1, N), x, out2, &len));
+    uint64_t n = 0, up = 0, up_next = 0, pairs = 0, up_both = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        if (i % G == 0)
+            continue;
+        assert_true(out[i] == 10.0f || out[i] == 11.0f);
+        const int a = out[i] == 11.0f, b = out2[i] == 11.0f;
+        n++;
+        up += (uint64_t)a;
+        up_both += (uint64_t)(a && b);
+        if ((i + 1) % G != 0) {
+            pairs++;
+            up_next += (uint64_t)(a && out[i + 1] == 11.0f);
+        }
+    }
+    const double f = (double)up / n, fn = (double)up_next / pairs, fb = (double)up_both / n;
+    const double se1 = sqrt(p * (1 - p) / n), se2 = sqrt(p * p * (1 - p * p) / pairs);
+    if (!(fabs(f - p) <= 6 * se1 && fabs(fn - p * p) <= 6 * se2 && fabs(fb - p * p) <= 6 * se2)) {
+        print_error("rounded up %.5f (p %.5f), neighbours both up %.5f, both seeds up %.5f (p^2 %.5f)\n", f, p, fn,
+                    fb, p * p);
+        fail();
+    }
+    free(x);
+    free(out);
+    free(out2);
 }
 
 static void test_fixpt_edges(void **state)
@@ -1250,6 +1300,7 @@ int main(void)
         cmocka_unit_test(test_fixpt_ties_even),
         cmocka_unit_test(test_fixpt_stochastic),
         cmocka_unit_test(test_fixpt_reproducible),
+        cmocka_unit_test(test_fixpt_stochastic_independent),
         cmocka_unit_test(test_fixpt_edges),
         cmocka_unit_test(test_fixpt_rejects_corrupt),
         cmocka_unit_test(test_int_random),
