@@ -132,6 +132,19 @@ int codec_spec_set(codec_spec_t *spec, const char *key, const char *value, char 
 int codec_spec_validate(const codec_spec_t *spec, char *err, size_t errlen);
 /* Canonical spec string with every parameter ("tah:tile=64,..."). */
 int codec_spec_format(const codec_spec_t *spec, char *buf, size_t buflen);
+/* The spec for tensor number `id` of a stream of tensors coded with base:
+ * stochastic fixpt gets the seed splitmix64(seed xor splitmix64(id)), so
+ * that every tensor draws its own rounding coins (with one seed, element i
+ * of every tensor would round with the same coin, and the rounding errors of
+ * a slowly changing gradient would add up step after step instead of
+ * averaging out); every other spec is base unchanged. */
+void codec_spec_derive(const codec_spec_t *base, uint64_t id, codec_spec_t *out);
+/* The spec of one tensor of a pipeline's training run: codec_spec_derive of
+ * base for (stream, the stage that encodes it, step, micro-batch). Streams:
+ * the forward activations (evaluation's too), the backward gradients, the
+ * tied rows. tah-node and tah-train derive the same. */
+enum { CODEC_STREAM_FWD = 0, CODEC_STREAM_BWD = 1, CODEC_STREAM_TIED = 2 };
+void codec_spec_for_tensor(const codec_spec_t *base, int stream, int stage, int step, int mb, codec_spec_t *out);
 
 /* ---- frames ---- */
 

@@ -296,3 +296,24 @@ int codec_spec_format(const codec_spec_t *spec, char *buf, size_t buflen)
     }
     return used < buflen ? 0 : TAH_ESPACE;
 }
+
+static uint64_t s_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void codec_spec_derive(const codec_spec_t *base, uint64_t id, codec_spec_t *out)
+{
+    *out = *base;
+    if (base->id == CODEC_FIXPT && base->p.fixpt.stochastic)
+        out->p.fixpt.seed = s_mix64(base->p.fixpt.seed ^ s_mix64(id));
+}
+
+void codec_spec_for_tensor(const codec_spec_t *base, int stream, int stage, int step, int mb, codec_spec_t *out)
+{
+    codec_spec_t k;
+    codec_spec_derive(base, ((uint64_t)(uint32_t)stream << 32) | (uint32_t)stage, &k);
+    codec_spec_derive(&k, ((uint64_t)(uint32_t)step << 32) | (uint32_t)mb, out);
+}

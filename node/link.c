@@ -100,6 +100,14 @@ static int s_codec_matches(const codec_spec_t *want, const codec_frame_info_t *g
     return !strcmp(a, b);
 }
 
+void link_spec(const codec_spec_t *base, uint32_t kind, int from, int step, int mb, codec_spec_t *out)
+{
+    const int stream = kind == TAH__DATA_KIND__DATA_GRAD   ? CODEC_STREAM_BWD
+                       : kind == TAH__DATA_KIND__DATA_TIED ? CODEC_STREAM_TIED
+                                                           : CODEC_STREAM_FWD;
+    codec_spec_for_tensor(base, stream, from, step, mb, out);
+}
+
 int link_check(const link_expect_t *x, int from, int cur_step, const Tah__DataHeader *h, const uint8_t *payload,
                size_t len, void *out, size_t out_bytes, char *err, size_t errlen)
 {
@@ -170,9 +178,12 @@ int link_check(const link_expect_t *x, int from, int cur_step, const Tah__DataHe
      * the tied codec, the last stage's weight rows in fp32 (docs/runtime.md) */
     codec_spec_t fp32;
     codec_spec_default(CODEC_FP32, &fp32);
-    const codec_spec_t *want = h->kind == TAH__DATA_KIND__DATA_GRAD   ? &x->bwd
+    const codec_spec_t *base = h->kind == TAH__DATA_KIND__DATA_GRAD   ? &x->bwd
                                : h->kind == TAH__DATA_KIND__DATA_TIED ? (h->from_stage == 0 ? &x->tied_spec : &fp32)
                                                                       : &x->fwd;
+    codec_spec_t wspec; /* this message's (link_spec) */
+    link_spec(base, h->kind, (int)h->from_stage, h->step, h->mb, &wspec);
+    const codec_spec_t *want = &wspec;
     codec_shape_t shape = h->kind == TAH__DATA_KIND__DATA_TIED
                               ? (codec_shape_t){ 1, s_tied_rows(x, h), (uint32_t)x->C }
                               : (codec_shape_t){ (uint32_t)x->B, (uint32_t)x->T, (uint32_t)x->C };

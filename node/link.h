@@ -79,6 +79,14 @@ int link_check(const link_expect_t *x, int from, int cur_step, const Tah__DataHe
 /* HELLO check: job, token and that `from` may connect to us. */
 int link_check_hello(const link_expect_t *x, const Tah__DataHeader *h, char *err, size_t errlen);
 
+/* The codec spec of the tensor message (kind, from, step, mb) sent with
+ * `base`: codec_spec_for_tensor of base for that message (kind's stream),
+ * so that stochastic fixpt draws new rounding coins for every step,
+ * micro-batch and stage (other specs: base). Sender and receiver derive the
+ * same, and link_check requires a frame's spec to be it: a stochastic frame
+ * replayed under another step or micro-batch is rejected. */
+void link_spec(const codec_spec_t *base, uint32_t kind, int from, int step, int mb, codec_spec_t *out);
+
 /* Fill a header for sending (version set by the caller's pack). */
 void link_header(Tah__DataHeader *h, const link_expect_t *x, uint32_t kind, int step, int mb);
 

@@ -224,9 +224,12 @@ typedef struct s_bwd {
  * codec, or, with data NULL, the stage's own tensor `what` of micro-batch
  * mb encoded on its device into a free page-locked buffer; with bwd, the
  * backward of mb runs first in the same call (stage_backward_encode). */
-static int s_send_tensor(runner_t *r, int dest, uint32_t kind, int step, int mb, const codec_spec_t *spec,
+static int s_send_tensor(runner_t *r, int dest, uint32_t kind, int step, int mb, const codec_spec_t *base,
                          codec_shape_t shape, const float *data, int what, const s_bwd_t *bwd)
 {
+    codec_spec_t mspec; /* this message's spec: its own stochastic rounding seed (link_spec) */
+    link_spec(base, kind, r->x->stage, step, mb, &mspec);
+    const codec_spec_t *spec = &mspec;
     int64_t fs = codec_frame_size(spec, shape);
     if (fs < 0)
         return (int)fs;
@@ -468,8 +471,11 @@ static int s_wait_tensor(runner_t *r, uint32_t kind, int step, int mb, const flo
 
 /* Send rows r->rows[0..R) of r->rowbuf (R x C floats) as TIED (1, R, C)
  * through spec to the tied partner. */
-static int s_send_rows(runner_t *r, int step, const codec_spec_t *spec, size_t R)
+static int s_send_rows(runner_t *r, int step, const codec_spec_t *base, size_t R)
 {
+    codec_spec_t mspec; /* link_spec, as s_send_tensor */
+    link_spec(base, TAH__DATA_KIND__DATA_TIED, r->x->stage, step, 0, &mspec);
+    const codec_spec_t *spec = &mspec;
     codec_shape_t ts = { 1, (uint32_t)R, (uint32_t)r->x->C };
     int64_t fs = codec_frame_size(spec, ts);
     zmq_msg_t frame;

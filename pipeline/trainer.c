@@ -143,8 +143,10 @@ void trainer_destroy(trainer_t **self_p)
     *self_p = NULL;
 }
 
-/* What crosses a stage boundary: codec frame round trip, or a copy. */
-static int s_transfer(trainer_t *t, int backward, const float *src, float *dst, char *err,
+/* What crosses a stage boundary from stage `from`: codec frame round trip
+ * (micro-batch mb of this step, with tah-node's per-tensor spec:
+ * codec_spec_for_tensor), or a copy. */
+static int s_transfer(trainer_t *t, int backward, int from, int mb, const float *src, float *dst, char *err,
                       size_t errlen)
 {
     size_t n = (size_t)t->o.B * t->o.T * t->o.cfg.C;
@@ -153,7 +155,10 @@ static int s_transfer(trainer_t *t, int backward, const float *src, float *dst, 
         memcpy(dst, src, n * sizeof(float));
         return 0;
     }
-    const codec_spec_t *spec = backward ? &t->bwd : &t->fwd;
+    codec_spec_t spec_m;
+    codec_spec_for_tensor(backward ? &t->bwd : &t->fwd, backward ? CODEC_STREAM_BWD : CODEC_STREAM_FWD, from, t->step + 1,
+                          mb, &spec_m);
+    const codec_spec_t *spec = &spec_m;
     codec_shape_t shape = { (uint32_t)t->o.B, (uint32_t)t->o.T, (uint32_t)t->o.cfg.C };
     size_t written = 0;
     char cerr[CODEC_ERRLEN] = "";
@@ -194,7 +199,7 @@ int trainer_accumulate(trainer_t *t, data_loader_t *dl, double *loss, char *err,
                     rc = stage_forward(st, m, t->inputs + m * BT, in, t->targets + m * BT,
                                        k < S - 1 ? t->tmp : NULL, &t->losses[m]);
                     if (!rc && k < S - 1)
-                        rc = s_transfer(t, 0, t->tmp, t->bnd_fwd + ((size_t)k * M + m) * BTC, err, errlen);
+                        rc = s_transfer(t, 0, k, m, t->tmp, t->bnd_fwd + ((size_t)k * M + m) * BTC, err, errlen);
                     fdone[k * M + m] = 1;
                 } else {
                     if (k < S - 1 ? !bdone[(k + 1) * M + m] : !fdone[k * M + m])
@@ -202,7 +207,7 @@ int trainer_accumulate(trainer_t *t, data_loader_t *dl, double *loss, char *err,
                     const float *dout = k < S - 1 ? t->bnd_bwd + ((size_t)k * M + m) * BTC : NULL;
                     rc = stage_backward(st, m, dout, dloss, k > 0 ? t->tmp : NULL);
                     if (!rc && k > 0)
-                        rc = s_transfer(t, 1, t->tmp, t->bnd_bwd + ((size_t)(k - 1) * M + m) * BTC, err, errlen);
+                        rc = s_transfer(t, 1, k, m, t->tmp, t->bnd_bwd + ((size_t)(k - 1) * M + m) * BTC, err, errlen);
                     bdone[k * M + m] = 1;
                 }
                 if (rc) {
@@ -231,9 +236,11 @@ int trainer_accumulate(trainer_t *t, data_loader_t *dl, double *loss, char *err,
         stage_t *f = t->stages[0];
         size_t nrows = stage_tied_rows(t->inputs, (size_t)M * BT, t->o.cfg.Vp, t->rowmask, t->rows);
         char cerr[256] = "";
+        codec_spec_t tspec;
+        codec_spec_for_tensor(&t->tied, CODEC_STREAM_TIED, 0, t->step + 1, 0, &tspec);
         int rc = stage_sync_to_host(f, STAGE_SYNC_TIED) ? TAH_EDEVICE : 0;
         if (!rc)
-            rc = stage_tied_codec(&t->tied, f->g[GPT2_WTE], t->o.cfg.Vp, t->o.cfg.C, t->rows, nrows, NULL, NULL, 0,
+            rc = stage_tied_codec(&tspec, f->g[GPT2_WTE], t->o.cfg.Vp, t->o.cfg.C, t->rows, nrows, NULL, NULL, 0,
                                   cerr, sizeof cerr);
         if (!rc && stage_sync_to_device(f, STAGE_SYNC_TIED))
             rc = TAH_EDEVICE;
@@ -294,7 +301,7 @@ int trainer_eval(trainer_t *t, data_loader_t *dl, int nbatches, double *loss, ch
             if (rc && err && *stage_error(t->stages[k]))
                 snprintf(err, errlen, "evaluation: stage %d: %s", k, stage_error(t->stages[k]));
             if (!rc && k < S - 1)
-                rc = s_transfer(t, 0, a, other, err, errlen);
+                rc = s_transfer(t, 0, k, i, a, other, err, errlen);
             if (rc)
                 return rc;
             if (k == S - 1)

@@ -213,6 +213,37 @@ static void test_spec_parser(void **state)
     }
 }
 
+/* codec_spec_derive / codec_spec_for_tensor: a stochastic fixpt spec gets a
+ * seed of its own per id (the same id: the same seed; every field of a
+ * tensor's identity changes it); every other spec is copied unchanged. */
+static void test_spec_derive(void **state)
+{
+    (void)state;
+    codec_spec_t base, a, b;
+    const char *same[] = { "fixpt", "fixpt:seed=5", "tah", "int:bits=4", "ash-fp8", "fp16" };
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        assert_int_equal(codec_spec_parse(same[i], &base, NULL, 0), 0);
+        codec_spec_for_tensor(&base, CODEC_STREAM_BWD, 2, 17, 3, &a);
+        assert_memory_equal(&a, &base, sizeof base);
+    }
+    assert_int_equal(codec_spec_parse("fixpt:stochastic=1,seed=5", &base, NULL, 0), 0);
+    codec_spec_derive(&base, 9, &a);
+    codec_spec_derive(&base, 9, &b);
+    assert_memory_equal(&a, &b, sizeof a);
+    assert_true(a.p.fixpt.seed != base.p.fixpt.seed);
+    a.p.fixpt.seed = base.p.fixpt.seed; /* only the seed differs */
+    assert_memory_equal(&a, &base, sizeof a);
+    enum { N = 5 };
+    const int f[N][4] = { { 0, 1, 1, 0 }, { 1, 1, 1, 0 }, { 0, 2, 1, 0 }, { 0, 1, 2, 0 }, { 0, 1, 1, 1 } };
+    uint64_t seeds[N];
+    for (int i = 0; i < N; i++) {
+        codec_spec_for_tensor(&base, f[i][0], f[i][1], f[i][2], f[i][3], &a);
+        seeds[i] = a.p.fixpt.seed;
+        for (int j = 0; j < i; j++)
+            assert_true(seeds[i] != seeds[j]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -220,6 +251,7 @@ int main(void)
         cmocka_unit_test(test_bf16),           cmocka_unit_test(test_crc32c),
         cmocka_unit_test(test_fwht),           cmocka_unit_test(test_bitpack),
         cmocka_unit_test(test_spec_parser),
+        cmocka_unit_test(test_spec_derive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -205,6 +205,41 @@ static void test_codec_params_must_match(void **state)
     free(gup.payload);
 }
 
+/* Stochastic fixpt: each message's frame carries link_spec's seed for its
+ * (kind, stage, step, micro-batch); a frame with the job's own seed, or one
+ * replayed under another micro-batch or step, is rejected. */
+static void test_stochastic_seed_per_message(void **state)
+{
+    (void)state;
+    link_expect_t x = s_expect(1);
+    codec_spec_parse("fixpt:stochastic=1,seed=3", &x.bwd, NULL, 0);
+    const size_t n = (size_t)B * T * C;
+    float in[B * T * C], out[B * T * C];
+    s_fill(in, n, 6);
+    codec_shape_t shape = { B, T, C };
+    codec_spec_t ms; /* the message's spec: GRAD from stage 2 at step 5, micro-batch 1 (s_tensor's) */
+    link_spec(&x.bwd, TAH__DATA_KIND__DATA_GRAD, 2, 5, 1, &ms);
+    assert_true(ms.p.fixpt.seed != x.bwd.p.fixpt.seed);
+    char str[256];
+    assert_int_equal(codec_spec_format(&ms, str, sizeof str), 0);
+    msg_t g = s_tensor(&x, TAH__DATA_KIND__DATA_GRAD, 2, str, shape, in);
+    assert_int_equal(s_check(&x, 2, &g, out, n), 0);
+    msg_t job_seed = s_tensor(&x, TAH__DATA_KIND__DATA_GRAD, 2, "fixpt:stochastic=1,seed=3", shape, in);
+    assert_int_equal(s_check(&x, 2, &job_seed, out, n), TAH_ESHAPE);
+    g.h.mb = 2; /* the same frame as micro-batch 2 */
+    assert_int_equal(s_check(&x, 2, &g, out, n), TAH_ESHAPE);
+    g.h.mb = 1;
+    g.h.step = 4;
+    char err[512] = "";
+    assert_int_equal(link_check(&x, 2, 4, &g.h, g.payload, g.len, out, n * sizeof(float), err, sizeof err), TAH_ESHAPE);
+    /* nearest rounding and the other codecs: the job's spec itself */
+    codec_spec_parse("fixpt:seed=3", &x.bwd, NULL, 0);
+    link_spec(&x.bwd, TAH__DATA_KIND__DATA_GRAD, 2, 5, 1, &ms);
+    assert_memory_equal(&ms, &x.bwd, sizeof ms);
+    free(g.payload);
+    free(job_seed.payload);
+}
+
 static void test_tied_and_norm(void **state)
 {
     (void)state;
@@ -392,6 +427,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_act_rules),
         cmocka_unit_test(test_codec_params_must_match),
+        cmocka_unit_test(test_stochastic_seed_per_message),
         cmocka_unit_test(test_tied_and_norm),
         cmocka_unit_test(test_hello),
         cmocka_unit_test(test_wire_unpack),

@@ -123,14 +123,18 @@ static void test_fp32_equals_tah_train(void **state)
     assert_true(rt_wait_nodes(&r, "idle", 4, 20));
 
     /* 3 stages, tied, the tied exchange through 8-bit fixed point: both
-     * ends sum the decoded frames, as tah-train --tied-codec does */
+     * ends sum the decoded frames, as tah-train --tied-codec does; that and
+     * the gradients with stochastic rounding, whose seed each message derives
+     * for its step, micro-batch and stage as tah-train does (link_spec) */
     snprintf(ini, sizeof ini,
              "[job]\nmodel = 4,2,64,32,256\ntrain_data = train.txt\nbatch = 2\nseq = 16\nsteps = 6\n"
-             "lr = 3e-3\nstages = 3\nmicro_batches = 2\ntied_codec = fixpt:bits=8\n");
+             "lr = 3e-3\nstages = 3\nmicro_batches = 2\ntied_codec = fixpt:bits=8,stochastic=1,seed=4\n"
+             "bwd_codec = fixpt:bits=8,stochastic=1,seed=9\n");
     snprintf(ref, sizeof ref, "%s/c.ini.ref.jsonl", r.dir);
     char *a3[] = { TAH_TRAIN_EXE, "--model", "4,2,64,32,256", "--train-data", train, "--batch", "2", "--seq",
                    "16", "--steps", "6", "--lr", "3e-3", "--stages", "3", "--micro-batches", "2",
-                   "--tied-codec", "fixpt:bits=8", "--threads", "1", "--metrics", ref, "--quiet", NULL };
+                   "--tied-codec", "fixpt:bits=8,stochastic=1,seed=4", "--bwd-codec",
+                   "fixpt:bits=8,stochastic=1,seed=9", "--threads", "1", "--metrics", ref, "--quiet", NULL };
     s_run_job(&r, "c.ini", ini, a3, 6);
     assert_true(rt_wait_nodes(&r, "idle", 4, 20));
     assert_int_equal(rt_stop(&r), 0);
