@@ -1356,6 +1356,12 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const X *__restrict__ x, ui
     if (mvalid)
         *(uint16_t *)(p + 2u * (uint64_t)(g0 + lane)) = dh;
     uint8_t *cw = p + g.codes_off + 128u * (uint64_t)g0 + 4u * lane;
+    // stochastic: fixpt.c's clamp of t to +-127 can act only where (|c| max|x|) fl(1/step) rounds
+    // above 127 (|t| is largest at max|x|: the roundings are monotonic and sign-symmetric); a
+    // warp none of whose groups does skips it (2 of ~22 instructions per element; test_cu_codec's
+    // step-edge input has groups where it acts)
+    const bool clamp = MODE == M_FIX_STOCH &&
+                       !__all_sync(CU_FULL, !mvalid || __fmul_rn(__fmul_rn(fabsf(g.c), __uint_as_float(slot_bits)), inv) <= 127.0f);
 #pragma unroll
     for (uint32_t u = 0; u < S_ROW_ENC; u++) {
         const float q_inv = __shfl_sync(CU_FULL, inv, (int)u);
@@ -1370,14 +1376,29 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const X *__restrict__ x, ui
         } else { // d_stoch_code with qmax = 127 folded into the floor's constant: floor(t) + 127 +
                  // (u < frac) in the low byte (at most 254: no carry)
             const uint32_t i0 = 128u * (g0 + u) + 4u * lane; // a multiple of 4: i0 + r = i0 | r
+            // lowbias32(i0 ^ r ^ k) (d_stoch_u) with its first xor-shift taken once per group: r < 4
+            // leaves (i0 ^ r ^ k) >> 16 = (i0 ^ k) >> 16, so that step is A ^ r
+            const uint32_t A = (i0 ^ g.key) ^ ((i0 ^ g.key) >> 16);
+            auto codes = [&](bool cl) {
 #pragma unroll
-            for (int r = 0; r < 4; r++) {
-                float t = __fmul_rn(__fmul_rn(g.c, f[r]), q_inv);
-                t = fminf(fmaxf(t, -127.0f), 127.0f);
-                const float s = __fadd_rd(t, 12583039.0f); // 1.5 * 2^23 + 127
-                const float frac = __fsub_rn(t, __fsub_rn(s, 12583039.0f));
-                w[r] = __float_as_uint(s) + (uint32_t)(d_stoch_u(g.key, i0 | (uint32_t)r) < frac);
-            }
+                for (int r = 0; r < 4; r++) {
+                    float t = __fmul_rn(__fmul_rn(g.c, f[r]), q_inv);
+                    if (cl)
+                        t = fminf(fmaxf(t, -127.0f), 127.0f);
+                    const float s = __fadd_rd(t, 12583039.0f); // 1.5 * 2^23 + 127
+                    const float frac = __fsub_rn(t, __fsub_rn(s, 12583039.0f));
+                    uint32_t h = (A ^ (uint32_t)r) * 0x7feb352du;
+                    h ^= h >> 15;
+                    h *= 0x846ca68bu;
+                    h ^= h >> 16;
+                    const float uu = __fsub_rn(__uint_as_float((h >> 9) | 0x3f800000u), 1.0f); // d_stoch_u
+                    w[r] = __float_as_uint(s) + (uint32_t)(uu < frac);
+                }
+            };
+            if (clamp)
+                codes(true);
+            else
+                codes(false);
         }
         const uint32_t w03 = __byte_perm(__byte_perm(w[0], w[1], 0x0040u), __byte_perm(w[2], w[3], 0x0040u), 0x5410u);
         *(uint32_t *)(cw + 128u * u) = MODE == M_FIX_NEAR ? w03 - 0x01010101u : w03;

@@ -81,9 +81,26 @@ static const codec_shape_t k_shapes[] = {
 #define N_SHAPES (sizeof k_shapes / sizeof k_shapes[0])
 
 enum { IN_SYNTH, IN_ZEROS, IN_SPIKE, IN_HUGE, IN_TINY, IN_SUBNORMAL, IN_SIGNED_ZEROS, IN_CONST, IN_SCALES, IN_BIGSPIKE,
-       IN_BLOCKS, IN_MIXED, IN_NORMAL, N_INPUTS };
+       IN_BLOCKS, IN_MIXED, IN_NORMAL, IN_EDGE, N_INPUTS };
 static const char *const k_input_names[] = { "synth", "zeros", "spike", "huge", "tiny", "subnormal", "signed-zeros",
-                                             "const", "scales", "big-spike", "blocks", "mixed", "normal" };
+                                             "const", "scales", "big-spike", "blocks", "mixed", "normal", "step-edge" };
+
+/* fixpt.c's stochastic rounding (its header): the key of a seed, lowbias32 */
+static uint64_t s_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static uint32_t s_fixpt_key(uint64_t seed) { return (uint32_t)(s_mix64(s_mix64(seed) + 0x9e3779b97f4a7c15ull) >> 32); }
+static uint32_t s_lowbias32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+}
 
 static void s_fill(float *x, codec_shape_t shape, int kind, uint64_t seed)
 {
@@ -145,6 +162,22 @@ static void s_fill(float *x, codec_shape_t shape, int kind, uint64_t seed)
             x[i] = (float)(pow(10.0, -(double)(codec_synth_u64(seed + 2, i) % 45)) * codec_synth_normal(seed, i));
         x[codec_synth_u64(seed, 1) % n] = 1e30f;
         break;
+    case IN_EDGE: { /* fixpt:stochastic=1,seed=3 (scale 1024): every run of 128 has max |x| = 127 d
+                       2^-10 with d = 1070 2^-10 2^-j an fp16 value, so the step is d exactly and
+                       t = max |y| fl(1/d) rounds to 127 + 2^-17, where fixpt.c clamps t to 127.
+                       +-max sits where the clamp decides the code: +max where the coin u < 2^-17
+                       (unclamped: code 255), -max where u >= 1 - 2^-17 (unclamped: floor -128,
+                       no round-up: code -1); u is fixpt.c's for seed 3. The rest below max. */
+        const uint32_t k = s_fixpt_key(3);
+        for (uint64_t i = 0; i < n; i++) {
+            const double edge = 127.0 * 1070.0 / 1048576.0 * pow(2.0, -(double)((i / 128 + seed) % 5));
+            const uint32_t U = s_lowbias32((uint32_t)i ^ k) >> 9;
+            x[i] = i % 128 == 0 || U < 64u ? (float)edge
+                   : U >= (1u << 23) - 64u ? (float)-edge
+                                           : (float)(edge * (2.0 * (double)(codec_synth_u64(seed, i) >> 11) * 0x1p-53 - 1.0) * 0.999);
+        }
+        break;
+    }
     default:
         for (uint64_t i = 0; i < n; i++)
             x[i] = (float)(0.02 * codec_synth_normal(seed, i));
@@ -774,6 +807,8 @@ int main(int argc, char **argv)
             s_case(&d, dflt[k], (codec_shape_t){ 4, 1024, 1600 }, IN_SYNTH, 700 + (uint64_t)k, 0, 0);
             s_case(&d, dflt[k], (codec_shape_t){ 5, 999, 1000 }, IN_NORMAL, 710 + (uint64_t)k, 0, 0);
         }
+        /* stochastic rounding where fixpt.c's clamp of t decides ~100 codes (IN_EDGE) */
+        s_case(&d, "fixpt:stochastic=1,seed=3", (codec_shape_t){ 4, 1024, 1600 }, IN_EDGE, 0, 0, 0);
         /* samples of more than 2^16 tiles: the lane-pair decoder (the encode takes the fused
          * kernel: k_tah_spec counts a sample's tiles in 16 bits) */
         s_case(&d, "tah", (codec_shape_t){ 2, 2700, 1600 }, IN_SYNTH, 722, 0, 0);
