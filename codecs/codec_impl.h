@@ -38,6 +38,14 @@ static inline uint64_t codec_shape_elems(codec_shape_t s)
     return (uint64_t)s.b * s.s * s.c;
 }
 
+/* The splitmix64 finaliser (fixpt's stochastic rounding, codec_spec_derive) */
+static inline uint64_t codec_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 /* Little-endian loads and stores of unaligned scalars. */
 static inline void codec_put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static inline uint16_t codec_get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }

@@ -55,13 +55,6 @@ static uint64_t s_payload_size(const codec_spec_t *spec, codec_shape_t shape)
     return 2 * s_ngroups(n, p->group) + codes;
 }
 
-static inline uint64_t s_mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* max |x| over m finite floats (independent lanes: vectorises) */
 static float s_absmax(const float *x, uint32_t m)
 {
@@ -129,7 +122,7 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *
     const float qmaxf = (float)qmax, c = p->scale;
     const uint64_t n = codec_shape_elems(shape), ng = s_ngroups(n, group);
     const uint64_t gbytes = bitpack_bytes(group, bits);
-    const uint32_t key = (uint32_t)(s_mix64(s_mix64(p->seed) + S_GAMMA) >> 32); /* k (see the top) */
+    const uint32_t key = (uint32_t)(codec_mix64(codec_mix64(p->seed) + S_GAMMA) >> 32); /* k (see the top) */
     uint16_t codes[S_CHUNK];
     uint8_t *code_base = payload + 2 * ng;
     for (uint64_t g = 0; g < ng; g++) {

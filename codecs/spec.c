@@ -1,7 +1,7 @@
 /* spec.c — codec names, defaults, and the one parser of codec spec strings
  * "NAME[:key=value,...]". Keys are described by one table per codec, so
  * parsing, validation messages and formatting cannot drift apart. */
-#include "codec.h"
+#include "codec_impl.h" /* codec_mix64 */
 
 #include <errno.h>
 #include <math.h>
@@ -297,18 +297,11 @@ int codec_spec_format(const codec_spec_t *spec, char *buf, size_t buflen)
     return used < buflen ? 0 : TAH_ESPACE;
 }
 
-static uint64_t s_mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 void codec_spec_derive(const codec_spec_t *base, uint64_t id, codec_spec_t *out)
 {
     *out = *base;
     if (base->id == CODEC_FIXPT && base->p.fixpt.stochastic)
-        out->p.fixpt.seed = s_mix64(base->p.fixpt.seed ^ s_mix64(id));
+        out->p.fixpt.seed = codec_mix64(base->p.fixpt.seed ^ codec_mix64(id));
 }
 
 void codec_spec_for_tensor(const codec_spec_t *base, int stream, int stage, int step, int mb, codec_spec_t *out)
