@@ -38,12 +38,18 @@ static inline uint64_t codec_shape_elems(codec_shape_t s)
     return (uint64_t)s.b * s.s * s.c;
 }
 
-/* The splitmix64 finaliser (fixpt's stochastic rounding, codec_spec_derive) */
+/* The splitmix64 finaliser (fixpt's stochastic rounding key, codec_spec_derive) */
 static inline uint64_t codec_mix64(uint64_t z)
 {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+}
+
+/* fixpt's stochastic rounding key k of a seed (fixpt.c's header), for the CPU and GPU encoders */
+static inline uint32_t codec_fixpt_key(uint64_t seed)
+{
+    return (uint32_t)(codec_mix64(codec_mix64(seed) + 0x9e3779b97f4a7c15ull) >> 32);
 }
 
 /* Little-endian loads and stores of unaligned scalars. */

@@ -41,7 +41,6 @@
 #include "half.h"    /* half_from_f32_up, half_to_f32 */
 
 #define S_CHUNK 1024u /* codes per packing chunk; a multiple of 8 keeps chunks byte-aligned */
-#define S_GAMMA 0x9e3779b97f4a7c15ull
 #define S_ROUND 12582912.0f /* 1.5 * 2^23: (t + S_ROUND) - S_ROUND rounds |t| < 2^22 to nearest even */
 
 static uint64_t s_ngroups(uint64_t n, uint32_t group) { return (n + group - 1) / group; }
@@ -122,7 +121,7 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *
     const float qmaxf = (float)qmax, c = p->scale;
     const uint64_t n = codec_shape_elems(shape), ng = s_ngroups(n, group);
     const uint64_t gbytes = bitpack_bytes(group, bits);
-    const uint32_t key = (uint32_t)(codec_mix64(codec_mix64(p->seed) + S_GAMMA) >> 32); /* k (see the top) */
+    const uint32_t key = codec_fixpt_key(p->seed); /* k (see the top) */
     uint16_t codes[S_CHUNK];
     uint8_t *code_base = payload + 2 * ng;
     for (uint64_t g = 0; g < ng; g++) {

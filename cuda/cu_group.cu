@@ -70,21 +70,23 @@ struct s_gp {
     bool vec;            // x/out 16-byte aligned and group % 4 == 0
 };
 
-// fixpt.c's lowbias32
-__device__ __forceinline__ uint32_t d_hash32(uint32_t x)
+// fixpt.c's uniform u = (lowbias32(x) >> 9) 2^-23 from x1 = x ^ (x >> 16), lowbias32's first
+// step (k_fix_enc_row takes it once per group of 4 indices): the rest of the hash, then u built
+// as a float in [1, 2) less 1 (exact: no conversion)
+__device__ __forceinline__ float d_stoch_u1(uint32_t x1)
 {
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    return x ^ (x >> 16);
+    x1 *= 0x7feb352du;
+    x1 ^= x1 >> 15;
+    x1 *= 0x846ca68bu;
+    x1 ^= x1 >> 16;
+    return __fsub_rn(__uint_as_float((x1 >> 9) | 0x3f800000u), 1.0f);
 }
 
-// fixpt.c's uniform of element idx, u = (lowbias32(idx ^ k) >> 9) 2^-23, built as a float in [1, 2)
-// less 1 (exact: no conversion)
+// fixpt.c's uniform of element idx: x = idx ^ k
 __device__ __forceinline__ float d_stoch_u(uint32_t key, uint32_t idx)
 {
-    return __fsub_rn(__uint_as_float((d_hash32(idx ^ key) >> 9) | 0x3f800000u), 1.0f);
+    const uint32_t x = idx ^ key;
+    return d_stoch_u1(x ^ (x >> 16));
 }
 
 // fixpt.c's stochastic code of t (|t| <= qmax < 2^15): floor(t) + (u < frac) + qmax, frac =
@@ -1376,7 +1378,7 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const X *__restrict__ x, ui
         } else { // d_stoch_code with qmax = 127 folded into the floor's constant: floor(t) + 127 +
                  // (u < frac) in the low byte (at most 254: no carry)
             const uint32_t i0 = 128u * (g0 + u) + 4u * lane; // a multiple of 4: i0 + r = i0 | r
-            // lowbias32(i0 ^ r ^ k) (d_stoch_u) with its first xor-shift taken once per group: r < 4
+            // d_stoch_u(k, i0 | r) with lowbias32's first xor-shift taken once per group: r < 4
             // leaves (i0 ^ r ^ k) >> 16 = (i0 ^ k) >> 16, so that step is A ^ r
             const uint32_t A = (i0 ^ g.key) ^ ((i0 ^ g.key) >> 16);
             auto codes = [&](bool cl) {
@@ -1387,12 +1389,7 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const X *__restrict__ x, ui
                         t = fminf(fmaxf(t, -127.0f), 127.0f);
                     const float s = __fadd_rd(t, 12583039.0f); // 1.5 * 2^23 + 127
                     const float frac = __fsub_rn(t, __fsub_rn(s, 12583039.0f));
-                    uint32_t h = (A ^ (uint32_t)r) * 0x7feb352du;
-                    h ^= h >> 15;
-                    h *= 0x846ca68bu;
-                    h ^= h >> 16;
-                    const float uu = __fsub_rn(__uint_as_float((h >> 9) | 0x3f800000u), 1.0f); // d_stoch_u
-                    w[r] = __float_as_uint(s) + (uint32_t)(uu < frac);
+                    w[r] = __float_as_uint(s) + (uint32_t)(d_stoch_u1(A ^ (uint32_t)r) < frac);
                 }
             };
             if (clamp)
@@ -1496,13 +1493,6 @@ static int s_mode(const codec_spec_t *spec)
     return spec->p.intq.symmetric ? M_INT_SYM : M_INT_ASYM;
 }
 
-static uint64_t s_mix64_host(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static s_gp s_params(const codec_spec_t *spec, uint64_t n, const void *xy)
 {
     s_gp g;
@@ -1518,7 +1508,7 @@ static s_gp s_params(const codec_spec_t *spec, uint64_t n, const void *xy)
     g.qmax = (1 << (g.bits - 1)) - 1;
     g.c = fix ? spec->p.fixpt.scale : 1.0f;
     g.inv_l = fix ? 0.0 : 1.0 / (double)(spec->p.intq.symmetric ? (uint32_t)g.qmax : g.L);
-    g.key = fix ? (uint32_t)(s_mix64_host(s_mix64_host(spec->p.fixpt.seed) + 0x9e3779b97f4a7c15ull) >> 32) : 0;
+    g.key = fix ? codec_fixpt_key(spec->p.fixpt.seed) : 0;
     const uint64_t mb = fix ? 2u : (spec->p.intq.symmetric ? 2u : 4u);
     g.nblk = fix ? 0 : (g.ng + S_IBLK - 1) / S_IBLK;
     g.meta_off = (g.nblk + 3) & ~3ull; // intq.c: the exponents, padded to 4 bytes
