@@ -57,13 +57,14 @@ typedef struct s_ar {
     tp_comm_t *comm;
     float **work; /* per rank, n floats */
     size_t n;
+    uint64_t id; /* the all-reduce's (tpcomm.h): one per call */
     int rc[TP_MAX];
 } s_ar_t;
 
 static void s_ar_rank(void *arg, int rank)
 {
     s_ar_t *a = arg;
-    a->rc[rank] = tp_allreduce(a->comm, rank, a->work[rank], a->n, NULL, 0);
+    a->rc[rank] = tp_allreduce(a->comm, rank, a->work[rank], a->n, a->id, NULL, 0);
 }
 
 static uint64_t s_rng = 88172645463325252ull;
@@ -111,8 +112,8 @@ static int s_bench_allreduce(FILE *csv, int tp, int quick)
             size_t n = sizes[k] / sizeof(float);
             int reps = (int)(quick ? 3 : 5 + (64 << 20) / sizes[k] / 4);
             double *t = malloc((size_t)reps * sizeof(double));
-            s_ar_t a = { comm, work, n, { 0 } };
-            for (int rep = -1; rep < reps; rep++) {
+            s_ar_t a = { comm, work, n, 0, { 0 } };
+            for (int rep = -1; rep < reps; rep++, a.id++) {
                 for (int r = 0; r < tp; r++)
                     memcpy(work[r], src[r], n * sizeof(float));
                 double t0 = s_now();

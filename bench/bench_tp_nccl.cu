@@ -49,6 +49,10 @@
 // (exit 1 beyond):
 //   NCCL fp32 < 1e-6: it only reorders fp32 sums of N terms (error ~N*2^-24);
 //   ash-fp8 < 0.1, int4/int8 < 0.2: see s_bound().
+// Once, at the first size up to ORACLE_MB, stochastic rounding (fixpt8-sr:
+// fixpt:bits=8,stochastic=1 in both shots, not timed): two all-reduces of
+// the same input, each against the CPU oracle under its own id, must
+// differ from each other (fresh coins per call; s_stoch_check).
 //
 // "Where does compression pay": a MODEL, not a measurement: the link
 // bandwidth NCCL achieves is measured (bus bandwidth of the bf16
@@ -73,6 +77,7 @@
 extern "C" { // C headers without their own extern "C"
 #include "codec.h"  // codec_spec_parse, codec_frame_size, codec_encode, codec_decode (the CPU oracle)
 #include "errors.h" // tah_strerror
+#include "tpcomm.h" // tp_chunk_spec (the CPU oracle derives each frame's spec as the group does)
 }
 #include "cu_tpcomm.h" // cu_tp_new, cu_tp_allreduce, cu_tp_status, cu_tp_layout
 
@@ -289,6 +294,7 @@ typedef struct s_bench {
     int N;
     size_t n; // this size
     uint64_t seed;
+    uint64_t id; // the next all-reduce's id (cu_tp_allreduce): one per call
     s_gpu_t g[MAXG];
     cudaStream_t st[MAXG];
     cu_tp_t *plain; // codec none: NCCL's all-reduce
@@ -342,7 +348,8 @@ static void s_run(s_bench_t *b, int variant, const s_pair_t *p, int mask, int ch
         tp = p->tp;
     }
     const char *name = variant == V_TWOSHOT ? p->name : variant == V_NCCL_FP32 ? "nccl-fp32" : "nccl-bf16";
-    s_tp(cu_tp_allreduce(tp, in, type, out, otype, b->n, b->st, mask, b->err, sizeof b->err), b, "all-reduce", name);
+    s_tp(cu_tp_allreduce(tp, in, type, out, otype, b->n, b->id++, b->st, mask, b->err, sizeof b->err), b, "all-reduce",
+         name);
     if (check)
         s_tp(cu_tp_status(tp, b->st, b->err, sizeof b->err), b, "codec status", name);
 }
@@ -449,10 +456,12 @@ static unsigned long long s_diff_rank(s_bench_t *b, int r, unsigned long long *f
 // The CPU oracle: the same two-shot on the host with the CPU codecs
 // (libtahcodec, which the GPU codecs match bit for bit: tests/test_cu_codec.c)
 // on every rank's actual bf16 input, fp32 sums in rank order like
-// k_sum_ranks. Returns the elements of rank 0's GPU output that differ from
+// k_sum_ranks, every frame encoded with the spec the group derives for
+// all-reduce `id` (tp_chunk_spec). Returns the elements of rank 0's GPU output that differ from
 // it bitwise (*first: the first one, with both values), or -1 if the host
 // ran out of memory or a CPU codec call failed (message printed).
-static long long s_cpu_oracle(s_bench_t *b, const s_pair_t *p, unsigned long long *first, float *vcpu, float *vgpu)
+static long long s_cpu_oracle(s_bench_t *b, const s_pair_t *p, uint64_t id, unsigned long long *first, float *vcpu,
+                              float *vgpu)
 {
     const int N = b->N;
     const size_t n = b->n, k = p->k, npad = k * (size_t)N;
@@ -480,8 +489,10 @@ static long long s_cpu_oracle(s_bench_t *b, const s_pair_t *p, unsigned long lon
     s_dev(&b->g[0]);
     CU(cudaMemcpy(gpu, b->g[0].out, n * sizeof *gpu, cudaMemcpyDeviceToHost));
     for (int j = 0; j < N; j++) {
+        codec_spec_t spec;
         for (int r = 0; r < N; r++) {
-            int rc = codec_encode(&p->rs, sh, x + (size_t)r * npad + (size_t)j * k, frame, fmax, NULL, b->err,
+            tp_chunk_spec(&p->rs, id, 0, r, j, &spec);
+            int rc = codec_encode(&spec, sh, x + (size_t)r * npad + (size_t)j * k, frame, fmax, NULL, b->err,
                                   sizeof b->err);
             if (rc == 0)
                 rc = codec_decode(frame, (size_t)f1, tmp, k, NULL, b->err, sizeof b->err);
@@ -492,7 +503,8 @@ static long long s_cpu_oracle(s_bench_t *b, const s_pair_t *p, unsigned long lon
             for (size_t i = 0; i < k; i++)
                 acc[i] = r ? acc[i] + tmp[i] : tmp[i];
         }
-        int rc = codec_encode(&p->ag, sh, acc, frame, fmax, NULL, b->err, sizeof b->err);
+        tp_chunk_spec(&p->ag, id, 1, j, j, &spec);
+        int rc = codec_encode(&spec, sh, acc, frame, fmax, NULL, b->err, sizeof b->err);
         if (rc == 0)
             rc = codec_decode(frame, (size_t)f2, cpu + (size_t)j * k, k, NULL, b->err, sizeof b->err);
         if (rc != 0) {
@@ -607,6 +619,59 @@ static void s_pair_sizes(s_pair_t *p, size_t n)
     }
 }
 
+// Stochastic rounding on the two-shot (fixpt:stochastic=1 in both shots):
+// every all-reduce, rank and chunk draws fresh coins (tp_chunk_spec). Two
+// all-reduces of the same input under two ids: each rank 0's output bitwise
+// equal to the CPU codecs' two-shot under the same id, every rank the same
+// bits, relative L2 error below 0.02 (8-bit groups of 128 of this data: a
+// step of ~amax/127, a stochastic rounding error of at most step/2 RMS, ~5e-3
+// relative per shot), and at least 5 % of the elements different between
+// the two calls (one shared seed would give none different). Returns 0 or 1.
+static int s_stoch_check(s_bench_t *b, s_pair_t *p)
+{
+    s_pair_sizes(p, b->n);
+    const size_t n = b->n;
+    float *y[2] = { (float *)malloc(n * sizeof(float)), (float *)malloc(n * sizeof(float)) };
+    int ok = y[0] && y[1];
+    if (!ok)
+        printf("  FAIL %s: out of host memory\n", p->name);
+    for (int call = 0; call < 2 && ok; call++) {
+        const uint64_t id = b->id;
+        s_run(b, V_TWOSHOT, p, M_ALL, 1);
+        s_sync_all(b);
+        unsigned long long nonfinite = 0, first = 0;
+        const double rel = s_rel_err(b, b->g[0].out, 0, &nonfinite);
+        float v0 = 0.0f, v1 = 0.0f;
+        unsigned long long ranks = 0;
+        for (int r = 1; r < b->N; r++)
+            ranks += s_diff_rank(b, r, &first, &v0, &v1);
+        const long long m = s_cpu_oracle(b, p, id, &first, &v0, &v1);
+        s_dev(&b->g[0]);
+        CU(cudaMemcpy(y[call], b->g[0].out, n * sizeof(float), cudaMemcpyDeviceToHost));
+        printf("  %s, id %llu: relative L2 error %.3e, %llu non-finite, %llu elements differ between ranks, %lld from "
+               "the CPU codecs' two-shot\n",
+               p->name, (unsigned long long)id, rel, nonfinite, ranks, m);
+        if (!(rel < 0.02) || nonfinite || ranks || m != 0) {
+            printf("  FAIL %s: see the line above (bounds: error < 2e-2, every count 0)\n", p->name);
+            ok = 0;
+        }
+    }
+    if (ok) {
+        size_t diff = 0;
+        for (size_t i = 0; i < n; i++)
+            diff += memcmp(&y[0][i], &y[1][i], sizeof(float)) != 0;
+        printf("  %s: the two calls differ in %zu of %zu elements (%.1f %%; fresh coins: at least 5 %%)\n", p->name,
+               diff, n, 100.0 * (double)diff / (double)n);
+        if ((double)diff < 0.05 * (double)n) {
+            printf("  FAIL %s: the all-reduces rounded alike: every call must draw its own coins\n", p->name);
+            ok = 0;
+        }
+    }
+    free(y[0]);
+    free(y[1]);
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     // NVLink multicast (NVLS) must stay off on these machines: before any NCCL call
@@ -706,11 +771,15 @@ int main(int argc, char **argv)
     // ---- codec pairs ----
     s_pair_t pairs[2] = { { "ash-fp8", "ash-fp8", "ash-fp8", {}, {}, NULL, 0, 0, 0, 0 },
                           { "int4/int8", "int:bits=4", "int:bits=8", {}, {}, NULL, 0, 0, 0, 0 } };
-    for (int q = 0; q < 2; q++) {
+    // checked, not timed: s_stoch_check
+    s_pair_t sr = { "fixpt8-sr", "fixpt:bits=8,stochastic=1,seed=7", "fixpt:bits=8,stochastic=1,seed=7", {}, {},
+                    NULL, 0, 0, 0, 0 };
+    s_pair_t *all[3] = { &pairs[0], &pairs[1], &sr };
+    for (int q = 0; q < 3; q++) {
         char err[CODEC_ERRLEN];
-        if (codec_spec_parse(pairs[q].rs_str, &pairs[q].rs, err, sizeof err) != 0 ||
-            codec_spec_parse(pairs[q].ag_str, &pairs[q].ag, err, sizeof err) != 0) {
-            fprintf(stderr, "bench_tp_nccl: codec spec of %s: %s\n", pairs[q].name, err);
+        if (codec_spec_parse(all[q]->rs_str, &all[q]->rs, err, sizeof err) != 0 ||
+            codec_spec_parse(all[q]->ag_str, &all[q]->ag, err, sizeof err) != 0) {
+            fprintf(stderr, "bench_tp_nccl: codec spec of %s: %s\n", all[q]->name, err);
             return 1;
         }
     }
@@ -747,18 +816,19 @@ int main(int argc, char **argv)
     {
         const codec_spec_t none = { };
         b->plain = cu_tp_new(N, devs, &none, &none, nmax, b->err, sizeof b->err);
-        for (int q = 0; q < 2 && b->plain; q++)
-            if (!(pairs[q].tp = cu_tp_new(N, devs, &pairs[q].rs, &pairs[q].ag, nmax, b->err, sizeof b->err)))
+        for (int q = 0; q < 3 && b->plain; q++)
+            if (!(all[q]->tp = cu_tp_new(N, devs, &all[q]->rs, &all[q]->ag, nmax, b->err, sizeof b->err)))
                 break;
-        if (!b->plain || !pairs[0].tp || !pairs[1].tp) {
+        if (!b->plain || !pairs[0].tp || !pairs[1].tp || !sr.tp) {
             fprintf(stderr, "bench_tp_nccl: %s\n", b->err);
             return 1;
         }
     }
-    printf("  NCCL communicators of %d ranks ready (NCCL all-reduce, ash-fp8 and int4/int8 two-shot groups)\n", N);
+    printf("  NCCL communicators of %d ranks ready (NCCL all-reduce; ash-fp8, int4/int8 and fixpt8-sr two-shot "
+           "groups)\n", N);
 
     static s_row_t rows[MAXSIZES * 4];
-    int nrows = 0, status = 0;
+    int nrows = 0, status = 0, stoch_checked = 0;
     for (int s = 0; s < nsizes; s++) {
         const long mb = sizes[s];
         b->n = (size_t)mb << 19;
@@ -783,6 +853,11 @@ int main(int argc, char **argv)
         }
         s_sync_all(b);
 
+        if (mb <= ORACLE_MB && !stoch_checked) { // the first size the CPU oracle covers
+            stoch_checked = 1;
+            s_set_phase("stochastic rounding check");
+            status |= s_stoch_check(b, &sr);
+        }
         const double S = (double)b->n * 2.0; // bf16 bytes per rank
         const double ring = 2.0 * (N - 1) / N;
         for (int v = 0; v < 4; v++) {
@@ -797,6 +872,7 @@ int main(int argc, char **argv)
             static char phase[160]; // s_phase points here: outlives the loop
             snprintf(phase, sizeof phase, "%ld MB %s: check run", mb, row->variant);
             s_set_phase(phase);
+            const uint64_t check_id = b->id;
             s_run(b, variant, p, M_ALL, 1);
             s_sync_all(b);
             unsigned long long nonfinite = 0;
@@ -827,7 +903,7 @@ int main(int argc, char **argv)
                     s_set_phase(phase);
                     unsigned long long first = 0;
                     float vc = 0.0f, vg = 0.0f;
-                    const long long m = s_cpu_oracle(b, p, &first, &vc, &vg);
+                    const long long m = s_cpu_oracle(b, p, check_id, &first, &vc, &vg);
                     if (m == 0) {
                         printf("  %s: rank 0 bitwise equal to the CPU codecs' two-shot (%zu elements)\n",
                                row->variant, b->n);
@@ -969,6 +1045,7 @@ int main(int argc, char **argv)
     cu_tp_destroy(&b->plain);
     cu_tp_destroy(&pairs[0].tp);
     cu_tp_destroy(&pairs[1].tp);
+    cu_tp_destroy(&sr.tp);
     for (int r = 0; r < N; r++) {
         s_gpu_t *g = &b->g[r];
         s_dev(g);

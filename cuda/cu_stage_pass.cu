@@ -276,8 +276,8 @@ template <class X> static int s_tp_sum(stage_t *s, X *const *buf)
     const size_t BTC = (size_t)s->o.B * s->o.T * s->o.cfg.C;
     char why[512];
     const int xt = sizeof(X) == sizeof(float) ? CU_TP_F32 : CU_TP_BF16;
-    int rc = cu_tp_allreduce((cu_tp_t *)c->tpc, (void *const *)buf, xt, (void *const *)buf, xt, BTC, c->streams,
-                             CU_TP_ALL, why, sizeof why);
+    int rc = cu_tp_allreduce((cu_tp_t *)c->tpc, (void *const *)buf, xt, (void *const *)buf, xt, BTC,
+                             stage_tp_call_id(s, 0), c->streams, CU_TP_ALL, why, sizeof why);
     if (rc)
         return cs_fail(c, s, "tensor-parallel all-reduce", why, __FILE__, __LINE__);
     s_mark(c, 0, P_TP_COMM);
@@ -306,8 +306,8 @@ static int s_tp_residual(stage_t *s, X *const *buf, const X *const *x, int bias_
         sums[r] = c->g[r].stage_f;
     char why[512];
     const int xt = sizeof(X) == sizeof(float) ? CU_TP_F32 : CU_TP_BF16;
-    int rc = cu_tp_allreduce((cu_tp_t *)c->tpc, (void *const *)buf, xt, sums, CU_TP_F32, (size_t)BT * C, c->streams,
-                             CU_TP_ALL, why, sizeof why);
+    int rc = cu_tp_allreduce((cu_tp_t *)c->tpc, (void *const *)buf, xt, sums, CU_TP_F32, (size_t)BT * C,
+                             stage_tp_call_id(s, 0), c->streams, CU_TP_ALL, why, sizeof why);
     if (rc)
         return cs_fail(c, s, "tensor-parallel all-reduce", why, __FILE__, __LINE__);
     s_mark(c, 0, P_TP_COMM);

@@ -24,7 +24,7 @@
 #include "cu_common.cuh" // cu_head (the status word at the start of codec scratch), CU_ST_*, codec.h
 #include "cu_tpcomm.h"
 extern "C" {
-#include "tpcomm.h" // tp_codec_unit
+#include "tpcomm.h" // tp_codec_unit, tp_chunk_spec
 }
 
 #define S_SLOT 256 /* payload slot alignment in bytes (16-byte vector paths; < 256 B lost per slot) */
@@ -363,7 +363,7 @@ static int s_codec(int rc, const char *what, int i, int j, char *err, size_t err
 }
 
 static int s_twoshot(cu_tp_t *t, void *const *in, int in_type, void *const *out, int out_type, size_t n,
-                     const cudaStream_t *st, int parts, char *err, size_t errlen)
+                     uint64_t id, const cudaStream_t *st, int parts, char *err, size_t errlen)
 {
     const int N = t->n;
     const size_t k = s_chunk(t, n), npad = k * (size_t)N;
@@ -391,7 +391,9 @@ static int s_twoshot(cu_tp_t *t, void *const *in, int in_type, void *const *out,
                     S_CU(cudaMemsetAsync(g->xf + n, 0, (npad - n) * 4, st[i]), i);
             }
             for (int j = 0; j < N; j++) {
-                rc = cu_codec_encode_x(&t->rs, sh, xt, src + (size_t)j * k * xs, g->rs_send + (size_t)j * cap1,
+                codec_spec_t spec;
+                tp_chunk_spec(&t->rs, id, 0, i, j, &spec);
+                rc = cu_codec_encode_x(&spec, sh, xt, src + (size_t)j * k * xs, g->rs_send + (size_t)j * cap1,
                                        g->scratch, st[i], err, errlen);
                 if (rc)
                     return s_codec(rc, "reduce-scatter encode", i, j, err, errlen);
@@ -425,7 +427,9 @@ static int s_twoshot(cu_tp_t *t, void *const *in, int in_type, void *const *out,
             }
             k_sum_ranks<<<s_blocks(k / 4), 256, 0, st[i]>>>((float4 *)g->acc, (const float4 *)g->dec, k / 4, N);
             S_CU(cudaGetLastError(), i);
-            rc = cu_codec_encode(&t->ag, sh, g->acc, g->ag + (size_t)i * cap2, g->scratch, st[i], err, errlen);
+            codec_spec_t spec;
+            tp_chunk_spec(&t->ag, id, 1, i, i, &spec);
+            rc = cu_codec_encode(&spec, sh, g->acc, g->ag + (size_t)i * cap2, g->scratch, st[i], err, errlen);
             if (rc)
                 return s_codec(rc, "all-gather encode", i, i, err, errlen);
             k_sticky<<<1, 1, 0, st[i]>>>(g->sticky, (cu_head *)g->scratch, S_PH_SUM);
@@ -465,7 +469,7 @@ static int s_twoshot(cu_tp_t *t, void *const *in, int in_type, void *const *out,
 }
 
 extern "C" int cu_tp_allreduce(cu_tp_t *t, void *const *in, int in_type, void *const *out, int out_type, size_t n,
-                               const cudaStream_t *st, int parts, char *err, size_t errlen)
+                               uint64_t id, const cudaStream_t *st, int parts, char *err, size_t errlen)
 {
     if (!t || !in || !out || !st || n < 1 || n > t->max_n || (in_type != CU_TP_F32 && in_type != CU_TP_BF16) ||
         (out_type != CU_TP_F32 && out_type != CU_TP_BF16) || (!t->compressed && in_type != out_type))
@@ -473,7 +477,7 @@ extern "C" int cu_tp_allreduce(cu_tp_t *t, void *const *in, int in_type, void *c
                      n, t ? t->max_n : 0, in_type, out_type,
                      t && !t->compressed && in_type != out_type ? ": codec none needs one type" : "");
     if (t->compressed)
-        return s_twoshot(t, in, in_type, out, out_type, n, st, parts, err, errlen);
+        return s_twoshot(t, in, in_type, out, out_type, n, id, st, parts, err, errlen);
     S_NC(ncclGroupStart());
     for (int i = 0; i < t->n; i++)
         S_NC_IN_GROUP(ncclAllReduce(in[i], out[i], n, s_nccl_type(in_type), ncclSum, t->r[i].comm, st[i]));

@@ -56,6 +56,7 @@
 #define TAH_CU_TPCOMM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <cuda_runtime_api.h> /* cudaStream_t */
 
@@ -89,10 +90,13 @@ int cu_tp_compressed(const cu_tp_t *t);
 void cu_tp_layout(const cu_tp_t *t, size_t n, size_t *chunk, size_t *plen_rs, size_t *plen_ag, size_t *wire);
 
 /* in[r] / out[r]: rank r's device buffers of n (<= max_n) elements of
- * in_type / out_type (CU_TP_F32, CU_TP_BF16); st[r] its stream. 0 or a
+ * in_type / out_type (CU_TP_F32, CU_TP_BF16); st[r] its stream; id the
+ * call's identity: each payload is encoded with tp_chunk_spec(spec, id,
+ * ...) (pipeline/tpcomm.h), so a stochastic codec draws fresh coins for
+ * every call, rank and chunk, the same as the CPU all-reduce's. 0 or a
  * negative TAH_E* code with err filled. */
 int cu_tp_allreduce(cu_tp_t *t, void *const *in, int in_type, void *const *out, int out_type, size_t n,
-                    const cudaStream_t *st, int parts, char *err, size_t errlen);
+                    uint64_t id, const cudaStream_t *st, int parts, char *err, size_t errlen);
 
 /* buf[r] (n floats each) = buf[root] on every rank (ncclBroadcast). */
 int cu_tp_broadcast(cu_tp_t *t, float *const *buf, size_t n, int root, const cudaStream_t *st, char *err,

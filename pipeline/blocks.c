@@ -61,7 +61,7 @@ static int s_allreduce(stage_t *s, int rank, float *buf, size_t n)
 {
     if (!s->comm)
         return 0;
-    return tp_allreduce(s->comm, rank, buf, n, s->tp_err[rank], sizeof s->tp_err[rank]);
+    return tp_allreduce(s->comm, rank, buf, n, stage_tp_call_id(s, rank), s->tp_err[rank], sizeof s->tp_err[rank]);
 }
 
 /* out = x + (red + bias), rows of width C (bias NULL: out = x + red) */

@@ -652,6 +652,15 @@ double stage_norm_total(const double *slots, size_t n)
     return sqrt(total);
 }
 
+uint64_t stage_tp_call_id(stage_t *s, int r)
+{
+    if (s->tp_call_t[r] != s->t) {
+        s->tp_call_t[r] = s->t;
+        s->tp_calls[r] = 0;
+    }
+    return ((uint64_t)s->t << 32) | s->tp_calls[r]++;
+}
+
 void stage_step(stage_t *s, const optim_opts_t *o, float lr, float grad_scale)
 {
     s->t++;

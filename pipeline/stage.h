@@ -114,12 +114,20 @@ typedef struct stage {
     double *partials;                /* norm chunk partial sums */
     size_t npartials;
     long long t;                     /* AdamW steps taken */
+    long long tp_call_t[TP_MAX];     /* per rank: the step of its last all-reduce id ... */
+    uint32_t tp_calls[TP_MAX];       /* ... and the all-reduces it made in that step */
     void *cu;                        /* STAGE_CUDA: the backend's state (stage_backend.h) */
 } stage_t;
 
 /* The GPU of tensor-parallel rank r (STAGE_CUDA): devices[r] when a list
  * is given (ndevices > 0), else device + r. */
 int stage_device(const stage_opts_t *o, int r);
+
+/* The id (tpcomm.h) of rank r's next tensor-parallel all-reduce: the
+ * steps taken (t) in the high 32 bits, the call's index since then below, so
+ * a resumed run numbers its calls as the uninterrupted one did (every rank
+ * makes the same sequence of calls). */
+uint64_t stage_tp_call_id(stage_t *s, int r);
 
 /* Elements per tensor of a stage with these options; returns the total. */
 size_t stage_param_sizes(const stage_opts_t *o, size_t sizes[STAGE_NTENSORS]);

@@ -375,7 +375,7 @@ static int s_fail(int rc, int new_rc, char *err, size_t errlen, const char *what
     return new_rc;
 }
 
-int tp_allreduce(tp_comm_t *c, int rank, float *buf, size_t n, char *err, size_t errlen)
+int tp_allreduce(tp_comm_t *c, int rank, float *buf, size_t n, uint64_t id, char *err, size_t errlen)
 {
     const int tp = c->tp;
     s_rank_t *R = &c->r[rank];
@@ -390,9 +390,11 @@ int tp_allreduce(tp_comm_t *c, int rank, float *buf, size_t n, char *err, size_t
         return c->t->ops->agree(c->t, rank, rc);
 
     /* 1. reduce-scatter: one frame per chunk, all-to-all */
+    codec_spec_t spec;
     for (int j = 0; j < tp; j++) {
         s_chunk(c, n, j, &off, &len);
-        int e = s_encode(&c->rs, buf + off, len, R->send + (size_t)j * c->cap_rs, c->cap_rs, &R->slen[j], cerr,
+        tp_chunk_spec(&c->rs, id, 0, rank, j, &spec);
+        int e = s_encode(&spec, buf + off, len, R->send + (size_t)j * c->cap_rs, c->cap_rs, &R->slen[j], cerr,
                          sizeof cerr);
         if (e)
             R->slen[j] = 0; /* the receiver sees the gap and waits for the agreed code */
@@ -419,7 +421,8 @@ int tp_allreduce(tp_comm_t *c, int rank, float *buf, size_t n, char *err, size_t
     /* 3. all-gather the re-compressed sum; decode every frame, mine too */
     size_t aglen = 0;
     if (!rc && !peer_failed) {
-        e = s_encode(&c->ag, R->acc, len, R->agsend, c->cap_ag, &aglen, cerr, sizeof cerr);
+        tp_chunk_spec(&c->ag, id, 1, rank, rank, &spec);
+        e = s_encode(&spec, R->acc, len, R->agsend, c->cap_ag, &aglen, cerr, sizeof cerr);
         if (e)
             aglen = 0;
         rc = s_fail(rc, e, err, errlen, "encoding the sum of", rank, cerr);

@@ -2,8 +2,9 @@
  * codec per shot (TACO / Flash Communication), over a transport that moves
  * opaque byte chunks between the ranks of the group.
  *
- * tp_allreduce(c, rank, buf, n): every rank calls it at the same time with
- * its own buf of n floats; on return every rank's buf holds the same sum.
+ * tp_allreduce(c, rank, buf, n, id): every rank calls it at the same time
+ * with its own buf of n floats and the same id; on return every rank's buf
+ * holds the same sum.
  *   1. [0,n) is cut into tp chunks: chunk j starts at j*K, K = ceil(n/tp)
  *      rounded up to the codecs' block/group size (trailing chunks may be
  *      short or empty when n is small or does not divide).
@@ -18,6 +19,16 @@
  * "none" raw float32 bytes move (no frame, no rounding): the result is the
  * fp32 sum in rank order, identical on every rank and in every run.
  * The result is bit-reproducible for every codec (fixed chunking and order).
+ *
+ * Stochastic rounding (fixpt:stochastic=1): every frame is encoded with
+ * tp_chunk_spec(spec, id, shot, rank, chunk), a seed of its own, so each
+ * all-reduce, rank and chunk draws fresh coins; with one seed for all, an
+ * element of every step's sum would round with the same coin, and ranks
+ * holding equal values would round them alike, so the errors would add
+ * up instead of averaging out. Callers give every all-reduce of a run its
+ * own id (the stage: the step and the call's index in it, stage.h); the
+ * GPU group (cuda/cu_tpcomm.h) derives the same specs. Other codecs ignore
+ * the id.
  *
  * Codec specs (tp_codec_parse): "none", or a codec_spec_parse spec of fp32,
  * fp16, bf16, fixpt, ash-fp8 or int; each frame is shape (1,1,chunk). tah
@@ -85,6 +96,17 @@ static inline size_t tp_codec_unit(const codec_spec_t *s)
     return 16; /* raw: one cache line of floats */
 }
 
+/* The spec of one frame of all-reduce `id`: shot 0 (reduce-scatter: rank
+ * `rank` encodes chunk `chunk`) or 1 (all-gather: chunk = rank). */
+static inline void tp_chunk_spec(const codec_spec_t *base, uint64_t id, int shot, int rank, int chunk,
+                                 codec_spec_t *out)
+{
+    codec_spec_t k;
+    codec_spec_derive(base, id, &k);
+    codec_spec_derive(&k, ((uint64_t)(uint32_t)shot << 32) | ((uint64_t)(uint32_t)rank << 16) | (uint32_t)chunk,
+                      out);
+}
+
 /* "none" -> spec->id = 0; otherwise codec_spec_parse, restricted as above. */
 int tp_codec_parse(const char *str, codec_spec_t *spec, char *err, size_t errlen);
 /* "none" or the canonical codec spec. */
@@ -97,8 +119,9 @@ tp_comm_t *tp_comm_new(tp_transport_t *transport, const codec_spec_t *rs, const 
                        size_t max_n, char *err, size_t errlen);
 void tp_comm_destroy(tp_comm_t **self_p);
 int tp_comm_size(const tp_comm_t *c);
-/* All ranks at once; n <= max_n. err (may be NULL) gets this rank's reason. */
-int tp_allreduce(tp_comm_t *c, int rank, float *buf, size_t n, char *err, size_t errlen);
+/* All ranks at once with the same id; n <= max_n. err (may be NULL) gets
+ * this rank's reason. */
+int tp_allreduce(tp_comm_t *c, int rank, float *buf, size_t n, uint64_t id, char *err, size_t errlen);
 /* Bytes one rank sends in an all-reduce of n floats (both shots, frames
  * with headers, its own chunks excluded). */
 size_t tp_comm_wire_bytes(const tp_comm_t *c, size_t n);

@@ -2,8 +2,10 @@
  * tp = 2 and 4 with codec none matches tp = 1 within a float32 tolerance;
  * tp = N runs are bit-reproducible (none and ash-fp8); ash-fp8 on both
  * shots keeps the loss of a tiny model within 1 % of uncompressed; a tp = 2
- * checkpoint loads at tp = 1 and continues like a tp = 1 run; bad degrees
- * and non-finite activations are refused with a reason.
+ * checkpoint loads at tp = 1 and continues like a tp = 1 run; with
+ * stochastic fixpt all-reduces a resumed tp = 2 run equals the
+ * uninterrupted one bit for bit; bad degrees and non-finite activations are
+ * refused with a reason.
  *
  * Tolerances. Tensor parallelism changes only the association of float32
  * sums: the row-parallel products (attention and FC projections) become a
@@ -323,6 +325,55 @@ static void test_ckpt_across_tp(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* Stochastic fixpt on both shots: every all-reduce has its own id
+ * (stage_tp_call_id: the steps taken, the call's index since then), so a
+ * run resumed from a checkpoint draws the same coins as the uninterrupted
+ * one and continues bit-identically; ids are distinct within a step and
+ * across steps. */
+static void test_stochastic_resume(void **state)
+{
+    (void)state;
+    stage_t st = { 0 };
+    uint64_t a = stage_tp_call_id(&st, 1), b = stage_tp_call_id(&st, 1), c = stage_tp_call_id(&st, 0);
+    st.t = 3;
+    uint64_t d = stage_tp_call_id(&st, 1);
+    assert_true(a == 0 && b == 1 && c == 0 && d == (uint64_t)3 << 32);
+
+    const char *sr = "fixpt:bits=8,stochastic=1,seed=11";
+    char dir[] = "/tmp/tah_tp_XXXXXX", prefix[64], err[512] = "";
+    assert_non_null(mkdtemp(dir));
+    snprintf(prefix, sizeof prefix, "%s/run", dir);
+    const int K1 = 2, K = 4, S = 2;
+    run_t ref;
+    s_run(S, 2, sr, sr, K, &ref);
+    gpt2_model_t *init = NULL;
+    data_loader_t dl;
+    assert_int_equal(data_loader_init(&dl, &s_data, B_, T_, err, sizeof err), 0);
+    trainer_t *t = s_trainer(S, 2, sr, sr, K, &init);
+    double loss[8];
+    s_steps(t, &dl, K1, loss);
+    ckpt_meta_t meta = { .step = t->step, .data_pos = dl.pos, .seed = 7 };
+    if (trainer_save_ckpt(t, prefix, &meta, err, sizeof err) != 0)
+        fail_msg("save: %s", err);
+    trainer_destroy(&t);
+    gpt2_model_destroy(&init);
+    t = s_trainer(S, 2, sr, sr, K, &init);
+    ckpt_meta_t got;
+    if (trainer_load_ckpt(t, prefix, &got, err, sizeof err) != 0)
+        fail_msg("load: %s", err);
+    dl.pos = got.data_pos;
+    s_steps(t, &dl, K - K1, loss + K1);
+    assert_int_equal(trainer_export(t, init), 0);
+    assert_memory_equal(loss, ref.loss, K * sizeof(double));
+    assert_memory_equal(init->params, ref.model->params, init->nparams * sizeof(float));
+    trainer_destroy(&t);
+    gpt2_model_destroy(&init);
+    s_free(&ref);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_bad_options(void **state)
 {
     (void)state;
@@ -385,7 +436,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equivalence),     cmocka_unit_test(test_reproducible),
         cmocka_unit_test(test_ash_fp8_training), cmocka_unit_test(test_ckpt_across_tp),
-        cmocka_unit_test(test_bad_options),     cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_stochastic_resume), cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_nonfinite),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }

@@ -3,7 +3,8 @@
  * rank order on every rank; ash-fp8 and int stay within error bounds
  * derived from their formats; every codec gives the same bits on every rank
  * and in every run; sizes that do not divide by tp (down to 1 float) work;
- * a non-finite input fails on every rank with one code, without deadlock. */
+ * a non-finite input fails on every rank with one code, without deadlock;
+ * stochastic rounding draws fresh coins for every all-reduce and rank. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +23,7 @@ typedef struct s_job {
     tp_comm_t *comm;
     float *buf[TP_MAX]; /* per rank, n floats */
     size_t n;
+    uint64_t id; /* the all-reduce's id (tpcomm.h) */
     int rc[TP_MAX];
     char err[TP_MAX][256];
 } s_job_t;
@@ -29,7 +31,7 @@ typedef struct s_job {
 static void s_rank(void *arg, int rank)
 {
     s_job_t *j = arg;
-    j->rc[rank] = tp_allreduce(j->comm, rank, j->buf[rank], j->n, j->err[rank], sizeof j->err[rank]);
+    j->rc[rank] = tp_allreduce(j->comm, rank, j->buf[rank], j->n, j->id, j->err[rank], sizeof j->err[rank]);
 }
 
 static uint64_t s_rng = 0x9e3779b97f4a7c15ull;
@@ -334,6 +336,104 @@ static void test_nonfinite(void **state)
     tp_team_destroy(&team);
 }
 
+/* mean squared difference of a and b */
+static double s_msd(const float *a, const float *b, size_t n)
+{
+    double d = 0.0;
+    for (size_t i = 0; i < n; i++)
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    return d / (double)n;
+}
+
+/* Stochastic fixpt (reduce-scatter; raw all-gather, so the rounding is all
+ * in the first shot). Its error variance per element, v = f(1-f) step^2,
+ * depends on x alone; independent coins add variances.
+ * Ranks: every rank holds the same x; with a coin of its own per rank the
+ * sum's error variance is tp * v, with shared coins the errors are equal
+ * and it is tp^2 * v. Calls: the mean of K all-reduces of the same inputs
+ * under K ids is K times closer to the exact sum than one of them, with
+ * shared coins no closer. The same id gives the same bits. */
+static void test_stochastic_fresh_coins(void **state)
+{
+    (void)state;
+    const int tp = 4, K = 16;
+    const size_t n = 65536;
+    const char *spec = "fixpt:bits=8,stochastic=1,seed=5";
+    tp_team_t *team = tp_team_new(tp, NULL, 0);
+    tp_comm_t *c = s_comm(tp, spec, "none", n);
+    s_job_t j = { .comm = c };
+    s_rng = 4242;
+    s_fill(&j, tp, n, 1.0f);
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+    float *mean = calloc(n, sizeof(float));
+    uint8_t *frame = malloc(1 << 20);
+    assert_true(x && y && want && mean && frame);
+
+    /* v: one encode-decode of x (any seed: v does not depend on it) */
+    memcpy(x, j.buf[0], n * sizeof(float));
+    codec_spec_t cs;
+    char err[256] = "";
+    size_t len = 0;
+    assert_int_equal(codec_spec_parse(spec, &cs, err, sizeof err), 0);
+    codec_shape_t sh = { 1, 1, (uint32_t)n };
+    assert_int_equal(codec_encode(&cs, sh, x, frame, 1 << 20, &len, err, sizeof err), 0);
+    assert_int_equal(codec_decode(frame, len, y, n, NULL, err, sizeof err), 0);
+    const double v = s_msd(y, x, n);
+    assert_true(v > 0.0);
+
+    for (int r = 1; r < tp; r++)
+        memcpy(j.buf[r], x, n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        want[i] = ((x[i] + x[i]) + x[i]) + x[i];
+    j.id = 7;
+    s_run(team, &j);
+    const double ratio = s_msd(j.buf[0], want, n) / v;
+    if (!(ratio > 0.75 * tp && ratio < 1.25 * tp))
+        fail_msg("equal inputs on %d ranks: error variance %.3f v, independent coins give %d v, shared ones %d v",
+                 tp, ratio, tp, tp * tp);
+
+    /* calls: K ids, the same inputs (s_fill's, different per rank) */
+    double one = 0.0;
+    float *first = malloc(n * sizeof(float));
+    assert_non_null(first);
+    for (int k = 0; k < K; k++) {
+        s_rng = 99;
+        s_fill(&j, tp, n, 1.0f);
+        if (k == 0)
+            for (size_t i = 0; i < n; i++)
+                want[i] = ((j.buf[0][i] + j.buf[1][i]) + j.buf[2][i]) + j.buf[3][i];
+        j.id = 1000 + (uint64_t)k;
+        s_run(team, &j);
+        s_assert_same(&j, tp);
+        if (k == 0) {
+            one = s_msd(j.buf[0], want, n);
+            memcpy(first, j.buf[0], n * sizeof(float));
+        }
+        for (size_t i = 0; i < n; i++)
+            mean[i] += j.buf[0][i] / (float)K;
+    }
+    const double avg = s_msd(mean, want, n) / one;
+    if (!(avg < 2.0 / K))
+        fail_msg("the mean of %d all-reduces has %.3f of one's error variance: independent coins give %.3f, shared "
+                 "ones 1", K, avg, 1.0 / K);
+    /* the same id again: the same bits */
+    s_rng = 99;
+    s_fill(&j, tp, n, 1.0f);
+    j.id = 1000;
+    s_run(team, &j);
+    assert_memory_equal(j.buf[0], first, n * sizeof(float));
+
+    free(x);
+    free(y);
+    free(want);
+    free(mean);
+    free(frame);
+    free(first);
+    s_free(&j);
+    tp_comm_destroy(&c);
+    tp_team_destroy(&team);
+}
+
 static void test_specs(void **state)
 {
     (void)state;
@@ -369,7 +469,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_none_exact),  cmocka_unit_test(test_ash_fp8_bound),
         cmocka_unit_test(test_int_two_specs), cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_nonfinite),   cmocka_unit_test(test_specs),
+        cmocka_unit_test(test_nonfinite),   cmocka_unit_test(test_stochastic_fresh_coins),
+        cmocka_unit_test(test_specs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
