@@ -139,6 +139,13 @@ int codec_spec_format(const codec_spec_t *spec, char *buf, size_t buflen);
  * a slowly changing gradient would add up step after step instead of
  * averaging out); every other spec is base unchanged. */
 void codec_spec_derive(const codec_spec_t *base, uint64_t id, codec_spec_t *out);
+/* The revision of the rules above and of fixpt's coins (fixpt.c): nodes
+ * exchange stochastic frames only when they follow the same rules (a frame
+ * must carry its message's derived seed), so a node announces its revision
+ * and the coordinator places a job with a stochastic link codec only on
+ * nodes of its own (tah.proto, Hello.seed_rules). 1: per-message seeds and
+ * lowbias32 coins; 0: a build from before the revision was announced. */
+#define CODEC_SEED_RULES 1u
 /* The spec of one tensor of a pipeline's training run: codec_spec_derive of
  * base for (stream, the stage that encodes it, step, micro-batch). Streams:
  * the forward activations (evaluation's too), the backward gradients, the

@@ -47,6 +47,7 @@ typedef struct cnode {
     uint64_t rejected;
     long order;            /* announce order: placement prefers older nodes */
     char key[KEYS_Z85_LEN + 1]; /* its connection's CURVE public key (secure mode) */
+    uint32_t seed_rules;   /* announced CODEC_SEED_RULES (0: an older build) */
 } cnode_t;
 
 typedef struct cagg {      /* one step's reports, until every stage sent its own */
@@ -524,10 +525,31 @@ static void s_metrics_reopen(coord_t *c, cjob_t *j, int step)
         log_warn("job %lld: cannot append to %s: %s", (long long)j->j.id, j->j.metrics_path, strerror(errno));
 }
 
+/* 1 if one of the job's link codecs rounds stochastically: its frames
+ * carry seeds derived by the rules of CODEC_SEED_RULES (the tensor-parallel
+ * all-reduce stays inside a node) */
+static int s_job_stochastic(const cjob_t *j)
+{
+    const char *specs[3] = { j->spec->t.fwd_codec, j->spec->t.bwd_codec, j->spec->t.tied_codec };
+    for (int k = 0; k < 3; k++) {
+        codec_spec_t s;
+        if (codec_spec_parse(specs[k], &s, NULL, 0) == 0 && s.id == CODEC_FIXPT && s.p.fixpt.stochastic)
+            return 1;
+    }
+    return 0;
+}
+
+/* A node of another CODEC_SEED_RULES cannot share a stochastic job: the
+ * frames it sends would be rejected, and it evicted, as a bad sender. */
+static int s_seed_rules_ok(const cjob_t *j, const cnode_t *n)
+{
+    return n->seed_rules == CODEC_SEED_RULES || !s_job_stochastic(j);
+}
+
 static int s_placeable(const coord_t *c, const cjob_t *j, const cnode_t *n)
 {
     return n->state == N_IDLE && n->rid_len && !n->leaving && !s_banned(j, n->name) &&
-           (!c->secure || s_allowed(c, j->j.id, n->key));
+           (!c->secure || s_allowed(c, j->j.id, n->key)) && s_seed_rules_ok(j, n);
 }
 
 /* Send Assign to the S chosen nodes (placement number j.epoch, a new data
@@ -675,10 +697,25 @@ static void s_try_place(coord_t *c)
             continue;
         const int S = j->j.stages;
         cnode_t *idle[c->nnodes > 0 ? c->nnodes : 1];
-        int nidle = 0;
-        for (int i = 0; i < c->nnodes; i++)
+        int nidle = 0, nold = 0;
+        for (int i = 0; i < c->nnodes; i++) {
             if (s_placeable(c, j, &c->nodes[i]))
                 idle[nidle++] = &c->nodes[i];
+            else if (c->nodes[i].state == N_IDLE && c->nodes[i].rid_len && !s_seed_rules_ok(j, &c->nodes[i]))
+                nold++;
+        }
+        if (nidle < S && nold > 0) {
+            char why[256];
+            snprintf(why, sizeof why,
+                     "waiting for nodes: %d idle node%s of another build cannot take a stochastic codec's frames "
+                     "(codec seed rules %u here); HINT: update them",
+                     nold, nold == 1 ? "" : "s", CODEC_SEED_RULES);
+            if (strcmp(j->j.reason, why) != 0) {
+                snprintf(j->j.reason, sizeof j->j.reason, "%s", why);
+                s_job_save(c, j);
+                log_warn("job %lld: %s", (long long)j->j.id, why);
+            }
+        }
         if (nidle < S) {
             if (c->secure)
                 continue; /* a job waits for nodes admitted to it; others may start */
@@ -1006,6 +1043,7 @@ static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hel
     n->gflops = h->gflops;
     n->gflops_bf16 = h->gflops_bf16;
     snprintf(n->device_id, sizeof n->device_id, "%s", h->device_id);
+    n->seed_rules = h->seed_rules;
     n->state = N_IDLE;
     n->job = 0;
     n->stage = -1;

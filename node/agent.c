@@ -213,6 +213,7 @@ static void s_send_hello(agent_t *a)
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     h.memory_mb = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / (1u << 20) : 0;
     h.token = (char *)(a->o->token ? a->o->token : "");
+    h.seed_rules = CODEC_SEED_RULES;
     if (a->job && a->state == A_RUNNING) {
         h.job = a->job->id;
         h.stage = (uint32_t)a->job->stage;

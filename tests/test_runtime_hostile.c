@@ -6,7 +6,10 @@
  *   activation, then a replay of it, a NaN frame (valid checksums), a frame
  *   with 1e9 x the norm, and a frame of the wrong shape. Each is rejected
  *   and counted; with max_bad_frames = 4 the coordinator evicts the rogue:
- *   the job fails naming it, the honest node is idle again. */
+ *   the job fails naming it, the honest node is idle again.
+ * And a node of an older build (Hello without seed_rules) is kept off a job
+ * with a stochastic codec, whose frames it would derive differently: the
+ * job waits, saying why, and runs once a node of this build comes. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -108,21 +111,17 @@ static uint8_t *s_frame(codec_shape_t shape, float scale, int poke, float poison
     return f;
 }
 
-static void test_rogue_stage_evicted(void **state)
+/* Join the coordinator over the control protocol as `name`, the Hello of
+ * a build that does not announce its seed rules; returns the socket once
+ * welcomed. */
+static void *s_join(void *ctx, const char *ep, const char *name)
 {
-    (void)state;
-    rt_t r;
-    rt_init(&r, "rt_hostile");
-    rt_start_coord(&r, 10.0, 0);
-
-    /* the rogue joins first, so it gets stage 0 */
-    void *ctx = zmq_ctx_new();
     void *c = zmq_socket(ctx, ZMQ_DEALER);
     int zero = 0;
     zmq_setsockopt(c, ZMQ_LINGER, &zero, sizeof zero);
-    assert_int_equal(zmq_connect(c, r.ep), 0);
+    assert_int_equal(zmq_connect(c, ep), 0);
     Tah__Hello hello = TAH__HELLO__INIT;
-    hello.name = "rogue";
+    hello.name = (char *)name;
     hello.endpoint = "tcp://127.0.0.1:1";
     hello.backend = "cpu";
     hello.threads = 1;
@@ -133,6 +132,21 @@ static void test_rogue_stage_evicted(void **state)
     assert_int_equal(wire_send_envelope(c, NULL, 0, &env, 0), 0);
     Tah__Envelope *e = s_expect(c, TAH__ENVELOPE__BODY_WELCOME, 10);
     wire_envelope_free(&e);
+    return c;
+}
+
+static void test_rogue_stage_evicted(void **state)
+{
+    (void)state;
+    rt_t r;
+    rt_init(&r, "rt_hostile");
+    rt_start_coord(&r, 10.0, 0);
+
+    /* the rogue joins first, so it gets stage 0 (an older build's Hello:
+     * the job's codecs round to nearest, so it is placed) */
+    void *ctx = zmq_ctx_new();
+    void *c = s_join(ctx, r.ep, "rogue");
+    Tah__Envelope *e;
     rt_start_nodes(&r, 1); /* returns once one node is idle: maybe only the rogue so far */
     s_heartbeat(c);
     assert_true(rt_wait_nodes(&r, "idle", 2, 20));
@@ -236,10 +250,77 @@ static void test_rogue_stage_evicted(void **state)
     assert_int_equal(rt_stop(&r), 0);
 }
 
+static void test_old_build_off_stochastic_job(void **state)
+{
+    (void)state;
+    rt_t r;
+    rt_init(&r, "rt_seedrules");
+    rt_start_coord(&r, 10.0, 0);
+    void *ctx = zmq_ctx_new();
+    void *c = s_join(ctx, r.ep, "old");
+    Tah__Envelope *e;
+    rt_start_nodes(&r, 1);
+    s_heartbeat(c);
+    assert_true(rt_wait_nodes(&r, "idle", 2, 20));
+
+    char ini[1024], out[4096], st[64] = "", reason[1024] = "";
+    snprintf(ini, sizeof ini,
+             "[job]\nmodel = 2,2,%d,32,256\ntrain_data = train.txt\nbatch = %d\nseq = %d\nsteps = 2\n"
+             "lr = 1e-3\nstages = 2\nmicro_batches = 2\nfwd_codec = fp32\n"
+             "bwd_codec = fixpt:bits=8,stochastic=1,seed=3\n",
+             C, BATCH, SEQ);
+    uint64_t job = rt_submit(&r, rt_write(&r, "job.ini", ini), out, sizeof out);
+    if (job == 0)
+        fail_msg("submit: %s", out);
+    /* two idle nodes, but one of them is of the older build: no assignment
+     * for it, the job waits and says why */
+    double t0 = s_now();
+    while (s_now() - t0 < 3.0) {
+        s_heartbeat(c);
+        int to = 0;
+        char err[256];
+        e = wire_recv_envelope(c, 200, &to, err, sizeof err);
+        if (e && e->body_case == TAH__ENVELOPE__BODY_ASSIGN)
+            fail_msg("the older build was assigned stage %u of a stochastic job", e->assign->stage);
+        wire_envelope_free(&e);
+    }
+    Tah__Envelope *s = rt_status(&r, job);
+    assert_non_null(s);
+    assert_int_equal(s->status_rep->n_jobs, 1);
+    assert_string_equal(s->status_rep->jobs[0]->state, "queued");
+    if (!strstr(s->status_rep->jobs[0]->reason, "1 idle node of another build cannot take a stochastic codec"))
+        fail_msg("queued job's reason: %s", s->status_rep->jobs[0]->reason);
+    wire_envelope_free(&s);
+    /* a node of this build: the job runs on n0 and n1 and finishes */
+    rt_spawn_node(&r, "n1", NULL);
+    t0 = s_now();
+    while (s_now() - t0 < 60 && strcmp(st, "succeeded") != 0 && strcmp(st, "failed") != 0) {
+        s_heartbeat(c);
+        int to = 0;
+        char err[256];
+        e = wire_recv_envelope(c, 200, &to, err, sizeof err);
+        if (e && e->body_case == TAH__ENVELOPE__BODY_ASSIGN)
+            fail_msg("the older build was assigned stage %u of a stochastic job", e->assign->stage);
+        wire_envelope_free(&e);
+        s = rt_status(&r, job);
+        if (s && s->status_rep->n_jobs == 1) {
+            snprintf(st, sizeof st, "%s", s->status_rep->jobs[0]->state);
+            snprintf(reason, sizeof reason, "%s", s->status_rep->jobs[0]->reason);
+        }
+        wire_envelope_free(&s);
+    }
+    if (strcmp(st, "succeeded") != 0)
+        fail_msg("job %s: %s", st, reason);
+    zmq_close(c);
+    zmq_ctx_term(ctx);
+    assert_int_equal(rt_stop(&r), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rogue_stage_evicted),
+        cmocka_unit_test(test_old_build_off_stochastic_job),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
