@@ -143,10 +143,9 @@ void codec_spec_derive(const codec_spec_t *base, uint64_t id, codec_spec_t *out)
  * exchange stochastic frames only when they follow the same rules (a frame
  * must carry its message's derived seed), so a node announces its revision
  * and the coordinator places a job with a stochastic link codec only on
- * nodes of its own (tah.proto, Hello.seed_rules). 2: 16-bit coins, one
- * lowbias32 per pair of elements; 1: a lowbias32 per element; both with
- * per-message seeds; 0: a build from before the revision was announced. */
-#define CODEC_SEED_RULES 2u
+ * nodes of its own (tah.proto, Hello.seed_rules). 1: per-message seeds and
+ * lowbias32 coins; 0: a build from before the revision was announced. */
+#define CODEC_SEED_RULES 1u
 /* The spec of one tensor of a pipeline's training run: codec_spec_derive of
  * base for (stream, the stage that encodes it, step, micro-batch). Streams:
  * the forward activations (evaluation's too), the backward gradients, the

@@ -10,22 +10,17 @@
  *   t = clamp(y * (1/d), -qmax, qmax)   (1/d rounded once; 0 when d = 0)
  *   nearest:    q = round(t), ties to EVEN
  *   stochastic: q = floor(t) + (u < t - floor(t)), u uniform in [0,1) on a
- *               2^-16 grid from a counter-based hash of (seed, i), i the
- *               element's index in the tensor (i < CODEC_MAX_ELEMS = 2^31),
- *               one hash for the pair of elements 2j, 2j + 1:
- *                 k     = mix(mix(seed) + 0x9e3779b97f4a7c15) >> 32
- *                 h_j   = lowbias32(j xor k)
- *                 u_2j  = (h_j & 0xffff) * 2^-16
- *                 u_2j+1 = (h_j >> 16) * 2^-16
+ *               2^-23 grid from a counter-based hash of (seed, i), i the
+ *               element's index in the tensor (i < CODEC_MAX_ELEMS = 2^31):
+ *                 k   = mix(mix(seed) + 0x9e3779b97f4a7c15) >> 32
+ *                 u_i = (lowbias32(i xor k) >> 9) * 2^-23
  *               where mix is the splitmix64 finaliser (xor-shift 30, times
  *               0xbf58476d1ce4e5b9, xor-shift 27, times 0x94d049bb133111eb,
  *               xor-shift 31) and lowbias32 the 32-bit hash x ^= x >> 16,
  *               x *= 0x7feb352d, x ^= x >> 15, x *= 0x846ca68b, x ^= x >> 16:
- *               a few 32-bit operations per pair (SIMD lanes, GPU lanes).
+ *               a few 32-bit operations per element (SIMD lanes, GPU lanes).
  *               Reproducible, independent of thread order, and the same on
- *               a GPU. E[q] = t up to the 2^-16 grid of u (a fraction of a
- *               step below 2^-16 rounds down). Until CODEC_SEED_RULES 2 it
- *               was u_i = (lowbias32(i xor k) >> 9) 2^-23, a hash per element.
+ *               a GPU. E[q] = t up to the 2^-23 grid of u.
  *   code = q + qmax, in [0, 2*qmax] = [0, 2^b - 2]; code 2^b - 1 is invalid.
  * Decode: g^ = (code - qmax) * (d / c).
  *
@@ -101,37 +96,21 @@ static inline uint32_t s_hash32(uint32_t x)
     return x ^ (x >> 16);
 }
 
-/* the code of t with the coin u16 (see the top) */
-static inline uint16_t s_stoch_code(float t, uint32_t u16, float qmaxf, int32_t qmax)
-{
-    t = t < -qmaxf ? -qmaxf : t;
-    t = t > qmaxf ? qmaxf : t;
-    int32_t fl = (int32_t)t;        /* truncation ... */
-    fl -= (int32_t)((float)fl > t); /* ... to floor */
-    float frac = t - (float)fl;     /* exact for |t| >= 1, else rounded once */
-    return (uint16_t)(fl + (int32_t)((float)u16 * 0x1p-16f < frac) + qmax);
-}
-
-/* elements index0 .. index0 + m - 1 with the key k (see the top): a hash per
- * pair, 32-bit lanes only, so the pair loop vectorises */
+/* elements index0 .. index0 + m - 1 with the key k (see the top): 32-bit
+ * lanes only, so the loop vectorises */
 static void s_quant_stochastic(uint16_t *codes, const float *g, uint32_t m, float c, float inv, float qmaxf,
                                int32_t qmax, uint32_t k, uint32_t index0)
 {
-    uint32_t i = 0;
-    if (m && (index0 & 1u)) { /* the odd half of a pair */
-        codes[0] = s_stoch_code((c * g[0]) * inv, s_hash32((index0 >> 1) ^ k) >> 16, qmaxf, qmax);
-        i = 1;
+    for (uint32_t i = 0; i < m; i++) {
+        float t = (c * g[i]) * inv;
+        t = t < -qmaxf ? -qmaxf : t;
+        t = t > qmaxf ? qmaxf : t;
+        int32_t fl = (int32_t)t;               /* truncation ... */
+        fl -= (int32_t)((float)fl > t);        /* ... to floor */
+        float frac = t - (float)fl;            /* exact for |t| >= 1, else rounded once */
+        float u = (float)(s_hash32((index0 + i) ^ k) >> 9) * 0x1p-23f;
+        codes[i] = (uint16_t)(fl + (int32_t)(u < frac) + qmax);
     }
-    const uint32_t j0 = (index0 + i) >> 1, np = (m - i) / 2;
-    uint16_t *cp = codes + i;
-    const float *gp = g + i;
-    for (uint32_t p = 0; p < np; p++) {
-        const uint32_t h = s_hash32((j0 + p) ^ k);
-        cp[2 * p] = s_stoch_code((c * gp[2 * p]) * inv, h & 0xffffu, qmaxf, qmax);
-        cp[2 * p + 1] = s_stoch_code((c * gp[2 * p + 1]) * inv, h >> 16, qmaxf, qmax);
-    }
-    if ((m - i) & 1u) /* the even half of the last pair */
-        codes[m - 1] = s_stoch_code((c * g[m - 1]) * inv, s_hash32((j0 + np) ^ k) & 0xffffu, qmaxf, qmax);
 }
 
 static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload)

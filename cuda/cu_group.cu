@@ -33,8 +33,8 @@
 // metadata on one lane and only quantises (see the comment above
 // k_int_stats); other int groups: k_absmax (each block's max |x|), then
 // k_group_encode / k_group_enc_seg. fixpt with 4 <= tpg <= 32: k_fix_enc,
-// the step once per group on one lane. Stochastic rounding hashes each pair of elements'
-// index with fixpt.c's lowbias32, a 16-bit coin per element (d_stoch_u): 32-bit operations only.
+// the step once per group on one lane. Stochastic rounding hashes each element's index with
+// fixpt.c's lowbias32 (d_stoch_u): 32-bit operations only.
 // Round 10: the default specs (fixpt 8 bits, int 4 bits, group 128) on whole groups go
 // through warp-per-group kernels instead (k_fix_enc_row, k_int_row, k_group_dec_row:
 // lane l on elements 4l..4l+3 of a group); int encode reads x once (round 15: a CTA
@@ -70,32 +70,23 @@ struct s_gp {
     bool vec;            // x/out 16-byte aligned and group % 4 == 0
 };
 
-// fixpt.c's h = lowbias32(x) from x1 = x ^ (x >> 16), lowbias32's first step (k_fix_enc_row
-// takes it once per group of 4 indices)
-__device__ __forceinline__ uint32_t d_stoch_h1(uint32_t x1)
+// fixpt.c's uniform u = (lowbias32(x) >> 9) 2^-23 from x1 = x ^ (x >> 16), lowbias32's first
+// step (k_fix_enc_row takes it once per group of 4 indices): the rest of the hash, then u built
+// as a float in [1, 2) less 1 (exact: no conversion)
+__device__ __forceinline__ float d_stoch_u1(uint32_t x1)
 {
     x1 *= 0x7feb352du;
     x1 ^= x1 >> 15;
     x1 *= 0x846ca68bu;
-    return x1 ^ (x1 >> 16);
+    x1 ^= x1 >> 16;
+    return __fsub_rn(__uint_as_float((x1 >> 9) | 0x3f800000u), 1.0f);
 }
 
-// fixpt.c's coins of a pair from its hash h: u = (h & 0xffff) 2^-16 (even element), (h >> 16)
-// 2^-16 (odd), each built as a float in [1, 2) less 1 (exact: no conversion)
-__device__ __forceinline__ float d_stoch_lo(uint32_t h)
-{
-    return __fsub_rn(__uint_as_float(((h << 7) & 0x7fff80u) | 0x3f800000u), 1.0f);
-}
-__device__ __forceinline__ float d_stoch_hi(uint32_t h)
-{
-    return __fsub_rn(__uint_as_float(((h >> 9) & 0x7fff80u) | 0x3f800000u), 1.0f);
-}
-
-// fixpt.c's uniform of element idx: pair idx / 2's hash, x = (idx >> 1) ^ k
+// fixpt.c's uniform of element idx: x = idx ^ k
 __device__ __forceinline__ float d_stoch_u(uint32_t key, uint32_t idx)
 {
-    const uint32_t x = (idx >> 1) ^ key, h = d_stoch_h1(x ^ (x >> 16));
-    return (idx & 1u) ? d_stoch_hi(h) : d_stoch_lo(h);
+    const uint32_t x = idx ^ key;
+    return d_stoch_u1(x ^ (x >> 16));
 }
 
 // fixpt.c's stochastic code of t (|t| <= qmax < 2^15): floor(t) + (u < frac) + qmax, frac =
@@ -1386,12 +1377,10 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const X *__restrict__ x, ui
                 w[r] = __float_as_uint(__fadd_rn(__fmul_rn(__fmul_rn(g.c, f[r]), q_inv), 12583040.0f));
         } else { // d_stoch_code with qmax = 127 folded into the floor's constant: floor(t) + 127 +
                  // (u < frac) in the low byte (at most 254: no carry)
-            const uint32_t j0 = 64u * (g0 + u) + 2u * lane; // the lane's pairs j0, j0 + 1 (j0 even)
-            // the pairs' hashes with lowbias32's first xor-shift taken once per group: j0 + 1 = j0 | 1
-            // leaves (j0 ^ 1 ^ k) >> 16 = (j0 ^ k) >> 16, so that step is A ^ 1
-            const uint32_t A = (j0 ^ g.key) ^ ((j0 ^ g.key) >> 16);
-            const uint32_t h0 = d_stoch_h1(A), h1 = d_stoch_h1(A ^ 1u);
-            const float uu[4] = { d_stoch_lo(h0), d_stoch_hi(h0), d_stoch_lo(h1), d_stoch_hi(h1) };
+            const uint32_t i0 = 128u * (g0 + u) + 4u * lane; // a multiple of 4: i0 + r = i0 | r
+            // d_stoch_u(k, i0 | r) with lowbias32's first xor-shift taken once per group: r < 4
+            // leaves (i0 ^ r ^ k) >> 16 = (i0 ^ k) >> 16, so that step is A ^ r
+            const uint32_t A = (i0 ^ g.key) ^ ((i0 ^ g.key) >> 16);
             auto codes = [&](bool cl) {
 #pragma unroll
                 for (int r = 0; r < 4; r++) {
@@ -1400,7 +1389,7 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const X *__restrict__ x, ui
                         t = fminf(fmaxf(t, -127.0f), 127.0f);
                     const float s = __fadd_rd(t, 12583039.0f); // 1.5 * 2^23 + 127
                     const float frac = __fsub_rn(t, __fsub_rn(s, 12583039.0f));
-                    w[r] = __float_as_uint(s) + (uint32_t)(uu[r] < frac);
+                    w[r] = __float_as_uint(s) + (uint32_t)(d_stoch_u1(A ^ (uint32_t)r) < frac);
                 }
             };
             if (clamp)

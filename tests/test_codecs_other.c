@@ -685,13 +685,13 @@ static uint64_t s_splitmix_mix(uint64_t z)
 static double s_fixpt_u(uint64_t seed, uint64_t i)
 {
     uint32_t k = (uint32_t)(s_splitmix_mix(s_splitmix_mix(seed) + 0x9e3779b97f4a7c15ull) >> 32);
-    uint32_t h = (uint32_t)(i >> 1) ^ k;
+    uint32_t h = (uint32_t)i ^ k;
     h ^= h >> 16;
     h *= 0x7feb352du;
     h ^= h >> 15;
     h *= 0x846ca68bu;
     h ^= h >> 16;
-    return (double)((i & 1) ? h >> 16 : h & 0xffffu) * 0x1p-16;
+    return (double)(h >> 9) * 0x1p-23;
 }
 
 /* Check a fixpt frame against a double model.

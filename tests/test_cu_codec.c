@@ -165,17 +165,16 @@ static void s_fill(float *x, codec_shape_t shape, int kind, uint64_t seed)
     case IN_EDGE: { /* fixpt:stochastic=1,seed=3 (scale 1024): every run of 128 has max |x| = 127 d
                        2^-10 with d = 1070 2^-10 2^-j an fp16 value, so the step is d exactly and
                        t = max |y| fl(1/d) rounds to 127 + 2^-17, where fixpt.c clamps t to 127.
-                       +max sits where the clamp decides the code: where the coin u < 2^-17, i.e.
-                       u = 0 (unclamped: code 255); u is fixpt.c's for seed 3 (16-bit coins, a
-                       lowbias32 per pair). -max where u is largest (1 - 2^-16 < frac = 1 - 2^-17:
-                       rounds up either way). The rest below max. */
+                       +-max sits where the clamp decides the code: +max where the coin u < 2^-17
+                       (unclamped: code 255), -max where u >= 1 - 2^-17 (unclamped: floor -128,
+                       no round-up: code -1); u is fixpt.c's for seed 3. The rest below max. */
         const uint32_t k = s_fixpt_key(3);
         for (uint64_t i = 0; i < n; i++) {
             const double edge = 127.0 * 1070.0 / 1048576.0 * pow(2.0, -(double)((i / 128 + seed) % 5));
-            const uint32_t h = s_lowbias32((uint32_t)(i >> 1) ^ k), U = (i & 1) ? h >> 16 : h & 0xffffu;
-            x[i] = i % 128 == 0 || U == 0u ? (float)edge
-                   : U == 0xffffu ? (float)-edge
-                                  : (float)(edge * (2.0 * (double)(codec_synth_u64(seed, i) >> 11) * 0x1p-53 - 1.0) * 0.999);
+            const uint32_t U = s_lowbias32((uint32_t)i ^ k) >> 9;
+            x[i] = i % 128 == 0 || U < 64u ? (float)edge
+                   : U >= (1u << 23) - 64u ? (float)-edge
+                                           : (float)(edge * (2.0 * (double)(codec_synth_u64(seed, i) >> 11) * 0x1p-53 - 1.0) * 0.999);
         }
         break;
     }
