@@ -135,21 +135,41 @@ static void *s_join(void *ctx, const char *ep, const char *name)
     return c;
 }
 
+/* A coordinator in DIR = NAME.XXXXXX, `joiner` joined first (s_join), then
+ * one real node n0; returns once both are idle, the joiner's socket. */
+static void *s_start(rt_t *r, const char *name, void *ctx, const char *joiner)
+{
+    rt_init(r, name);
+    rt_start_coord(r, 10.0, 0);
+    void *c = s_join(ctx, r->ep, joiner);
+    rt_start_nodes(r, 1); /* returns once one node is idle: maybe only the joiner so far */
+    s_heartbeat(c);
+    assert_true(rt_wait_nodes(r, "idle", 2, 20));
+    return c;
+}
+
+/* Heartbeat once and read the coordinator's messages for 0.2 s: an
+ * assignment fails the test (an older build on a stochastic job). */
+static void s_expect_no_assign(void *c)
+{
+    s_heartbeat(c);
+    int to = 0;
+    char err[256];
+    Tah__Envelope *e = wire_recv_envelope(c, 200, &to, err, sizeof err);
+    if (e && e->body_case == TAH__ENVELOPE__BODY_ASSIGN)
+        fail_msg("the older build was assigned stage %u of a stochastic job", e->assign->stage);
+    wire_envelope_free(&e);
+}
+
 static void test_rogue_stage_evicted(void **state)
 {
     (void)state;
-    rt_t r;
-    rt_init(&r, "rt_hostile");
-    rt_start_coord(&r, 10.0, 0);
-
     /* the rogue joins first, so it gets stage 0 (an older build's Hello:
      * the job's codecs round to nearest, so it is placed) */
+    rt_t r;
     void *ctx = zmq_ctx_new();
-    void *c = s_join(ctx, r.ep, "rogue");
+    void *c = s_start(&r, "rt_hostile", ctx, "rogue");
     Tah__Envelope *e;
-    rt_start_nodes(&r, 1); /* returns once one node is idle: maybe only the rogue so far */
-    s_heartbeat(c);
-    assert_true(rt_wait_nodes(&r, "idle", 2, 20));
 
     char ini[1024], out[4096], st[64], reason[1024];
     snprintf(ini, sizeof ini,
@@ -254,14 +274,8 @@ static void test_old_build_off_stochastic_job(void **state)
 {
     (void)state;
     rt_t r;
-    rt_init(&r, "rt_seedrules");
-    rt_start_coord(&r, 10.0, 0);
     void *ctx = zmq_ctx_new();
-    void *c = s_join(ctx, r.ep, "old");
-    Tah__Envelope *e;
-    rt_start_nodes(&r, 1);
-    s_heartbeat(c);
-    assert_true(rt_wait_nodes(&r, "idle", 2, 20));
+    void *c = s_start(&r, "rt_seedrules", ctx, "old");
 
     char ini[1024], out[4096], st[64] = "", reason[1024] = "";
     snprintf(ini, sizeof ini,
@@ -275,15 +289,8 @@ static void test_old_build_off_stochastic_job(void **state)
     /* two idle nodes, but one of them is of the older build: no assignment
      * for it, the job waits and says why */
     double t0 = s_now();
-    while (s_now() - t0 < 3.0) {
-        s_heartbeat(c);
-        int to = 0;
-        char err[256];
-        e = wire_recv_envelope(c, 200, &to, err, sizeof err);
-        if (e && e->body_case == TAH__ENVELOPE__BODY_ASSIGN)
-            fail_msg("the older build was assigned stage %u of a stochastic job", e->assign->stage);
-        wire_envelope_free(&e);
-    }
+    while (s_now() - t0 < 3.0)
+        s_expect_no_assign(c);
     Tah__Envelope *s = rt_status(&r, job);
     assert_non_null(s);
     assert_int_equal(s->status_rep->n_jobs, 1);
@@ -295,13 +302,7 @@ static void test_old_build_off_stochastic_job(void **state)
     rt_spawn_node(&r, "n1", NULL);
     t0 = s_now();
     while (s_now() - t0 < 60 && strcmp(st, "succeeded") != 0 && strcmp(st, "failed") != 0) {
-        s_heartbeat(c);
-        int to = 0;
-        char err[256];
-        e = wire_recv_envelope(c, 200, &to, err, sizeof err);
-        if (e && e->body_case == TAH__ENVELOPE__BODY_ASSIGN)
-            fail_msg("the older build was assigned stage %u of a stochastic job", e->assign->stage);
-        wire_envelope_free(&e);
+        s_expect_no_assign(c);
         s = rt_status(&r, job);
         if (s && s->status_rep->n_jobs == 1) {
             snprintf(st, sizeof st, "%s", s->status_rep->jobs[0]->state);
