@@ -704,19 +704,20 @@ static void s_try_place(coord_t *c)
             else if (c->nodes[i].state == N_IDLE && c->nodes[i].rid_len && !s_seed_rules_ok(j, &c->nodes[i]))
                 nold++;
         }
-        if (nidle < S && nold > 0) {
-            char why[256];
-            snprintf(why, sizeof why,
-                     "waiting for nodes: %d idle node%s of another build cannot take a stochastic codec's frames "
-                     "(codec seed rules %u here); HINT: update them",
-                     nold, nold == 1 ? "" : "s", CODEC_SEED_RULES);
-            if (strcmp(j->j.reason, why) != 0) {
+        if (nidle < S) {
+            /* say why the job waits while nodes of another build are idle; stop once none is */
+            char why[256] = "";
+            if (nold > 0)
+                snprintf(why, sizeof why,
+                         "waiting for nodes: %d idle node%s of another build cannot take a stochastic codec's "
+                         "frames (codec seed rules %u here); HINT: update them",
+                         nold, nold == 1 ? "" : "s", CODEC_SEED_RULES);
+            if (strcmp(j->j.reason, why) != 0 && (nold > 0 || strstr(j->j.reason, " of another build "))) {
                 snprintf(j->j.reason, sizeof j->j.reason, "%s", why);
                 s_job_save(c, j);
-                log_warn("job %lld: %s", (long long)j->j.id, why);
+                if (nold > 0)
+                    log_warn("job %lld: %s", (long long)j->j.id, why);
             }
-        }
-        if (nidle < S) {
             if (c->secure)
                 continue; /* a job waits for nodes admitted to it; others may start */
             return;   /* jobs start in submission order */
