@@ -225,7 +225,7 @@ static void s_print_json(const Tah__StatusRep *r)
         fprintf(f, ",\"rejected\":%llu,\"gflops_bf16\":%.2f,\"device_id\":", (unsigned long long)n->rejected,
                 n->gflops_bf16);
         s_json_str(f, n->device_id);
-        fprintf(f, "}");
+        fprintf(f, ",\"seed_rules\":%u}", n->seed_rules);
     }
     fprintf(f, "],\"rejected\":%llu}\n", (unsigned long long)r->rejected);
 }
@@ -294,8 +294,11 @@ static void s_print_text(const Tah__StatusRep *r)
             printf(" | %s, %.0f GFLOP/s fp32, %.0f bf16", n->backend, n->gflops, n->gflops_bf16);
         else
             printf(" | %s, %u threads, %.1f GFLOP/s", n->backend, n->threads, n->gflops);
-        printf(" | heartbeat %.1f s ago | rejected %llu | %s\n", n->last_heartbeat, (unsigned long long)n->rejected,
+        printf(" | heartbeat %.1f s ago | rejected %llu | %s", n->last_heartbeat, (unsigned long long)n->rejected,
                n->endpoint);
+        if (n->seed_rules != CODEC_SEED_RULES) /* kept off jobs with stochastic link codecs */
+            printf(" | another build (codec seed rules %u)", n->seed_rules);
+        printf("\n");
     }
     if (r->rejected)
         printf("coordinator: %llu malformed control messages rejected\n", (unsigned long long)r->rejected);

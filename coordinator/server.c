@@ -1659,6 +1659,7 @@ static void s_on_status(coord_t *c, const uint8_t *rid, size_t rl, const Tah__St
         x->gflops = n->gflops;
         x->gflops_bf16 = n->gflops_bf16;
         x->device_id = (char *)n->device_id;
+        x->seed_rules = n->seed_rules;
         x->last_heartbeat = n->last_seen > 0 ? now - n->last_seen : -1.0;
         x->endpoint = (char *)n->endpoint;
         x->rejected = n->rejected;

@@ -297,6 +297,11 @@ static void test_old_build_off_stochastic_job(void **state)
     assert_string_equal(s->status_rep->jobs[0]->state, "queued");
     if (!strstr(s->status_rep->jobs[0]->reason, "1 idle node of another build cannot take a stochastic codec"))
         fail_msg("queued job's reason: %s", s->status_rep->jobs[0]->reason);
+    /* status shows each node's seed rules */
+    assert_int_equal(s->status_rep->n_nodes, 2);
+    for (size_t i = 0; i < 2; i++)
+        assert_int_equal(s->status_rep->nodes[i]->seed_rules,
+                         strcmp(s->status_rep->nodes[i]->name, "old") ? CODEC_SEED_RULES : 0u);
     wire_envelope_free(&s);
     /* a node of this build: the job runs on n0 and n1 and finishes */
     rt_spawn_node(&r, "n1", NULL);
