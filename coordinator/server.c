@@ -701,8 +701,9 @@ static void s_try_place(coord_t *c)
         for (int i = 0; i < c->nnodes; i++) {
             if (s_placeable(c, j, &c->nodes[i]))
                 idle[nidle++] = &c->nodes[i];
-            else if (c->nodes[i].state == N_IDLE && c->nodes[i].rid_len && !s_seed_rules_ok(j, &c->nodes[i]))
-                nold++;
+            else if (c->nodes[i].state == N_IDLE && c->nodes[i].rid_len && !c->nodes[i].leaving &&
+                     !s_seed_rules_ok(j, &c->nodes[i]))
+                nold++; /* would be placeable but for its build */
         }
         if (nidle < S) {
             /* say why the job waits while nodes of another build are idle; stop once none is */
