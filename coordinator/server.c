@@ -546,10 +546,16 @@ static int s_seed_rules_ok(const cjob_t *j, const cnode_t *n)
     return n->seed_rules == CODEC_SEED_RULES || !s_job_stochastic(j);
 }
 
-static int s_placeable(const coord_t *c, const cjob_t *j, const cnode_t *n)
+/* idle, connected, staying, admitted to the job, not banned from it */
+static int s_free_for(const coord_t *c, const cjob_t *j, const cnode_t *n)
 {
     return n->state == N_IDLE && n->rid_len && !n->leaving && !s_banned(j, n->name) &&
-           (!c->secure || s_allowed(c, j->j.id, n->key)) && s_seed_rules_ok(j, n);
+           (!c->secure || s_allowed(c, j->j.id, n->key));
+}
+
+static int s_placeable(const coord_t *c, const cjob_t *j, const cnode_t *n)
+{
+    return s_free_for(c, j, n) && s_seed_rules_ok(j, n);
 }
 
 /* Send Assign to the S chosen nodes (placement number j.epoch, a new data
@@ -701,9 +707,8 @@ static void s_try_place(coord_t *c)
         for (int i = 0; i < c->nnodes; i++) {
             if (s_placeable(c, j, &c->nodes[i]))
                 idle[nidle++] = &c->nodes[i];
-            else if (c->nodes[i].state == N_IDLE && c->nodes[i].rid_len && !c->nodes[i].leaving &&
-                     !s_seed_rules_ok(j, &c->nodes[i]))
-                nold++; /* would be placeable but for its build */
+            else if (s_free_for(c, j, &c->nodes[i]))
+                nold++; /* placeable but for its build */
         }
         if (nidle < S) {
             /* say why the job waits while nodes of another build are idle; stop once none is */
