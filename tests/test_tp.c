@@ -1,7 +1,8 @@
 /* test_tp.c — tensor-parallel stages (pipeline/blocks.h): training at
  * tp = 2 and 4 with codec none matches tp = 1 within a float32 tolerance;
- * tp = N runs are bit-reproducible (none and ash-fp8); ash-fp8 on both
- * shots keeps the loss of a tiny model within 1 % of uncompressed; a tp = 2
+ * tp = N runs are bit-reproducible (none and ash-fp8); ash-fp8 and
+ * stochastic fixpt-8 on both shots keep the loss of a tiny model within 1 %
+ * of uncompressed; a tp = 2
  * checkpoint loads at tp = 1 and continues like a tp = 1 run; with
  * stochastic fixpt all-reduces a resumed tp = 2 run equals the
  * uninterrupted one bit for bit; bad degrees and non-finite activations are
@@ -245,26 +246,29 @@ static void test_reproducible(void **state)
     }
 }
 
-/* ASH-FP8 on both shots of every all-reduce: a tiny model's loss stays
- * within 1 % of the uncompressed run over 30 steps (and is not bit-equal:
- * the codec ran). */
-static void test_ash_fp8_training(void **state)
+/* ASH-FP8, and stochastic fixpt-8, on both shots of every all-reduce: a
+ * tiny model's loss stays within 1 % of the uncompressed run over 30 steps
+ * (and is not bit-equal: the codec ran). */
+static void test_compressed_training(void **state)
 {
     (void)state;
     const int K = 30;
+    const char *codecs[2] = { "ash-fp8", "fixpt:bits=8,stochastic=1,seed=5" };
     run_t ref, r;
     s_run(1, 2, "none", "none", K, &ref);
-    s_run(1, 2, "ash-fp8", "ash-fp8", K, &r);
-    double worst = 0.0;
-    for (int s = 0; s < K; s++)
-        worst = fmax(worst, fabs(r.loss[s] - ref.loss[s]) / ref.loss[s]);
-    printf("# tp=2 ash-fp8: loss %.4f -> %.4f (none %.4f -> %.4f), worst step %.3f %%\n", r.loss[0], r.loss[K - 1],
-           ref.loss[0], ref.loss[K - 1], 100 * worst);
     assert_true(ref.loss[K - 1] < 0.8 * ref.loss[0]); /* it learned */
-    assert_true(worst <= 0.01);
-    assert_true(r.loss[K - 1] != ref.loss[K - 1]);
+    for (int c = 0; c < 2; c++) {
+        s_run(1, 2, codecs[c], codecs[c], K, &r);
+        double worst = 0.0;
+        for (int s = 0; s < K; s++)
+            worst = fmax(worst, fabs(r.loss[s] - ref.loss[s]) / ref.loss[s]);
+        printf("# tp=2 %s: loss %.4f -> %.4f (none %.4f -> %.4f), worst step %.3f %%\n", codecs[c], r.loss[0],
+               r.loss[K - 1], ref.loss[0], ref.loss[K - 1], 100 * worst);
+        assert_true(worst <= 0.01);
+        assert_true(r.loss[K - 1] != ref.loss[K - 1]);
+        s_free(&r);
+    }
     s_free(&ref);
-    s_free(&r);
 }
 
 /* a tp = 2 checkpoint is a plain stage checkpoint: tp = 1 loads it and
@@ -435,7 +439,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equivalence),     cmocka_unit_test(test_reproducible),
-        cmocka_unit_test(test_ash_fp8_training), cmocka_unit_test(test_ckpt_across_tp),
+        cmocka_unit_test(test_compressed_training), cmocka_unit_test(test_ckpt_across_tp),
         cmocka_unit_test(test_stochastic_resume), cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_nonfinite),
     };
