@@ -457,9 +457,10 @@ static unsigned long long s_diff_rank(s_bench_t *b, int r, unsigned long long *f
 // (libtahcodec, which the GPU codecs match bit for bit: tests/test_cu_codec.c)
 // on every rank's actual bf16 input, fp32 sums in rank order like
 // k_sum_ranks, every frame encoded with the spec the group derives for
-// all-reduce `id` (tp_chunk_spec). Returns the elements of rank 0's GPU output that differ from
-// it bitwise (*first: the first one, with both values), or -1 if the host
-// ran out of memory or a CPU codec call failed (message printed).
+// all-reduce `id` (tp_chunk_spec). Returns the elements of rank 0's GPU
+// output that differ from it bitwise (*first: the first one, with both
+// values), or -1 if the host ran out of memory or a CPU codec call failed
+// (message printed).
 static long long s_cpu_oracle(s_bench_t *b, const s_pair_t *p, uint64_t id, unsigned long long *first, float *vcpu,
                               float *vgpu)
 {
