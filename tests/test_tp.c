@@ -271,42 +271,63 @@ static void test_compressed_training(void **state)
     s_free(&ref);
 }
 
+/* K1 steps of a fresh run (S stages, tp ranks, codec on both shots) from
+ * the data's start, saved as a checkpoint at prefix; loss[0..K1) gets their
+ * losses and *dl is left where they stopped. */
+static void s_save_after(int S, int tp, const char *codec, int K1, int K, const char *prefix, data_loader_t *dl,
+                         double *loss)
+{
+    char err[512] = "";
+    gpt2_model_t *init = NULL;
+    assert_int_equal(data_loader_init(dl, &s_data, B_, T_, err, sizeof err), 0);
+    trainer_t *a = s_trainer(S, tp, codec, codec, K, &init);
+    s_steps(a, dl, K1, loss);
+    ckpt_meta_t meta = { .step = a->step, .data_pos = dl->pos, .seed = 7 };
+    if (trainer_save_ckpt(a, prefix, &meta, err, sizeof err) != 0)
+        fail_msg("save: %s", err);
+    trainer_destroy(&a);
+    gpt2_model_destroy(&init);
+}
+
+/* A fresh run at tp loads the checkpoint at prefix (K1 steps taken) and runs
+ * steps K1..K-1 from its data position (loss[K1..K)); *init gets its final
+ * parameters. */
+static void s_resume(int S, int tp, const char *codec, int K1, int K, const char *prefix, const data_loader_t *dl,
+                     double *loss, gpt2_model_t **init)
+{
+    char err[512] = "";
+    trainer_t *b = s_trainer(S, tp, codec, codec, K, init);
+    ckpt_meta_t got;
+    if (trainer_load_ckpt(b, prefix, &got, err, sizeof err) != 0)
+        fail_msg("load at tp=%d: %s", tp, err);
+    assert_int_equal(got.step, K1);
+    data_loader_t dl2 = *dl;
+    dl2.pos = got.data_pos;
+    s_steps(b, &dl2, K - K1, loss + K1);
+    assert_int_equal(trainer_export(b, *init), 0);
+    trainer_destroy(&b);
+}
+
 /* a tp = 2 checkpoint is a plain stage checkpoint: tp = 1 loads it and
  * continues like a tp = 1 run (within the equivalence tolerance), tp = 2
  * continues bit-identically to the uninterrupted tp = 2 run */
 static void test_ckpt_across_tp(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/tah_tp_XXXXXX", prefix[64], err[512] = "";
+    char dir[] = "/tmp/tah_tp_XXXXXX", prefix[64];
     assert_non_null(mkdtemp(dir));
     snprintf(prefix, sizeof prefix, "%s/run", dir);
     const int K1 = 2, K = 5, S = 2;
     run_t ref1, ref2;
     s_run(S, 1, "none", "none", K, &ref1);
     s_run(S, 2, "none", "none", K, &ref2);
-
-    gpt2_model_t *init = NULL;
     data_loader_t dl;
-    assert_int_equal(data_loader_init(&dl, &s_data, B_, T_, err, sizeof err), 0);
-    trainer_t *a = s_trainer(S, 2, "none", "none", K, &init);
     double loss[8];
-    s_steps(a, &dl, K1, loss);
-    ckpt_meta_t meta = { .step = a->step, .data_pos = dl.pos, .seed = 7 };
-    if (trainer_save_ckpt(a, prefix, &meta, err, sizeof err) != 0)
-        fail_msg("save: %s", err);
-    trainer_destroy(&a);
-    gpt2_model_destroy(&init);
+    s_save_after(S, 2, "none", K1, K, prefix, &dl, loss);
 
     for (int tp = 1; tp <= 2; tp++) {
-        trainer_t *b = s_trainer(S, tp, "none", "none", K, &init);
-        ckpt_meta_t got;
-        if (trainer_load_ckpt(b, prefix, &got, err, sizeof err) != 0)
-            fail_msg("load at tp=%d: %s", tp, err);
-        assert_int_equal(got.step, K1);
-        data_loader_t dl2 = dl;
-        dl2.pos = got.data_pos;
-        s_steps(b, &dl2, K - K1, loss + K1);
-        assert_int_equal(trainer_export(b, init), 0);
+        gpt2_model_t *init = NULL;
+        s_resume(S, tp, "none", K1, K, prefix, &dl, loss, &init);
         const run_t *ref = tp == 1 ? &ref1 : &ref2;
         for (int s = K1; s < K; s++) {
             if (tp == 2)
@@ -319,7 +340,6 @@ static void test_ckpt_across_tp(void **state)
             assert_true(pd == 0.0);
         else if (!(pd <= 1e-2 * LR) || !(s_rel_move(init, ref->model) <= 1e-4))
             fail_msg("resumed at tp=1: parameters differ from the tp=1 run by %.3g lr", pd / LR);
-        trainer_destroy(&b);
         gpt2_model_destroy(&init);
     }
     s_free(&ref1);
@@ -344,33 +364,19 @@ static void test_stochastic_resume(void **state)
     assert_true(a == 0 && b == 1 && c == 0 && d == (uint64_t)3 << 32);
 
     const char *sr = "fixpt:bits=8,stochastic=1,seed=11";
-    char dir[] = "/tmp/tah_tp_XXXXXX", prefix[64], err[512] = "";
+    char dir[] = "/tmp/tah_tp_XXXXXX", prefix[64];
     assert_non_null(mkdtemp(dir));
     snprintf(prefix, sizeof prefix, "%s/run", dir);
     const int K1 = 2, K = 4, S = 2;
     run_t ref;
     s_run(S, 2, sr, sr, K, &ref);
-    gpt2_model_t *init = NULL;
     data_loader_t dl;
-    assert_int_equal(data_loader_init(&dl, &s_data, B_, T_, err, sizeof err), 0);
-    trainer_t *t = s_trainer(S, 2, sr, sr, K, &init);
     double loss[8];
-    s_steps(t, &dl, K1, loss);
-    ckpt_meta_t meta = { .step = t->step, .data_pos = dl.pos, .seed = 7 };
-    if (trainer_save_ckpt(t, prefix, &meta, err, sizeof err) != 0)
-        fail_msg("save: %s", err);
-    trainer_destroy(&t);
-    gpt2_model_destroy(&init);
-    t = s_trainer(S, 2, sr, sr, K, &init);
-    ckpt_meta_t got;
-    if (trainer_load_ckpt(t, prefix, &got, err, sizeof err) != 0)
-        fail_msg("load: %s", err);
-    dl.pos = got.data_pos;
-    s_steps(t, &dl, K - K1, loss + K1);
-    assert_int_equal(trainer_export(t, init), 0);
+    s_save_after(S, 2, sr, K1, K, prefix, &dl, loss);
+    gpt2_model_t *init = NULL;
+    s_resume(S, 2, sr, K1, K, prefix, &dl, loss, &init);
     assert_memory_equal(loss, ref.loss, K * sizeof(double));
     assert_memory_equal(init->params, ref.model->params, init->nparams * sizeof(float));
-    trainer_destroy(&t);
     gpt2_model_destroy(&init);
     s_free(&ref);
     char cmd[128];
