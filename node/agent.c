@@ -1383,6 +1383,26 @@ static void s_tick(agent_t *a)
     }
 }
 
+/* TAH_NODE_TEST_GFLOPS=X (tests): announce X GFLOP/s instead of a
+ * measurement, so that nodes count as equally fast (placement then splits
+ * layers as tah-train does) however loaded the machine is while they
+ * measure. *g = 0 when unset; a value outside (0, 1e9] is an error. */
+static int s_test_gflops(double *g, char *err, size_t errlen)
+{
+    *g = 0.0;
+    const char *v = getenv("TAH_NODE_TEST_GFLOPS");
+    if (!v)
+        return 0;
+    char *end = NULL;
+    double x = strtod(v, &end);
+    if (end == v || *end || !(x > 0.0 && x <= 1e9)) {
+        snprintf(err, errlen, "TAH_NODE_TEST_GFLOPS wants GFLOP/s in (0, 1e9], got '%.64s'", v);
+        return TAH_EINVAL;
+    }
+    *g = x;
+    return 0;
+}
+
 int node_agent_run(const node_opts_t *o)
 {
     int rc = 1;
@@ -1401,7 +1421,16 @@ int node_agent_run(const node_opts_t *o)
         snprintf(a->name, sizeof a->name, "%.40s-%ld", host, (long)getpid());
     }
     tah_log_set_tag(a->name);
-    a->gflops = o->cuda && o->gpu_gflops[0] > 0.0 ? o->gpu_gflops[0] : node_bench_gflops(o->threads > 0 ? o->threads : 1);
+    if (s_test_gflops(&a->gflops, err, sizeof err) != 0) {
+        log_error("%s", err);
+        free(a);
+        return 1;
+    }
+    if (a->gflops > 0.0)
+        log_warn("TAH_NODE_TEST_GFLOPS: announcing %.1f GFLOP/s instead of a measurement", a->gflops);
+    else
+        a->gflops = o->cuda && o->gpu_gflops[0] > 0.0 ? o->gpu_gflops[0]
+                                                       : node_bench_gflops(o->threads > 0 ? o->threads : 1);
 
     a->ctx = zmq_ctx_new();
     a->router = zmq_socket(a->ctx, ZMQ_ROUTER);
