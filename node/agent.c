@@ -56,6 +56,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -163,11 +164,32 @@ typedef struct agent {
     int nbacklog;
 } agent_t;
 
-static volatile sig_atomic_t s_signal = 0;
+/* SIGINT and SIGTERM ask the node to leave. node_agent_run blocks them
+ * before it starts any thread (ZeroMQ's, the runner, OpenMP's team), so
+ * every thread inherits the block, and one thread takes them in sigwait. A
+ * signal handled by a thread inside a ZeroMQ call ends that call with EINTR:
+ * a multi-part message cut there was lost, and the runner waiting for it
+ * waited for ever while both agents still pinged. The handler stays for
+ * threads a library started earlier (OpenBLAS's pool): a signal delivered
+ * there only sets the flag too. */
+static atomic_int s_signal;
+static sigset_t s_sigset; /* SIGINT, SIGTERM */
 
 static void s_on_signal(int sig)
 {
-    s_signal = sig;
+    atomic_store(&s_signal, sig);
+}
+
+static void *s_signal_main(void *arg)
+{
+    (void)arg;
+    prctl(PR_SET_NAME, "tah-signals"); /* while it waits, its SigBlk in /proc lacks the two */
+    for (;;) { /* sigwait is a cancellation point: node_agent_run cancels us */
+        int sig;
+        if (sigwait(&s_sigset, &sig) == 0)
+            atomic_store(&s_signal, sig);
+    }
+    return NULL;
 }
 
 static double s_now(void)
@@ -1406,9 +1428,26 @@ static int s_test_gflops(double *g, char *err, size_t errlen)
 int node_agent_run(const node_opts_t *o)
 {
     int rc = 1;
+    sigset_t mask0;
+    sigemptyset(&s_sigset);
+    sigaddset(&s_sigset, SIGINT);
+    sigaddset(&s_sigset, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &s_sigset, &mask0);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = s_on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    pthread_t sig_thread;
+    if (pthread_create(&sig_thread, NULL, s_signal_main, NULL) != 0) {
+        log_error("cannot start the signal thread");
+        pthread_sigmask(SIG_SETMASK, &mask0, NULL);
+        return 1;
+    }
     agent_t *a = calloc(1, sizeof *a);
     if (!a)
-        return 1;
+        goto out_signals;
     a->o = o;
     atomic_init(&a->rejected, 0);
     char ep[300], err[256];
@@ -1424,7 +1463,7 @@ int node_agent_run(const node_opts_t *o)
     if (s_test_gflops(&a->gflops, err, sizeof err) != 0) {
         log_error("%s", err);
         free(a);
-        return 1;
+        goto out_signals;
     }
     if (a->gflops > 0.0)
         log_warn("TAH_NODE_TEST_GFLOPS: announcing %.1f GFLOP/s instead of a measurement", a->gflops);
@@ -1532,19 +1571,12 @@ int node_agent_run(const node_opts_t *o)
         log_error("%s", err);
         goto out;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = s_on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-
     a->state = A_ANNOUNCING;
     a->last_coord = s_now();
     s_send_hello(a);
     for (;;) {
-        if (s_signal && !a->exiting) {
-            int sig = (int)s_signal;
-            s_signal = 0;
+        int sig = a->exiting ? 0 : atomic_exchange(&s_signal, 0);
+        if (sig) {
             if (a->job && (a->state == A_FETCHING || a->state == A_LOADING || a->state == A_RUNNING) &&
                 !a->leaving && !a->exit_pending) {
                 /* graceful: finish the step, checkpoint, hand the stage over. Also
@@ -1662,5 +1694,9 @@ out:
     if (a->ctx)
         zmq_ctx_term(a->ctx);
     free(a);
+out_signals:
+    pthread_cancel(sig_thread);
+    pthread_join(sig_thread, NULL);
+    pthread_sigmask(SIG_SETMASK, &mask0, NULL);
     return rc;
 }

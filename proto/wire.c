@@ -223,7 +223,10 @@ int wire_recv_parts(void *sock, zmq_msg_t *parts, int nmax, int *nparts)
     while (more) {
         zmq_msg_t m;
         zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
+        int got;
+        while ((got = zmq_msg_recv(&m, sock, ZMQ_DONTWAIT)) < 0 && errno == EINTR)
+            ; /* a signal: retry, or the rest of the message would be read as the next one */
+        if (got < 0) {
             zmq_msg_close(&m);
             break;
         }

@@ -51,6 +51,7 @@
  *                     resume (TAH_NODE_TEST_FETCH_DELAY_MS): a Drain caused
  *                     by another node's leave, or its own SIGTERM, stops
  *                     every stage after the same step, as above. */
+#include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -450,17 +451,63 @@ static void test_drain_while_loading(void **state)
  * takes the Drain in, runs step 1 with its neighbour once loaded, drains,
  * and the spare takes its stage: a `leave` event, no node_left (a stop
  * without draining, which rolls back) and no node_lost. */
+/* Whether every thread of process pid but "tah-signals" blocks SIGINT and
+ * SIGTERM (its /proc status's SigBlk); *n: how many threads it has.
+ * tah-node takes them in that one thread's sigwait (which unblocks them
+ * while it waits), so that no signal ends a ZeroMQ call in another (EINTR
+ * in the middle of a multi-part message lost the message). */
+static int s_threads_block_signals(pid_t pid, int *n)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%ld/task", (long)pid);
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int all = 1;
+    *n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[384], line[256], name[64] = "";
+        snprintf(path, sizeof path, "%s/%s/status", dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue; /* the thread ended meanwhile */
+        unsigned long long blk = 0;
+        int found = 0;
+        while (fgets(line, sizeof line, f)) {
+            if (sscanf(line, "SigBlk: %llx", &blk) == 1)
+                found = 1;
+            sscanf(line, "Name: %63s", name);
+        }
+        fclose(f);
+        (*n)++;
+        if (!strcmp(name, "tah-signals"))
+            continue;
+        const unsigned long long want = (1ull << (SIGINT - 1)) | (1ull << (SIGTERM - 1));
+        if (!found || (blk & want) != want) {
+            fprintf(stderr, "thread %s (%s) of pid %ld: SigBlk %llx\n", e->d_name, name, (long)pid, blk);
+            all = 0;
+        }
+    }
+    closedir(d);
+    return all;
+}
+
 static void test_signal_while_loading(void **state)
 {
     (void)state;
     rt_t r;
     rt_init(&r, "rt_sig_load");
     rt_start_coord(&r, 3.0, 0); /* peer timeout 8 s: stage 0 waits in step 1 for the 4 s load */
-    rt_start_nodes(&r, 1);      /* n0: stage 0 */
+    setenv("OPENBLAS_NUM_THREADS", "1", 1); /* no pool started before main, whose threads take signals */
+    rt_start_nodes(&r, 1);                  /* n0: stage 0 */
     setenv("TAH_NODE_TEST_LOAD_DELAY_MS", "4000", 1);
     const char *extra[] = { NULL };
     int slow = rt_spawn_node(&r, "slow", extra); /* stage 1, the leaver */
     unsetenv("TAH_NODE_TEST_LOAD_DELAY_MS");
+    unsetenv("OPENBLAS_NUM_THREADS");
     assert_true(rt_wait_nodes(&r, "idle", 2, 30));
     rt_spawn_node(&r, "spare", extra); /* joins last: not placed first */
     assert_true(rt_wait_nodes(&r, "idle", 3, 30));
@@ -478,6 +525,12 @@ static void test_signal_while_loading(void **state)
             s_sleep(0.05);
     }
     assert_true(loading);
+    for (int i = 0; i < 2; i++) { /* n0 runs stage 0, slow loads stage 1: each has its runner thread */
+        int nt = 0;
+        if (!s_threads_block_signals(r.nodes[i == 0 ? 0 : slow], &nt) || nt < 4)
+            fail_msg("node %d: a thread that can take SIGINT or SIGTERM in a handler (%d threads; want >= 4: "
+                     "main, signals, runner, ZeroMQ's)", i, nt);
+    }
     rt_kill_node(&r, slow, SIGTERM); /* Ctrl-C while it loads */
     int handled = 0;
     for (int i = 0; i < 100 && !handled; i++) {
