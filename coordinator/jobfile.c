@@ -93,6 +93,16 @@ static int s_handler(void *user, const char *section, const char *name, const ch
         c->j->max_recoveries = (int)v;
         return 1;
     }
+    if (!strcmp(name, "stall_timeout")) {
+        char *end = NULL;
+        double v = strtod(value, &end);
+        if (end == value || *end || !isfinite(v) || (v != 0 && v < 1) || v > 1e7) {
+            snprintf(c->msg, sizeof c->msg, "stall_timeout = '%s' is not 0 (off) or seconds in range 1..1e7", value);
+            return 0;
+        }
+        c->j->stall_timeout = v;
+        return 1;
+    }
     if (!strcmp(name, "link_rate_mbps") || !strcmp(name, "link_delay_ms")) {
         int rate = name[5] == 'r';
         char lerr[400];
@@ -111,7 +121,8 @@ static int s_handler(void *user, const char *section, const char *name, const ch
     if (!trainopts_known(name)) {
         snprintf(c->msg, sizeof c->msg,
                  "unknown key '%s'; HINT: keys are tah-train's long options with underscores, plus name, "
-                 "checkpoint_every, link_rate_mbps, link_delay_ms, max_norm_ratio, max_bad_frames and max_recoveries",
+                 "checkpoint_every, link_rate_mbps, link_delay_ms, max_norm_ratio, max_bad_frames, max_recoveries and "
+                 "stall_timeout",
                  name);
         return 0;
     }
@@ -133,6 +144,7 @@ int jobfile_parse(const char *text, const char *fname, job_spec_t *j, char *err,
     j->max_norm_ratio = JOB_DEFAULT_MAX_NORM_RATIO;
     j->max_bad_frames = JOB_DEFAULT_MAX_BAD_FRAMES;
     j->max_recoveries = JOB_DEFAULT_MAX_RECOVERIES;
+    j->stall_timeout = JOB_DEFAULT_STALL_TIMEOUT;
     c->j = j;
     int rc = 0;
     int line = ini_parse_string(text, s_handler, c);

@@ -25,9 +25,16 @@
  *                     never gives this job to that node again); default
  *                     10, 0 = never
  *   max_recoveries    how many times the job may be re-placed after a lost,
- *                     leaving or evicted node (each rolls every stage back
+ *                     leaving or evicted node or a stall (each rolls every stage back
  *                     to the last step with a complete set of checkpoint
  *                     replicas, or step 0); default 20, 0 = fail instead
+ *   stall_timeout     seconds a running job may go without progress (a step
+ *                     report or a checkpoint chunk) before the coordinator
+ *                     rolls it back to the last complete checkpoint set on
+ *                     the same nodes (a recovery: a data message lost on a
+ *                     reset connection would otherwise hang every stage);
+ *                     20 times the slowest step seen if that is longer;
+ *                     default 300, 0 = never
  * Relative paths are relative to the job file's directory (base_dir).
  * `save` (a whole llm.c model file) is refused: stages live on different
  * machines; use save_ckpt, then tah-train --resume PREFIX --save F.
@@ -53,11 +60,13 @@ typedef struct job_spec {
     double max_norm_ratio; /* 0: no norm bound */
     int max_bad_frames;    /* 0: never evict */
     int max_recoveries;    /* 0: a lost node fails the job */
+    double stall_timeout;  /* s without progress before a rollback; 0: never */
 } job_spec_t;
 
 #define JOB_DEFAULT_MAX_NORM_RATIO 1000.0
 #define JOB_DEFAULT_MAX_BAD_FRAMES 10
 #define JOB_DEFAULT_MAX_RECOVERIES 20
+#define JOB_DEFAULT_STALL_TIMEOUT 300.0
 
 /* 0, or TAH_EINVAL with "FNAME:LINE: message" in err. */
 int jobfile_parse(const char *text, const char *fname, job_spec_t *j, char *err, size_t errlen);

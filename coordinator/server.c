@@ -93,6 +93,10 @@ typedef struct cjob {
     cupload_t *up;         /* per stage */
     crep_t *reps;
     int nreps, capreps;
+    /* stall watchdog: the latest sign of progress (placement, a step report,
+     * a checkpoint chunk either way); the last stage's latest step report
+     * (0: none since placement) and the longest time between two (s) */
+    double progress_at, step_at, slowest_s;
 } cjob_t;
 
 /* What status says about a job's link settings: rate, delay and which
@@ -624,6 +628,8 @@ static void s_assign(coord_t *c, cjob_t *j, cnode_t **chosen)
     j->j.reason[0] = 0;
     j->ndone = 0;
     j->drain_step = 0;
+    j->progress_at = s_now();
+    j->step_at = 0;
     for (int k = 0; k < S; k++) {
         j->need[k] = 0;
         j->drained[k] = 0;
@@ -845,6 +851,12 @@ static void s_step_report(coord_t *c, cnode_t *n, const Tah__StepReport *r)
     const int S = j->j.stages, k = n->stage;
     n->step = r->step;
     n->rejected = r->rejected;
+    j->progress_at = s_now();
+    if (k == S - 1) { /* a step's time with its validation pass and checkpoint write */
+        if (j->step_at > 0 && j->progress_at - j->step_at > j->slowest_s)
+            j->slowest_s = j->progress_at - j->step_at;
+        j->step_at = j->progress_at;
+    }
     if (!j->agg)
         return;
     cagg_t *a = &j->agg[r->step % S_AGG];
@@ -1074,6 +1086,8 @@ static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hel
             aj->adopting = 0;
             snprintf(aj->j.state, sizeof aj->j.state, "running");
             aj->j.reason[0] = 0;
+            aj->progress_at = s_now();
+            aj->step_at = 0;
             s_job_save(c, aj);
             log_info("job %lld: every stage re-adopted; running", (long long)aj->j.id);
         }
@@ -1334,6 +1348,7 @@ static void s_on_ckpt_put(coord_t *c, cnode_t *n, const Tah__CkptPut *p)
     }
     u->crc = crc32c_update(u->crc, p->data.data, p->data.len);
     u->off += p->data.len;
+    j->progress_at = s_now(); /* a drained stage replicates its checkpoint before it reports */
     if (u->off < u->total)
         return;
     snprintf(part, sizeof part, "%s.part", u->path);
@@ -1391,6 +1406,7 @@ static void s_on_ckpt_get(coord_t *c, cnode_t *n, const Tah__CkptGet *g)
             ch.total = rp->size;
             ch.data.data = buf;
             ch.data.len = want;
+            j->progress_at = s_now(); /* a resumed stage fetches its replica before its first step */
         } else {
             log_error("job %lld: cannot read %s: %s", (long long)j->j.id, path, strerror(errno));
         }
@@ -1808,9 +1824,35 @@ done:
         zmq_msg_close(&part[i]);
 }
 
+/* A running job with no progress for its stall limit: a data message lost
+ * on the way (a connection reset drops what was in flight) leaves every
+ * stage waiting for ever, while each node still answers heartbeats and
+ * pings its neighbours. Roll back to the last complete checkpoint set on
+ * the same nodes (a recovery, event `stalled`). The limit is stall_timeout,
+ * or 20 times the longest time between two steps' reports if that is more. */
+static void s_check_stall(coord_t *c, cjob_t *j, double now)
+{
+    if (!j->spec || j->spec->stall_timeout <= 0 || j->adopting || strcmp(j->j.state, "running") != 0)
+        return;
+    double limit = j->spec->stall_timeout, slow = 20.0 * j->slowest_s;
+    if (slow > limit)
+        limit = slow;
+    if (now - j->progress_at <= limit)
+        return;
+    char detail[512];
+    snprintf(detail, sizeof detail,
+             "stalled in step %d: no step report or checkpoint chunk for %.0f s (stall limit %.0f s: a data message "
+             "lost between stages?)",
+             j->j.step + 1, now - j->progress_at, limit);
+    s_job_pause(c, j, "stalled", "", -1, j->j.step + 1, detail);
+    s_try_place(c);
+}
+
 static void s_tick(coord_t *c)
 {
     double now = s_now();
+    for (int q = 0; q < c->njobs; q++)
+        s_check_stall(c, c->jobs[q], now);
     for (int q = 0; q < c->njobs; q++) {
         cjob_t *j = c->jobs[q];
         if (!j->adopting || now < j->adopt_deadline)

@@ -117,6 +117,7 @@ typedef struct runner {
     uint64_t data_pos;
     double t_start;
     long ckpt_delay_ms;      /* TAH_NODE_TEST_CKPT_DELAY_MS (tests: a slow disk) */
+    long drop_step;          /* TAH_NODE_TEST_DROP_STEP (tests: a message lost on the way) */
     int profile;             /* TAH_NODE_PROFILE=1 */
     int trace;               /* TAH_NODE_TRACE=1: a log line per data message sent (its payload's CRC);
                                 =mem: the same lines once the job ends */
@@ -155,9 +156,18 @@ static void s_report(runner_t *r, Tah__Envelope *env)
     free(buf);
 }
 
+static atomic_int s_dropped; /* TAH_NODE_TEST_DROP_STEP: once per process */
+
 /* Header + payload message to a neighbour. payload is moved (zero-copy). */
 static int s_send_msg(runner_t *r, int dest, Tah__DataHeader *h, zmq_msg_t *payload)
 {
+    if (r->drop_step > 0 && r->drop_step == h->step && !atomic_exchange(&s_dropped, 1)) {
+        log_warn("job %llu step %d: TAH_NODE_TEST_DROP_STEP: %s mb %d not sent (lost on the way)",
+                 (unsigned long long)r->job->id, h->step, wire_data_kind_name(h->kind), h->mb);
+        if (payload)
+            zmq_msg_close(payload);
+        return 0;
+    }
     h->crc = payload ? crc32c_update(0, zmq_msg_data(payload), zmq_msg_size(payload)) : 0;
     if (r->trace == 1) /* runs compared message by message */
         log_info("trace: stage %d sent %s step %d mb %d crc %08x", r->x->stage, wire_data_kind_name(h->kind),
@@ -806,7 +816,7 @@ int node_test_delay_ms(const char *name, long *ms, char *err, size_t errlen)
     char *end = NULL;
     long n = strtol(v, &end, 10);
     if (end == v || *end || n < 0 || n > 600000) {
-        snprintf(err, errlen, "%s wants milliseconds in 0..600000, got '%.64s'", name, v);
+        snprintf(err, errlen, "%s wants an integer in 0..600000, got '%.64s'", name, v);
         return TAH_EINVAL;
     }
     *ms = n;
@@ -999,6 +1009,11 @@ static int s_setup(runner_t *r, int *start)
     if (r->ckpt_delay_ms > 0)
         log_warn("job %llu: TAH_NODE_TEST_CKPT_DELAY_MS: each checkpoint write takes %ld ms longer",
                  (unsigned long long)j->id, r->ckpt_delay_ms);
+    /* TAH_NODE_TEST_DROP_STEP=N: the first data message this process would
+     * send in step N is not sent (fault injection for tests: a message lost
+     * on a reset connection; the coordinator's stall watchdog recovers) */
+    if (node_test_delay_ms("TAH_NODE_TEST_DROP_STEP", &r->drop_step, err, sizeof err) != 0)
+        goto fail;
     /* TAH_NODE_TEST_LOAD_DELAY_MS=N: loading the stage takes N ms longer
      * (fault injection for tests: a slow disk or a big model; the agent
      * stays in LOADING meanwhile). The wait ends early on an abort. */

@@ -164,16 +164,20 @@ static void test_job_keys(void **state)
     assert_int_equal(jobfile_parse(base, "a.ini", j, err, sizeof err), 0);
     assert_true(j->max_norm_ratio == JOB_DEFAULT_MAX_NORM_RATIO);
     assert_int_equal(j->max_bad_frames, JOB_DEFAULT_MAX_BAD_FRAMES);
-    snprintf(text, sizeof text, "%smax_norm_ratio = 50\nmax_bad_frames = 3\n", base);
+    assert_true(j->stall_timeout == JOB_DEFAULT_STALL_TIMEOUT);
+    snprintf(text, sizeof text, "%smax_norm_ratio = 50\nmax_bad_frames = 3\nstall_timeout = 2.5\n", base);
     assert_int_equal(jobfile_parse(text, "b.ini", j, err, sizeof err), 0);
     assert_true(j->max_norm_ratio == 50.0);
     assert_int_equal(j->max_bad_frames, 3);
-    snprintf(text, sizeof text, "%smax_norm_ratio = 0\nmax_bad_frames = 0\n", base);
+    assert_true(j->stall_timeout == 2.5);
+    snprintf(text, sizeof text, "%smax_norm_ratio = 0\nmax_bad_frames = 0\nstall_timeout = 0\n", base);
     assert_int_equal(jobfile_parse(text, "c.ini", j, err, sizeof err), 0);
     assert_true(j->max_norm_ratio == 0.0);
     assert_int_equal(j->max_bad_frames, 0);
+    assert_true(j->stall_timeout == 0.0);
     static const char *bad[] = { "max_norm_ratio = 0.5\n", "max_norm_ratio = nan\n", "max_norm_ratio = x\n",
-                                 "max_bad_frames = -1\n", "max_bad_frames = 2.5\n" };
+                                 "max_bad_frames = -1\n",  "max_bad_frames = 2.5\n",  "stall_timeout = 0.5\n",
+                                 "stall_timeout = inf\n",  "stall_timeout = -3\n",    "stall_timeout = 1e8\n" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(text, sizeof text, "%s%s", base, bad[i]);
         assert_int_equal(jobfile_parse(text, "d.ini", j, err, sizeof err), TAH_EINVAL);

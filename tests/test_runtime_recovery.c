@@ -50,7 +50,12 @@
  *   drain / signal while fetching  a node held fetching its replica after a
  *                     resume (TAH_NODE_TEST_FETCH_DELAY_MS): a Drain caused
  *                     by another node's leave, or its own SIGTERM, stops
- *                     every stage after the same step, as above. */
+ *                     every stage after the same step, as above.
+ *   lost message      a node does not send one data message (as a reset
+ *                     connection loses what was in flight): every stage
+ *                     waits while the nodes still ping each other; the
+ *                     coordinator's stall watchdog rolls the job back on the
+ *                     same nodes and it ends with tah-train's losses. */
 #include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
@@ -697,6 +702,56 @@ static void test_signal_while_fetching(void **state)
  * the stage), and exits 0. Its neighbour's messages already wait in its
  * data socket; a stage stopped before its links were up must leave them
  * unread (it has no guard to check them with). */
+/* A data message lost between stages (TAH_NODE_TEST_DROP_STEP: the node of
+ * stage 1 does not send its first message of step 8) leaves both stages
+ * waiting while their agents still ping each other. The coordinator's stall
+ * watchdog (stall_timeout = 3 s) rolls the job back to the last checkpoint
+ * set on the same nodes, and the job ends with tah-train's losses. */
+static void test_lost_message_stall(void **state)
+{
+    (void)state;
+    rt_t r;
+    rt_init(&r, "rt_stall");
+    rt_start_coord(&r, 3.0, 0);
+    rt_start_nodes(&r, 1); /* n0: stage 0 */
+    setenv("TAH_NODE_TEST_DROP_STEP", "8", 1);
+    const char *extra[] = { NULL };
+    rt_spawn_node(&r, "lossy", extra); /* stage 1 */
+    unsetenv("TAH_NODE_TEST_DROP_STEP");
+    assert_true(rt_wait_nodes(&r, "idle", 2, 30));
+    char ini[1024], out[4096], st[64], reason[512];
+    int n = snprintf(ini, sizeof ini, s_job, S_STEPS, 2);
+    snprintf(ini + n, sizeof ini - (size_t)n, "stall_timeout = 3\n");
+    uint64_t job = rt_submit(&r, rt_write(&r, "stall.ini", ini), out, sizeof out);
+    assert_true(job > 0);
+    assert_true(rt_wait_job(&r, job, 120, st, sizeof st, reason, sizeof reason));
+    if (strcmp(st, "succeeded") != 0)
+        fail_msg("job: %s: %s", st, reason);
+    assert_true(rt_log_has(&r, "lossy.log", "TAH_NODE_TEST_DROP_STEP"));
+    Tah__Envelope *e = rt_status(&r, job);
+    Tah__JobInfo *j = s_job_info(e);
+    assert_non_null(j);
+    char metrics[1200];
+    snprintf(metrics, sizeof metrics, "%s", j->metrics_path);
+    int stalled = 0, lost = 0, resumed = 0;
+    for (size_t i = 0; i < j->n_events; i++) {
+        const Tah__EventInfo *ev = j->events[i];
+        printf("event %s step %d node %s stage %d: %s\n", ev->kind, ev->step, ev->node, ev->stage, ev->detail);
+        stalled += !strcmp(ev->kind, "stalled") && ev->step == 8 && strstr(ev->detail, "stalled in step 8");
+        lost += !strcmp(ev->kind, "node_lost") || !strcmp(ev->kind, "node_left");
+        resumed += !strcmp(ev->kind, "resumed") && strstr(ev->detail, "same nodes") != NULL;
+    }
+    wire_envelope_free(&e);
+    if (stalled != 1 || lost || resumed < 1)
+        fail_msg("%d stalled events at step 8, %d lost nodes, %d resumes on the same nodes (want 1, 0, >= 1)",
+                 stalled, lost, resumed);
+    char ref[700];
+    snprintf(ref, sizeof ref, "%s/stall.ref.jsonl", r.dir);
+    s_reference(&r, 2, ref);
+    s_compare(metrics, ref, S_STEPS);
+    assert_int_equal(rt_stop(&r), 0);
+}
+
 static void test_second_signal_while_loading(void **state)
 {
     (void)state;
@@ -749,6 +804,7 @@ int main(void)
         cmocka_unit_test(test_second_signal_while_loading),
         cmocka_unit_test(test_drain_while_fetching),
         cmocka_unit_test(test_signal_while_fetching),
+        cmocka_unit_test(test_lost_message_stall),
     };
     const char *only = getenv("TAH_TEST_FILTER"); /* one test by name (a glob), e.g. test_drain_while_loading */
     if (only)
