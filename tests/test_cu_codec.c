@@ -629,6 +629,39 @@ static void s_test_status(s_dev_t *d)
         free(ix);
         free(iy);
     }
+    /* ... and on the bench tensor (800 CTAs of the lane-pair decoder, more than fit at once):
+       entries in the first, middle and last samples, at CTA and warp boundaries */
+    {
+        const codec_shape_t ishape = { 8, 1024, 1600 };
+        const uint64_t in = 8ull * 1024 * 1600;
+        float *ix = malloc(in * sizeof *ix), *iy = malloc(in * sizeof *iy);
+        codec_synth_activations(ix, ishape, 7);
+        codec_spec_t spec;
+        codec_spec_parse("tah", &spec, err, sizeof err);
+        int64_t fsize = codec_frame_size(&spec, ishape);
+        uint8_t *f = malloc((size_t)fsize);
+        codec_encode(&spec, ishape, ix, f, (size_t)fsize, NULL, err, sizeof err);
+        const size_t nent = (s_tah_flags_off(&spec, ishape) - 8) / 4; /* 200 a sample */
+        const size_t ents[] = { 1, 2, 3, 57, 100, 151, 199, 200, 1401, 1598, nent - 1 };
+        s_reserve(d, in, (size_t)fsize, cu_codec_scratch_bytes(&spec, ishape));
+        for (size_t k = 0; k < sizeof ents / sizeof ents[0]; k++) {
+            uint8_t *w = f + CODEC_HEADER_SIZE + 8 + 4 * ents[k];
+            w[0] ^= 1u;
+            codec_frame_seal(&spec, ishape, f, (size_t)fsize, err, sizeof err);
+            int rc_cpu = codec_decode(f, (size_t)fsize, iy, in, NULL, err, sizeof err);
+            CU(cudaMemcpy(d->payload, f + CODEC_HEADER_SIZE, (size_t)fsize - CODEC_HEADER_SIZE,
+                          cudaMemcpyHostToDevice));
+            int rc = cu_codec_decode(&spec, ishape, d->payload, d->out, d->scratch, 0, err, sizeof err);
+            if (rc == 0)
+                rc = cu_codec_status(d->scratch, 0, err, sizeof err);
+            CHECK(rc_cpu == TAH_ECORRUPT && rc == TAH_ECORRUPT, "tah 8x1024x1600: index entry %zu of %zu off: CPU %d, "
+                  "GPU %d", ents[k], nent, rc_cpu, rc);
+            w[0] ^= 1u;
+        }
+        free(f);
+        free(ix);
+        free(iy);
+    }
     /* documented limit: TAH tiles above 256 elements stay on the CPU codec */
     codec_spec_t big;
     codec_spec_parse("tah:tile=512,alloc_tile=512", &big, err, sizeof err);
@@ -809,6 +842,9 @@ int main(int argc, char **argv)
         }
         /* stochastic rounding where fixpt.c's clamp of t decides ~100 codes (IN_EDGE) */
         s_case(&d, "fixpt:stochastic=1,seed=3", (codec_shape_t){ 4, 1024, 1600 }, IN_EDGE, 0, 0, 0);
+        /* the lane-pair decoder's grid larger than the GPU holds at once (the bench tensor) */
+        s_case(&d, "tah", (codec_shape_t){ 8, 1024, 1600 }, IN_SYNTH, 723, 0, 0);
+        s_case(&d, "tah", (codec_shape_t){ 16, 512, 1600 }, IN_NORMAL, 724, 0, 0);
         /* samples of more than 2^16 tiles: the lane-pair decoder (the encode takes the fused
          * kernel: k_tah_spec counts a sample's tiles in 16 bits) */
         s_case(&d, "tah", (codec_shape_t){ 2, 2700, 1600 }, IN_SYNTH, 722, 0, 0);
