@@ -94,10 +94,12 @@ static int s_handler(void *user, const char *section, const char *name, const ch
         return 1;
     }
     if (!strcmp(name, "stall_timeout")) {
+        const int is_auto = !strcmp(value, "auto");
         char *end = NULL;
-        double v = strtod(value, &end);
-        if (end == value || *end || !isfinite(v) || (v != 0 && v < 1) || v > 1e7) {
-            snprintf(c->msg, sizeof c->msg, "stall_timeout = '%s' is not 0 (off) or seconds in range 1..1e7", value);
+        double v = is_auto ? JOB_STALL_AUTO : strtod(value, &end);
+        if (!is_auto && (end == value || *end || !isfinite(v) || (v != 0 && v < 1) || v > 1e7)) {
+            snprintf(c->msg, sizeof c->msg, "stall_timeout = '%s' is not auto, 0 (off) or seconds in range 1..1e7",
+                     value);
             return 0;
         }
         c->j->stall_timeout = v;
@@ -132,6 +134,15 @@ static int s_handler(void *user, const char *section, const char *name, const ch
     return 1;
 }
 
+double jobfile_stall_limit(double t, int reported, double slowest)
+{
+    if (t == 0)
+        return 0;
+    if (t == JOB_STALL_AUTO)
+        t = reported ? JOB_STALL_AUTO_NEXT : JOB_STALL_AUTO_FIRST;
+    return 20.0 * slowest > t ? 20.0 * slowest : t;
+}
+
 int jobfile_parse(const char *text, const char *fname, job_spec_t *j, char *err, size_t errlen)
 {
     s_ctx_t *c = calloc(1, sizeof *c);
@@ -144,7 +155,7 @@ int jobfile_parse(const char *text, const char *fname, job_spec_t *j, char *err,
     j->max_norm_ratio = JOB_DEFAULT_MAX_NORM_RATIO;
     j->max_bad_frames = JOB_DEFAULT_MAX_BAD_FRAMES;
     j->max_recoveries = JOB_DEFAULT_MAX_RECOVERIES;
-    j->stall_timeout = JOB_DEFAULT_STALL_TIMEOUT;
+    j->stall_timeout = JOB_STALL_AUTO;
     c->j = j;
     int rc = 0;
     int line = ini_parse_string(text, s_handler, c);

@@ -34,7 +34,8 @@
  *                     the same nodes (a recovery: a data message lost on a
  *                     reset connection would otherwise hang every stage);
  *                     20 times the slowest step seen if that is longer;
- *                     default 300, 0 = never
+ *                     auto (default): 300 until a placement's first step
+ *                     report, then 60; 0 = never
  * Relative paths are relative to the job file's directory (base_dir).
  * `save` (a whole llm.c model file) is refused: stages live on different
  * machines; use save_ckpt, then tah-train --resume PREFIX --save F.
@@ -60,13 +61,21 @@ typedef struct job_spec {
     double max_norm_ratio; /* 0: no norm bound */
     int max_bad_frames;    /* 0: never evict */
     int max_recoveries;    /* 0: a lost node fails the job */
-    double stall_timeout;  /* s without progress before a rollback; 0: never */
+    double stall_timeout;  /* s without progress before a rollback; 0: never; JOB_STALL_AUTO */
 } job_spec_t;
 
 #define JOB_DEFAULT_MAX_NORM_RATIO 1000.0
 #define JOB_DEFAULT_MAX_BAD_FRAMES 10
 #define JOB_DEFAULT_MAX_RECOVERIES 20
-#define JOB_DEFAULT_STALL_TIMEOUT 300.0
+#define JOB_STALL_AUTO (-1.0)      /* stall_timeout = auto */
+#define JOB_STALL_AUTO_FIRST 300.0 /* auto: before a placement's first step report */
+#define JOB_STALL_AUTO_NEXT 60.0   /* auto: after it */
+
+/* The stall limit in seconds (0: no watchdog) for a job's stall_timeout t,
+ * whether its current placement has reported a step yet, and the longest
+ * time between two steps' reports seen (s): t, or JOB_STALL_AUTO_FIRST /
+ * _NEXT for auto, or 20 * slowest if that is more. */
+double jobfile_stall_limit(double t, int reported, double slowest);
 
 /* 0, or TAH_EINVAL with "FNAME:LINE: message" in err. */
 int jobfile_parse(const char *text, const char *fname, job_spec_t *j, char *err, size_t errlen);

@@ -1828,16 +1828,16 @@ done:
  * on the way (a connection reset drops what was in flight) leaves every
  * stage waiting for ever, while each node still answers heartbeats and
  * pings its neighbours. Roll back to the last complete checkpoint set on
- * the same nodes (a recovery, event `stalled`). The limit is stall_timeout,
- * or 20 times the longest time between two steps' reports if that is more. */
+ * the same nodes (a recovery, event `stalled`). The limit:
+ * jobfile_stall_limit (auto: 300 s until the placement's first step report,
+ * which may wait for replicas to be fetched and stages loaded, then 60 s; or
+ * 20 times the longest time between two steps' reports if that is more). */
 static void s_check_stall(coord_t *c, cjob_t *j, double now)
 {
-    if (!j->spec || j->spec->stall_timeout <= 0 || j->adopting || strcmp(j->j.state, "running") != 0)
+    if (!j->spec || j->adopting || strcmp(j->j.state, "running") != 0)
         return;
-    double limit = j->spec->stall_timeout, slow = 20.0 * j->slowest_s;
-    if (slow > limit)
-        limit = slow;
-    if (now - j->progress_at <= limit)
+    const double limit = jobfile_stall_limit(j->spec->stall_timeout, j->step_at > 0, j->slowest_s);
+    if (limit == 0 || now - j->progress_at <= limit)
         return;
     char detail[512];
     snprintf(detail, sizeof detail,

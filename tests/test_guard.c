@@ -164,7 +164,7 @@ static void test_job_keys(void **state)
     assert_int_equal(jobfile_parse(base, "a.ini", j, err, sizeof err), 0);
     assert_true(j->max_norm_ratio == JOB_DEFAULT_MAX_NORM_RATIO);
     assert_int_equal(j->max_bad_frames, JOB_DEFAULT_MAX_BAD_FRAMES);
-    assert_true(j->stall_timeout == JOB_DEFAULT_STALL_TIMEOUT);
+    assert_true(j->stall_timeout == JOB_STALL_AUTO);
     snprintf(text, sizeof text, "%smax_norm_ratio = 50\nmax_bad_frames = 3\nstall_timeout = 2.5\n", base);
     assert_int_equal(jobfile_parse(text, "b.ini", j, err, sizeof err), 0);
     assert_true(j->max_norm_ratio == 50.0);
@@ -175,9 +175,13 @@ static void test_job_keys(void **state)
     assert_true(j->max_norm_ratio == 0.0);
     assert_int_equal(j->max_bad_frames, 0);
     assert_true(j->stall_timeout == 0.0);
+    snprintf(text, sizeof text, "%sstall_timeout = auto\n", base);
+    assert_int_equal(jobfile_parse(text, "e.ini", j, err, sizeof err), 0);
+    assert_true(j->stall_timeout == JOB_STALL_AUTO);
     static const char *bad[] = { "max_norm_ratio = 0.5\n", "max_norm_ratio = nan\n", "max_norm_ratio = x\n",
                                  "max_bad_frames = -1\n",  "max_bad_frames = 2.5\n",  "stall_timeout = 0.5\n",
-                                 "stall_timeout = inf\n",  "stall_timeout = -3\n",    "stall_timeout = 1e8\n" };
+                                 "stall_timeout = inf\n",  "stall_timeout = -1\n",    "stall_timeout = 1e8\n",
+                                 "stall_timeout = Auto\n" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(text, sizeof text, "%s%s", base, bad[i]);
         assert_int_equal(jobfile_parse(text, "d.ini", j, err, sizeof err), TAH_EINVAL);
@@ -186,12 +190,30 @@ static void test_job_keys(void **state)
     free(j);
 }
 
+/* The stall watchdog's limit: off, explicit, auto before and after a
+ * placement's first step report, and 20 times the slowest step above each */
+static void test_stall_limit(void **state)
+{
+    (void)state;
+    assert_true(jobfile_stall_limit(0, 1, 100) == 0);
+    assert_true(jobfile_stall_limit(5, 0, 0) == 5);
+    assert_true(jobfile_stall_limit(5, 1, 0.2) == 5);
+    assert_true(jobfile_stall_limit(5, 1, 1.0) == 20);
+    assert_true(jobfile_stall_limit(JOB_STALL_AUTO, 0, 0) == JOB_STALL_AUTO_FIRST);
+    assert_true(jobfile_stall_limit(JOB_STALL_AUTO, 1, 0) == JOB_STALL_AUTO_NEXT);
+    assert_true(jobfile_stall_limit(JOB_STALL_AUTO, 1, 2.0) == JOB_STALL_AUTO_NEXT);
+    assert_true(jobfile_stall_limit(JOB_STALL_AUTO, 1, 10.0) == 200);
+    assert_true(jobfile_stall_limit(JOB_STALL_AUTO, 0, 20.0) == 400);
+    assert_true(JOB_STALL_AUTO_NEXT < JOB_STALL_AUTO_FIRST);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replay),
         cmocka_unit_test(test_norm_bound),
         cmocka_unit_test(test_job_keys),
+        cmocka_unit_test(test_stall_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
