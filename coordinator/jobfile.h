@@ -72,9 +72,9 @@ typedef struct job_spec {
 #define JOB_STALL_AUTO_NEXT 60.0   /* auto: after it */
 
 /* The stall limit in seconds (0: no watchdog) for a job's stall_timeout t,
- * whether its current placement has reported a step yet, and the longest
- * time between two steps' reports seen (s): t, or JOB_STALL_AUTO_FIRST /
- * _NEXT for auto, or 20 * slowest if that is more. */
+ * whether its current placement has reported a step yet, and the slowest
+ * step seen (s): t, or JOB_STALL_AUTO_FIRST / _NEXT for auto, or 20 *
+ * slowest if that is more. */
 double jobfile_stall_limit(double t, int reported, double slowest);
 
 /* 0, or TAH_EINVAL with "FNAME:LINE: message" in err. */

@@ -95,7 +95,7 @@ typedef struct cjob {
     int nreps, capreps;
     /* stall watchdog: the latest sign of progress (placement, a step report,
      * a checkpoint chunk either way); the last stage's latest step report
-     * (0: none since placement) and the longest time between two (s) */
+     * (0: none since placement) and the slowest step seen (s) */
     double progress_at, step_at, slowest_s;
 } cjob_t;
 
@@ -851,12 +851,18 @@ static void s_step_report(coord_t *c, cnode_t *n, const Tah__StepReport *r)
     const int S = j->j.stages, k = n->stage;
     n->step = r->step;
     n->rejected = r->rejected;
+    /* the stall watchdog's measure of a step: the node's own (a placement's first step
+     * too), and for the last stage the time since its previous report (with the
+     * validation pass and checkpoint write) */
     j->progress_at = s_now();
-    if (k == S - 1) { /* a step's time with its validation pass and checkpoint write */
-        if (j->step_at > 0 && j->progress_at - j->step_at > j->slowest_s)
-            j->slowest_s = j->progress_at - j->step_at;
+    double took = isfinite(r->ms) && r->ms > 0 && r->ms < 1e10 ? r->ms / 1e3 : 0.0;
+    if (k == S - 1) {
+        if (j->step_at > 0 && j->progress_at - j->step_at > took)
+            took = j->progress_at - j->step_at;
         j->step_at = j->progress_at;
     }
+    if (took > j->slowest_s)
+        j->slowest_s = took;
     if (!j->agg)
         return;
     cagg_t *a = &j->agg[r->step % S_AGG];
@@ -1831,7 +1837,7 @@ done:
  * the same nodes (a recovery, event `stalled`). The limit:
  * jobfile_stall_limit (auto: 300 s until the placement's first step report,
  * which may wait for replicas to be fetched and stages loaded, then 60 s; or
- * 20 times the longest time between two steps' reports if that is more). */
+ * 20 times the slowest step seen if that is more). */
 static void s_check_stall(coord_t *c, cjob_t *j, double now)
 {
     if (!j->spec || j->adopting || strcmp(j->j.state, "running") != 0)
