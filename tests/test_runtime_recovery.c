@@ -42,7 +42,9 @@
  *   signal while loading  the same, but the node told to leave (SIGTERM, as
  *                     Ctrl-C) is the one still loading its stage: it tells
  *                     the coordinator, keeps the Drain, runs up to it once
- *                     loaded and hands over (a `leave`, no node_left).
+ *                     loaded and hands over (a `leave`, no node_left). First,
+ *                     every thread of both nodes but their signal thread
+ *                     must block SIGINT and SIGTERM.
  *   second signal while loading  a second SIGTERM stops that node at once
  *                     (node_left, rollback, the spare takes over) and it
  *                     exits 0: the neighbour's messages waiting in its data
