@@ -851,11 +851,12 @@ static void s_step_report(coord_t *c, cnode_t *n, const Tah__StepReport *r)
     const int S = j->j.stages, k = n->stage;
     n->step = r->step;
     n->rejected = r->rejected;
-    /* the stall watchdog's measure of a step: the node's own (a placement's first step
-     * too), and for the last stage the time since its previous report (with the
-     * validation pass and checkpoint write) */
+    /* the stall watchdog's measure of a step: the node's own with its validation pass
+     * (a placement's first step too), and for the last stage the time since its
+     * previous report (with the checkpoint write) */
     j->progress_at = s_now();
-    double took = isfinite(r->ms) && r->ms > 0 && r->ms < 1e10 ? r->ms / 1e3 : 0.0;
+    const double ms = r->ms + r->val_ms; /* older nodes send no val_ms (0) */
+    double took = isfinite(ms) && ms > 0 && ms < 1e10 ? ms / 1e3 : 0.0;
     if (k == S - 1) {
         if (j->step_at > 0 && j->progress_at - j->step_at > took)
             took = j->progress_at - j->step_at;

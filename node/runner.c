@@ -1223,6 +1223,7 @@ void *node_runner_main(void *arg)
         sr.lr = lr;
         sr.grad_norm = norm;
         sr.ms = dt * 1e3;
+        sr.val_ms = t_eval * 1e3;
         sr.time_s = s_now() - r->t_start;
         sr.fwd_bytes = r->bytes_fwd;
         sr.bwd_bytes = r->bytes_bwd;
