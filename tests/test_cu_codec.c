@@ -484,6 +484,46 @@ static void s_test_half_exhaustive(s_dev_t *d)
     free(q);
 }
 
+/* A TAH frame of `spec` on `shape` (synthetic activations, seed) with index entries ents[0..n)
+ * (all of them when ents is NULL) made wrong one at a time: the CPU and the GPU decoder must
+ * both reject each. */
+static void s_tah_index_entries(s_dev_t *d, const char *specstr, codec_shape_t shape, uint64_t seed,
+                                const size_t *ents, size_t n)
+{
+    char err[256];
+    const uint64_t in = (uint64_t)shape.b * shape.s * shape.c;
+    float *ix = malloc(in * sizeof *ix), *iy = malloc(in * sizeof *iy);
+    codec_synth_activations(ix, shape, seed);
+    codec_spec_t spec;
+    codec_spec_parse(specstr, &spec, err, sizeof err);
+    int64_t fsize = codec_frame_size(&spec, shape);
+    uint8_t *f = malloc((size_t)fsize);
+    codec_encode(&spec, shape, ix, f, (size_t)fsize, NULL, err, sizeof err);
+    const size_t nent = (s_tah_flags_off(&spec, shape) - 8) / 4;
+    s_reserve(d, in, (size_t)fsize, cu_codec_scratch_bytes(&spec, shape));
+    for (size_t k = 0; k < (ents ? n : nent); k++) {
+        const size_t e = ents ? ents[k] : k;
+        CHECK(e < nent, "%s: index entry %zu of %zu", specstr, e, nent);
+        if (e >= nent)
+            continue;
+        uint8_t *w = f + CODEC_HEADER_SIZE + 8 + 4 * e;
+        w[0] ^= 1u;
+        codec_frame_seal(&spec, shape, f, (size_t)fsize, err, sizeof err);
+        int rc_cpu = codec_decode(f, (size_t)fsize, iy, in, NULL, err, sizeof err);
+        CU(cudaMemcpy(d->payload, f + CODEC_HEADER_SIZE, (size_t)fsize - CODEC_HEADER_SIZE, cudaMemcpyHostToDevice));
+        int rc = cu_codec_decode(&spec, shape, d->payload, d->out, d->scratch, 0, err, sizeof err);
+        if (rc == 0)
+            rc = cu_codec_status(d->scratch, 0, err, sizeof err);
+        CHECK(rc_cpu == TAH_ECORRUPT && rc == TAH_ECORRUPT, "%s (%llu,%llu,%llu): index entry %zu of %zu off: CPU %d, "
+              "GPU %d", specstr, (unsigned long long)shape.b, (unsigned long long)shape.s,
+              (unsigned long long)shape.c, e, nent, rc_cpu, rc);
+        w[0] ^= 1u;
+    }
+    free(f);
+    free(ix);
+    free(iy);
+}
+
 /* Status codes: non-finite input, corrupt payloads. */
 static void s_test_status(s_dev_t *d)
 {
@@ -595,73 +635,13 @@ static void s_test_status(s_dev_t *d)
     }
     /* TAH index entries (frame version 3) off by one: samples of 256 tiles (2 entries each),
        the lane-pair decoder (tile 64) and k_tah_dcount + k_tah_dchunk (tile 32 in allocation
-       tiles of 64, 7-bit flags, 4 entries) */
-    {
-        const codec_shape_t ishape = { 2, 64, 256 };
-        const uint64_t in = 2 * 64 * 256;
-        float *ix = malloc(in * sizeof *ix), *iy = malloc(in * sizeof *iy);
-        codec_synth_activations(ix, ishape, 6);
-        static const char *const ispecs[] = { "tah", "tah:tile=32,alloc_tile=64" };
-        for (size_t k = 0; k < 2; k++) {
-            codec_spec_t spec;
-            codec_spec_parse(ispecs[k], &spec, err, sizeof err);
-            int64_t fsize = codec_frame_size(&spec, ishape);
-            uint8_t *f = malloc((size_t)fsize);
-            codec_encode(&spec, ishape, ix, f, (size_t)fsize, NULL, err, sizeof err);
-            const size_t nent = (s_tah_flags_off(&spec, ishape) - 8) / 4;
-            s_reserve(d, in, (size_t)fsize, cu_codec_scratch_bytes(&spec, ishape));
-            for (size_t e = 0; e < nent; e++) {
-                uint8_t *w = f + CODEC_HEADER_SIZE + 8 + 4 * e;
-                w[0] ^= 1u;
-                codec_frame_seal(&spec, ishape, f, (size_t)fsize, err, sizeof err);
-                int rc_cpu = codec_decode(f, (size_t)fsize, iy, in, NULL, err, sizeof err);
-                CU(cudaMemcpy(d->payload, f + CODEC_HEADER_SIZE, (size_t)fsize - CODEC_HEADER_SIZE,
-                              cudaMemcpyHostToDevice));
-                int rc = cu_codec_decode(&spec, ishape, d->payload, d->out, d->scratch, 0, err, sizeof err);
-                if (rc == 0)
-                    rc = cu_codec_status(d->scratch, 0, err, sizeof err);
-                CHECK(rc_cpu == TAH_ECORRUPT && rc == TAH_ECORRUPT, "%s: index entry %zu off: CPU %d, GPU %d",
-                      ispecs[k], e, rc_cpu, rc);
-                w[0] ^= 1u;
-            }
-            free(f);
-        }
-        free(ix);
-        free(iy);
-    }
+       tiles of 64, 7-bit flags, 4 entries): every entry */
+    s_tah_index_entries(d, "tah", (codec_shape_t){ 2, 64, 256 }, 6, NULL, 0);
+    s_tah_index_entries(d, "tah:tile=32,alloc_tile=64", (codec_shape_t){ 2, 64, 256 }, 6, NULL, 0);
     /* ... and on the bench tensor (800 CTAs of the lane-pair decoder, more than fit at once):
-       entries in the first, middle and last samples, at CTA and warp boundaries */
-    {
-        const codec_shape_t ishape = { 8, 1024, 1600 };
-        const uint64_t in = 8ull * 1024 * 1600;
-        float *ix = malloc(in * sizeof *ix), *iy = malloc(in * sizeof *iy);
-        codec_synth_activations(ix, ishape, 7);
-        codec_spec_t spec;
-        codec_spec_parse("tah", &spec, err, sizeof err);
-        int64_t fsize = codec_frame_size(&spec, ishape);
-        uint8_t *f = malloc((size_t)fsize);
-        codec_encode(&spec, ishape, ix, f, (size_t)fsize, NULL, err, sizeof err);
-        const size_t nent = (s_tah_flags_off(&spec, ishape) - 8) / 4; /* 200 a sample */
-        const size_t ents[] = { 1, 2, 3, 57, 100, 151, 199, 200, 1401, 1598, nent - 1 };
-        s_reserve(d, in, (size_t)fsize, cu_codec_scratch_bytes(&spec, ishape));
-        for (size_t k = 0; k < sizeof ents / sizeof ents[0]; k++) {
-            uint8_t *w = f + CODEC_HEADER_SIZE + 8 + 4 * ents[k];
-            w[0] ^= 1u;
-            codec_frame_seal(&spec, ishape, f, (size_t)fsize, err, sizeof err);
-            int rc_cpu = codec_decode(f, (size_t)fsize, iy, in, NULL, err, sizeof err);
-            CU(cudaMemcpy(d->payload, f + CODEC_HEADER_SIZE, (size_t)fsize - CODEC_HEADER_SIZE,
-                          cudaMemcpyHostToDevice));
-            int rc = cu_codec_decode(&spec, ishape, d->payload, d->out, d->scratch, 0, err, sizeof err);
-            if (rc == 0)
-                rc = cu_codec_status(d->scratch, 0, err, sizeof err);
-            CHECK(rc_cpu == TAH_ECORRUPT && rc == TAH_ECORRUPT, "tah 8x1024x1600: index entry %zu of %zu off: CPU %d, "
-                  "GPU %d", ents[k], nent, rc_cpu, rc);
-            w[0] ^= 1u;
-        }
-        free(f);
-        free(ix);
-        free(iy);
-    }
+       entries in the first, middle and last samples (200 a sample), at CTA and warp boundaries */
+    static const size_t ents[] = { 1, 2, 3, 57, 100, 151, 199, 200, 1401, 1598, 1599 };
+    s_tah_index_entries(d, "tah", (codec_shape_t){ 8, 1024, 1600 }, 7, ents, sizeof ents / sizeof ents[0]);
     /* documented limit: TAH tiles above 256 elements stay on the CPU codec */
     codec_spec_t big;
     codec_spec_parse("tah:tile=512,alloc_tile=512", &big, err, sizeof err);
