@@ -1567,7 +1567,7 @@ int node_agent_run(const node_opts_t *o)
     /* TAH_NODE_TEST_FETCH_DELAY_MS=N: fetching a checkpoint replica starts
      * N ms after the Assign (fault injection for tests: a slow control link;
      * the agent stays in FETCHING meanwhile) */
-    if (node_test_delay_ms("TAH_NODE_TEST_FETCH_DELAY_MS", &a->fetch_delay_ms, err, sizeof err) != 0) {
+    if (node_test_setting("TAH_NODE_TEST_FETCH_DELAY_MS", &a->fetch_delay_ms, err, sizeof err) != 0) {
         log_error("%s", err);
         goto out;
     }

@@ -109,9 +109,9 @@ int node_agent_run(const node_opts_t *o);
 
 /* A test-only fault-injection setting from the environment variable `name`
  * (TAH_NODE_TEST_CKPT_DELAY_MS, _LOAD_DELAY_MS, _FETCH_DELAY_MS in ms;
- * _DROP_STEP, a step): *ms = 0 when it is unset; a value outside 0..600000
+ * _DROP_STEP, a step): *v = 0 when it is unset; a value outside 0..600000
  * is an error (message in err). */
-int node_test_delay_ms(const char *name, long *ms, char *err, size_t errlen);
+int node_test_setting(const char *name, long *v, char *err, size_t errlen);
 
 /* Measured sgemm speed of this machine with n threads, GFLOP/s. */
 double node_bench_gflops(int threads);

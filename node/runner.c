@@ -807,19 +807,19 @@ static void s_log_profile(const runner_t *r, int step, double dt)
 
 /* ---- setup ---- */
 
-int node_test_delay_ms(const char *name, long *ms, char *err, size_t errlen)
+int node_test_setting(const char *name, long *v, char *err, size_t errlen)
 {
-    *ms = 0;
-    const char *v = getenv(name);
-    if (!v)
+    *v = 0;
+    const char *s = getenv(name);
+    if (!s)
         return 0;
     char *end = NULL;
-    long n = strtol(v, &end, 10);
-    if (end == v || *end || n < 0 || n > 600000) {
-        snprintf(err, errlen, "%s wants an integer in 0..600000, got '%.64s'", name, v);
+    long n = strtol(s, &end, 10);
+    if (end == s || *end || n < 0 || n > 600000) {
+        snprintf(err, errlen, "%s wants an integer in 0..600000, got '%.64s'", name, s);
         return TAH_EINVAL;
     }
-    *ms = n;
+    *v = n;
     return 0;
 }
 
@@ -1004,7 +1004,7 @@ static int s_setup(runner_t *r, int *start)
     }
     /* TAH_NODE_TEST_CKPT_DELAY_MS=N: each checkpoint write takes N ms longer
      * (fault injection for tests: a slow disk at the end of a step) */
-    if (node_test_delay_ms("TAH_NODE_TEST_CKPT_DELAY_MS", &r->ckpt_delay_ms, err, sizeof err) != 0)
+    if (node_test_setting("TAH_NODE_TEST_CKPT_DELAY_MS", &r->ckpt_delay_ms, err, sizeof err) != 0)
         goto fail;
     if (r->ckpt_delay_ms > 0)
         log_warn("job %llu: TAH_NODE_TEST_CKPT_DELAY_MS: each checkpoint write takes %ld ms longer",
@@ -1012,13 +1012,13 @@ static int s_setup(runner_t *r, int *start)
     /* TAH_NODE_TEST_DROP_STEP=N: the first data message this process would
      * send in step N is not sent (fault injection for tests: a message lost
      * on a reset connection; the coordinator's stall watchdog recovers) */
-    if (node_test_delay_ms("TAH_NODE_TEST_DROP_STEP", &r->drop_step, err, sizeof err) != 0)
+    if (node_test_setting("TAH_NODE_TEST_DROP_STEP", &r->drop_step, err, sizeof err) != 0)
         goto fail;
     /* TAH_NODE_TEST_LOAD_DELAY_MS=N: loading the stage takes N ms longer
      * (fault injection for tests: a slow disk or a big model; the agent
      * stays in LOADING meanwhile). The wait ends early on an abort. */
     long load_delay_ms = 0;
-    if (node_test_delay_ms("TAH_NODE_TEST_LOAD_DELAY_MS", &load_delay_ms, err, sizeof err) != 0)
+    if (node_test_setting("TAH_NODE_TEST_LOAD_DELAY_MS", &load_delay_ms, err, sizeof err) != 0)
         goto fail;
     if (load_delay_ms > 0) {
         log_warn("job %llu: TAH_NODE_TEST_LOAD_DELAY_MS: loading stage %d takes %ld ms longer",
