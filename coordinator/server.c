@@ -48,6 +48,7 @@ typedef struct cnode {
     long order;            /* announce order: placement prefers older nodes */
     char key[KEYS_Z85_LEN + 1]; /* its connection's CURVE public key (secure mode) */
     uint32_t seed_rules;   /* announced CODEC_SEED_RULES (0: an older build) */
+    double report_at;      /* its assignment or adoption, then its latest accepted step report */
 } cnode_t;
 
 typedef struct cagg {      /* one step's reports, until every stage sent its own */
@@ -616,6 +617,7 @@ static void s_assign(coord_t *c, cjob_t *j, cnode_t **chosen)
         chosen[k]->job = j->j.id;
         chosen[k]->stage = k;
         chosen[k]->step = j->resume_step;
+        chosen[k]->report_at = s_now();
         s_node_save(c, chosen[k]);
         if (j->l0[k] >= 0)
             log_info("job %lld: stage %d (layers %d..%d) -> node %s at %s%s", (long long)j->j.id, k, j->l0[k],
@@ -853,10 +855,15 @@ static void s_step_report(coord_t *c, cnode_t *n, const Tah__StepReport *r)
     n->rejected = r->rejected;
     /* the stall watchdog's measure of a step: the node's own with its validation pass
      * (a placement's first step too), and for the last stage the time since its
-     * previous report (with the checkpoint write) */
+     * previous report (with the checkpoint write). A node's own figure counts for no
+     * more than the time since its assignment or previous report: a node cannot make
+     * the limit longer than what the coordinator saw pass. */
     j->progress_at = s_now();
     const double ms = r->ms + r->val_ms; /* older nodes send no val_ms (0) */
     double took = isfinite(ms) && ms > 0 && ms < 1e10 ? ms / 1e3 : 0.0;
+    if (took > j->progress_at - n->report_at)
+        took = j->progress_at - n->report_at;
+    n->report_at = j->progress_at;
     if (k == S - 1) {
         if (j->step_at > 0 && j->progress_at - j->step_at > took)
             took = j->progress_at - j->step_at;
@@ -1082,6 +1089,7 @@ static void s_on_hello(coord_t *c, const uint8_t *rid, size_t rl, const Tah__Hel
         n->job = aj->j.id;
         n->stage = (int)h->stage;
         n->step = aj->j.step;
+        n->report_at = s_now();
         aj->adopted[h->stage] = 1;
         int all = 1;
         for (int k = 0; k < aj->j.stages; k++)

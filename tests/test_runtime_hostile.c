@@ -9,7 +9,10 @@
  *   the job fails naming it, the honest node is idle again.
  * And a node of an older build (Hello without seed_rules) is kept off a job
  * with a stochastic codec, whose frames it would derive differently: the
- * job waits, saying why, and runs once a node of this build comes. */
+ * job waits, saying why, and runs once a node of this build comes.
+ * And a node that reports a step of 9e9 ms cannot stretch the job's stall
+ * limit: the coordinator counts a node's step time as no more than it saw
+ * pass since the node's assignment. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -322,11 +325,68 @@ static void test_old_build_off_stochastic_job(void **state)
     assert_int_equal(rt_stop(&r), 0);
 }
 
+/* The rogue takes stage 0 of a job with stall_timeout = 2, reports step 1
+ * as taking 9e9 ms (2.5 hours after a few milliseconds), then sends nothing
+ * downstream. The stall limit is 20 times the slowest step seen, so a
+ * believed report would move it to 5.7 years; the coordinator counts the
+ * report as the time since the assignment, and the job stalls within
+ * seconds. */
+static void test_inflated_step_time(void **state)
+{
+    (void)state;
+    rt_t r;
+    void *ctx = zmq_ctx_new();
+    void *c = s_start(&r, "rt_inflated", ctx, "rogue");
+
+    char ini[1024], out[4096], detail[1024] = "";
+    snprintf(ini, sizeof ini,
+             "[job]\nmodel = 2,2,%d,32,256\ntrain_data = train.txt\nbatch = %d\nseq = %d\nsteps = 50\n"
+             "lr = 1e-3\nstages = 2\nmicro_batches = 2\nfwd_codec = fp32\nstall_timeout = 2\n",
+             C, BATCH, SEQ);
+    uint64_t job = rt_submit(&r, rt_write(&r, "job.ini", ini), out, sizeof out);
+    if (job == 0)
+        fail_msg("submit: %s", out);
+    Tah__Envelope *e = s_expect(c, TAH__ENVELOPE__BODY_ASSIGN, 20);
+    assert_int_equal(e->assign->job, job);
+    assert_int_equal(e->assign->stage, 0);
+    wire_envelope_free(&e);
+    Tah__StepReport rep = TAH__STEP_REPORT__INIT;
+    rep.job = job;
+    rep.stage = 0;
+    rep.step = 1;
+    rep.ms = 9e9;
+    Tah__Envelope env = TAH__ENVELOPE__INIT;
+    env.body_case = TAH__ENVELOPE__BODY_STEP_REPORT;
+    env.step_report = &rep;
+    assert_int_equal(wire_send_envelope(c, NULL, 0, &env, 0), 0);
+    const double t0 = s_now();
+    while (s_now() - t0 < 20 && !detail[0]) {
+        s_heartbeat(c);
+        int to = 0;
+        char err[256];
+        e = wire_recv_envelope(c, 200, &to, err, sizeof err);
+        wire_envelope_free(&e);
+        Tah__Envelope *s = rt_status(&r, job);
+        for (size_t i = 0; s && s->status_rep->n_jobs == 1 && i < s->status_rep->jobs[0]->n_events; i++)
+            if (!strcmp(s->status_rep->jobs[0]->events[i]->kind, "stalled"))
+                snprintf(detail, sizeof detail, "%s", s->status_rep->jobs[0]->events[i]->detail);
+        wire_envelope_free(&s);
+    }
+    if (!detail[0])
+        fail_msg("no stall in %.0f s after a report of a 9e9 ms step", s_now() - t0);
+    if (!strstr(detail, "stalled in step 1:") || !strstr(detail, "(stall limit 2 s"))
+        fail_msg("stall: %s", detail);
+    zmq_close(c);
+    zmq_ctx_term(ctx);
+    assert_int_equal(rt_stop(&r), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rogue_stage_evicted),
         cmocka_unit_test(test_old_build_off_stochastic_job),
+        cmocka_unit_test(test_inflated_step_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
