@@ -151,6 +151,31 @@ static void *s_start(rt_t *r, const char *name, void *ctx, const char *joiner)
     return c;
 }
 
+/* Heartbeat once and read (and drop) the coordinator's messages for 0.2 s. */
+static void s_pump(void *c)
+{
+    s_heartbeat(c);
+    int to = 0;
+    char err[256];
+    Tah__Envelope *e = wire_recv_envelope(c, 200, &to, err, sizeof err);
+    wire_envelope_free(&e);
+}
+
+/* Submit `ini` as job.ini; the joiner on socket c must be assigned its
+ * stage 0. Returns the job's id and (*assign) the Assign envelope. */
+static uint64_t s_submit_stage0(rt_t *r, void *c, const char *ini, Tah__Envelope **assign)
+{
+    char out[4096];
+    uint64_t job = rt_submit(r, rt_write(r, "job.ini", ini), out, sizeof out);
+    if (job == 0)
+        fail_msg("submit: %s", out);
+    Tah__Envelope *e = s_expect(c, TAH__ENVELOPE__BODY_ASSIGN, 20);
+    assert_int_equal(e->assign->job, job);
+    assert_int_equal(e->assign->stage, 0);
+    *assign = e;
+    return job;
+}
+
 /* Heartbeat once and read the coordinator's messages for 0.2 s: an
  * assignment fails the test (an older build on a stochastic job). */
 static void s_expect_no_assign(void *c)
@@ -174,18 +199,13 @@ static void test_rogue_stage_evicted(void **state)
     void *c = s_start(&r, "rt_hostile", ctx, "rogue");
     Tah__Envelope *e;
 
-    char ini[1024], out[4096], st[64], reason[1024];
+    char ini[1024], st[64], reason[1024];
     snprintf(ini, sizeof ini,
              "[job]\nmodel = 4,2,%d,32,256\ntrain_data = train.txt\nbatch = %d\nseq = %d\nsteps = 50\n"
              "lr = 1e-3\nstages = 2\nmicro_batches = 4\nfwd_codec = fp32\nmax_norm_ratio = 1000\n"
              "max_bad_frames = 4\n",
              C, BATCH, SEQ);
-    uint64_t job = rt_submit(&r, rt_write(&r, "job.ini", ini), out, sizeof out);
-    if (job == 0)
-        fail_msg("submit: %s", out);
-    e = s_expect(c, TAH__ENVELOPE__BODY_ASSIGN, 20);
-    assert_int_equal(e->assign->job, job);
-    assert_int_equal(e->assign->stage, 0);
+    uint64_t job = s_submit_stage0(&r, c, ini, &e);
     assert_int_equal(e->assign->n_endpoints, 2);
     uint64_t token = e->assign->token;
     char ep[256];
@@ -214,11 +234,7 @@ static void test_rogue_stage_evicted(void **state)
     double t0 = s_now();
     st[0] = 0;
     while (s_now() - t0 < 30) {
-        s_heartbeat(c);
-        int to = 0;
-        char err[256];
-        e = wire_recv_envelope(c, 200, &to, err, sizeof err);
-        wire_envelope_free(&e);
+        s_pump(c);
         Tah__Envelope *s = rt_status(&r, job);
         if (s && s->status_rep->n_jobs == 1 && strcmp(s->status_rep->jobs[0]->state, "running") != 0) {
             snprintf(st, sizeof st, "%s", s->status_rep->jobs[0]->state);
@@ -338,17 +354,13 @@ static void test_inflated_step_time(void **state)
     void *ctx = zmq_ctx_new();
     void *c = s_start(&r, "rt_inflated", ctx, "rogue");
 
-    char ini[1024], out[4096], detail[1024] = "";
+    char ini[1024], detail[1024] = "";
     snprintf(ini, sizeof ini,
              "[job]\nmodel = 2,2,%d,32,256\ntrain_data = train.txt\nbatch = %d\nseq = %d\nsteps = 50\n"
              "lr = 1e-3\nstages = 2\nmicro_batches = 2\nfwd_codec = fp32\nstall_timeout = 2\n",
              C, BATCH, SEQ);
-    uint64_t job = rt_submit(&r, rt_write(&r, "job.ini", ini), out, sizeof out);
-    if (job == 0)
-        fail_msg("submit: %s", out);
-    Tah__Envelope *e = s_expect(c, TAH__ENVELOPE__BODY_ASSIGN, 20);
-    assert_int_equal(e->assign->job, job);
-    assert_int_equal(e->assign->stage, 0);
+    Tah__Envelope *e;
+    uint64_t job = s_submit_stage0(&r, c, ini, &e);
     wire_envelope_free(&e);
     Tah__StepReport rep = TAH__STEP_REPORT__INIT;
     rep.job = job;
@@ -361,11 +373,7 @@ static void test_inflated_step_time(void **state)
     assert_int_equal(wire_send_envelope(c, NULL, 0, &env, 0), 0);
     const double t0 = s_now();
     while (s_now() - t0 < 20 && !detail[0]) {
-        s_heartbeat(c);
-        int to = 0;
-        char err[256];
-        e = wire_recv_envelope(c, 200, &to, err, sizeof err);
-        wire_envelope_free(&e);
+        s_pump(c);
         Tah__Envelope *s = rt_status(&r, job);
         for (size_t i = 0; s && s->status_rep->n_jobs == 1 && i < s->status_rep->jobs[0]->n_events; i++)
             if (!strcmp(s->status_rep->jobs[0]->events[i]->kind, "stalled"))
