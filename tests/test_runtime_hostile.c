@@ -346,7 +346,7 @@ static void test_old_build_off_stochastic_job(void **state)
  * downstream. The stall limit is 20 times the slowest step seen, so a
  * believed report would move it to 5.7 years; the coordinator counts the
  * report as the time since the assignment, and the job stalls within
- * seconds. */
+ * seconds (at 2 s unless the report took over 0.1 s to arrive). */
 static void test_inflated_step_time(void **state)
 {
     (void)state;
@@ -372,7 +372,7 @@ static void test_inflated_step_time(void **state)
     env.step_report = &rep;
     assert_int_equal(wire_send_envelope(c, NULL, 0, &env, 0), 0);
     const double t0 = s_now();
-    while (s_now() - t0 < 20 && !detail[0]) {
+    while (s_now() - t0 < 40 && !detail[0]) {
         s_pump(c);
         Tah__Envelope *s = rt_status(&r, job);
         for (size_t i = 0; s && s->status_rep->n_jobs == 1 && i < s->status_rep->jobs[0]->n_events; i++)
@@ -382,7 +382,12 @@ static void test_inflated_step_time(void **state)
     }
     if (!detail[0])
         fail_msg("no stall in %.0f s after a report of a 9e9 ms step", s_now() - t0);
-    if (!strstr(detail, "stalled in step 1:") || !strstr(detail, "(stall limit 2 s"))
+    /* the limit: 2 s, or 20 times the time between the assignment and the
+     * report if a loaded machine made that more than 0.1 s; never the report's */
+    const char *lim = strstr(detail, "(stall limit ");
+    double limit = lim ? atof(lim + strlen("(stall limit ")) : -1;
+    printf("stall after %.1f s: %s\n", s_now() - t0, detail);
+    if (!strstr(detail, "stalled in step 1:") || limit < 2 || limit > 40)
         fail_msg("stall: %s", detail);
     zmq_close(c);
     zmq_ctx_term(ctx);
