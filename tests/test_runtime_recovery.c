@@ -452,12 +452,6 @@ static void test_drain_while_loading(void **state)
     assert_int_equal(rt_stop(&r), 0);
 }
 
-/* SIGTERM (Ctrl-C) to a node that is still loading its stage: the same
- * graceful leave as in a running stage. The leaver itself is in LOADING
- * (TAH_NODE_TEST_LOAD_DELAY_MS holds it there); it tells the coordinator,
- * takes the Drain in, runs step 1 with its neighbour once loaded, drains,
- * and the spare takes its stage: a `leave` event, no node_left (a stop
- * without draining, which rolls back) and no node_lost. */
 /* Whether every thread of process pid but "tah-signals" blocks SIGINT and
  * SIGTERM (its /proc status's SigBlk); *n: how many threads it has.
  * tah-node takes them in that one thread's sigwait (which unblocks them
@@ -502,6 +496,12 @@ static int s_threads_block_signals(pid_t pid, int *n)
     return all;
 }
 
+/* SIGTERM (Ctrl-C) to a node that is still loading its stage: the same
+ * graceful leave as in a running stage. The leaver itself is in LOADING
+ * (TAH_NODE_TEST_LOAD_DELAY_MS holds it there); it tells the coordinator,
+ * takes the Drain in, runs step 1 with its neighbour once loaded, drains,
+ * and the spare takes its stage: a `leave` event, no node_left (a stop
+ * without draining, which rolls back) and no node_lost. */
 static void test_signal_while_loading(void **state)
 {
     (void)state;
@@ -699,11 +699,6 @@ static void test_signal_while_fetching(void **state)
     assert_int_equal(rt_stop(&r), 0);
 }
 
-/* A second signal is a hard stop, also while the stage loads: the node
- * stops at once (event node_left, the job rolls back and the spare takes
- * the stage), and exits 0. Its neighbour's messages already wait in its
- * data socket; a stage stopped before its links were up must leave them
- * unread (it has no guard to check them with). */
 /* A data message lost between stages (TAH_NODE_TEST_DROP_STEP: the node of
  * stage 1 does not send its first message of step 8) leaves both stages
  * waiting while their agents still ping each other. The coordinator's stall
@@ -754,6 +749,11 @@ static void test_lost_message_stall(void **state)
     assert_int_equal(rt_stop(&r), 0);
 }
 
+/* A second signal is a hard stop, also while the stage loads: the node
+ * stops at once (event node_left, the job rolls back and the spare takes
+ * the stage), and exits 0. Its neighbour's messages already wait in its
+ * data socket; a stage stopped before its links were up must leave them
+ * unread (it has no guard to check them with). */
 static void test_second_signal_while_loading(void **state)
 {
     (void)state;
