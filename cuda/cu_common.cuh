@@ -560,7 +560,7 @@ int cu_tah_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t *
 
 // The one-launch encoders (round 6: k_int_fused, k_tah_fused; and TAH-Quant's k_tah_spec +
 // k_tah_emit) unless TAH_CU_FUSE=0 (then int: k_int_stats + k_int_codes; TAH-Quant: a memset
-// and four kernels). The default int encoder, k_int_row, is one launch either way.
+// and four kernels). The default int encoder, k_int_quad, is one launch either way.
 bool cu_fuse(void);
 // The newer kernels unless TAH_CU_TPT=0 (then round 7's segment kernels: a same-binary
 // comparison): round 8's lane pairs per TAH tile (encode and decode), round 10's warp per

@@ -3,7 +3,7 @@
 // symmetric). Same payloads as codecs/fixpt.c and codecs/intq.c.
 //
 // Which kernel runs: the default specs (fixpt 8 bits, int 4 bits, group 128) on whole,
-// aligned groups take the warp-per-group kernels of round 10 (k_fix_enc_row, k_int_row,
+// aligned groups take the warp-per-group kernels of round 10 (k_fix_enc_row, k_int_quad (round 30),
 // k_group_dec_row; below). The other shapes and specs, and TAH_CU_TPT=0, take the segment
 // kernels described first. (docs/cuda-codecs.md lists every path.)
 //
@@ -36,9 +36,9 @@
 // the step once per group on one lane. Stochastic rounding hashes each element's index with
 // fixpt.c's lowbias32 (d_stoch_u): 32-bit operations only.
 // Round 10: the default specs (fixpt 8 bits, int 4 bits, group 128) on whole groups go
-// through warp-per-group kernels instead (k_fix_enc_row, k_int_row, k_group_dec_row:
-// lane l on elements 4l..4l+3 of a group); int encode reads x once (round 15: a CTA
-// per exponent block, comment above k_int_row).
+// through warp-per-group kernels instead (k_fix_enc_row, k_group_dec_row: lane l on
+// elements 4l..4l+3 of a group); int encode reads x once (round 15: a CTA per exponent
+// block; round 30: a quad of lanes per group, comment above k_int_quad).
 // TAH_CU_TPT=0 keeps the segment kernels (a same-binary comparison).
 //
 // Decode (groups above 256: k_group_decode): a flat grid, one thread per 8-code chunk (b bytes
@@ -1056,7 +1056,7 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const X *__restrict__ x
 }
 
 // int encode, the default int specs (4 bits, group 128, asymmetric or symmetric) on whole
-// groups (n % 128 == 0): x read once, one launch (k_int_row, below).
+// groups (n % 128 == 0): x read once, one launch (k_int_quad, below).
 //
 // Round 10's codes without intq.c's clamp of t to [0, L] (symmetric [-qmax, qmax]),
 // which never changes a code here (finite x; eps = 2^-24):
@@ -1067,28 +1067,6 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const X *__restrict__ x
 //   step == 0: inv = 0 and t = 0. A subnormal xs - mn is exact, inv is a normal float
 //   (2^-24 <= step <= 65504). So rint(t) is already in range, as the clamped t's.
 //
-// k_int_row (round 15): a CTA of 16 warps takes one exponent block (S_IBLK = 64 groups), a
-// warp 4 groups with lane l on elements 4l..4l+3 of each (as k_group_dec_row): S_ROW_INT
-// groups' loads in flight per lane (40 registers, 3 CTAs of 512 threads per SM; 8 warps of 8
-// groups, 52 registers and 4 CTAs of 256, measured 2.7 % slower on the H100); each group's
-// min and max by a local min / max and one redux each (on order-preserving integer keys; the
-// zero key, d_int_zkey, only when the minimum is zero); the block's max |x| through shared
-// memory and one CTA barrier, its exponent; lane u computes group u's metadata
-// (d_int_meta), every lane its 4 codes of each group (one 64-byte store per group). Until
-// round 14 the frame had one exponent, and the default path was two launches: each group
-// quantised at its own exponent, then every group's metadata rewritten (and the rare group
-// whose codes depended on it quantised again) once the frame's absmax was known.
-#define S_ROW_INT 4u                        // groups per warp of k_int_row
-#define S_INT_CTA (32u * S_IBLK / S_ROW_INT) // its threads: 16 warps, S_IBLK groups
-
-// order-preserving unsigned key of a float (-0 < +0) and back
-__device__ __forceinline__ uint32_t d_fkey(float f)
-{
-    const uint32_t u = __float_as_uint(f);
-    return (u >> 31) ? ~u : (u | 0x80000000u);
-}
-__device__ __forceinline__ float d_fkey_inv(uint32_t k) { return __uint_as_float((k >> 31) ? (k & 0x7fffffffu) : ~k); }
-
 // 4 codes (lane l's elements of a group, f) in the low 16 bits: intq.c's arithmetic
 // without the clamp (above). The codes are the low bytes of t + K, K an even integer in
 // [2^23, 2^24) (rounding to nearest even there is rint(t)'s): asymmetric K = 1.5 * 2^23, low
@@ -1113,78 +1091,156 @@ __device__ __forceinline__ uint32_t d_int_codes4(float4 f, float pdown, float mn
     return w02 | (w13 << 4);
 }
 
+// k_int_quad (round 30, in place of round 15's k_int_row): a CTA of 8 warps takes one exponent
+// block (S_IBLK = 64 groups), a quad of 4 lanes takes a group. k_int_row's lanes held 4
+// elements of a group, so every group cost each lane two full-warp reductions (min and max on
+// order-preserving keys), a zero check and a shuffle of its metadata, and a warp's one
+// metadata computation served 4 groups: 11.2 M warp instructions for the bench tensor, which
+// the H200 issued slower than it streamed the bytes (68 % of copy). Here 5.5 M:
+// - Lane j of a quad holds the group's 4-element chunks j, j+4, ..., j+28 (elements 16k + 4j
+//   .. +3, k = 0..7), so each load instruction of a warp reads 8 groups' 64 contiguous bytes.
+// - Min and max: 31 comparisons a lane and two quad shuffles. They propagate NaN (min.NaN,
+//   max.NaN), so the block's max of its groups' |min| and |max| bits is its max |x| and shows
+//   a non-finite x (>= 0x7f800000) without a per-element test.
+// - Every lane of a quad computes its group's metadata (no shuffle hands it out).
+// - Codes: where the block exponent e <= 0, x 2^-e is exact (a power of two at least 1, and
+//   |x| 2^-e <= 2^14), so the asymmetric code's x 2^-e - mn is one FMA, rounded as the FMUL
+//   and FSUB were. A chunk's 4 codes are 16 bits at byte 8k + 2j of the group's 64; they go
+//   through shared memory so that each lane stores 16 contiguous bytes (one 16-byte store
+//   where the codes are 16-byte aligned, else four of 4): 16-bit stores straight from the
+//   registers measured 70 % of copy on the H200, pairs swapped into 32-bit stores 75 %, this 76 %.
+// Measured and not kept (cuda/NOTES.md, round 30): two rows of 8 groups a warp (fewer
+// instructions, 96 registers: slower), a persistent grid that copies each CTA's next block into
+// shared memory (cp.async) while it quantises the current one (slower).
+#define S_IQ_CTA (4u * S_IBLK) // threads of k_int_quad: a quad per group
+
+__device__ __forceinline__ float d_fmin_nan(float a, float b)
+{
+    float r;
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float d_fmax_nan(float a, float b)
+{
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+// d_int_codes4's codes with x 2^-e - mn as one FMA (asymmetric, e <= 0: exact product)
+template <int MODE, bool FMA>
+__device__ __forceinline__ uint32_t d_int_codes4q(float4 f, float pdown, float mn, float inv)
+{
+    if constexpr (MODE == M_INT_ASYM && FMA) {
+        const float v[4] = { f.x, f.y, f.z, f.w };
+        uint32_t w[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            w[r] = __float_as_uint(__fadd_rn(__fmul_rn(__fmaf_rn(v[r], pdown, -mn), inv), 12582912.0f));
+        const uint32_t w02 = __byte_perm(w[0], w[2], 0x0040u), w13 = __byte_perm(w[1], w[3], 0x0040u);
+        return w02 | (w13 << 4);
+    } else {
+        return d_int_codes4<MODE>(f, pdown, mn, inv);
+    }
+}
+
+// one group's codes from its quad: sq, the quad's 64 bytes in shared memory; cg, the group's
+// codes in the payload (16-byte aligned when a16)
+template <int MODE, bool FMA>
+__device__ __forceinline__ void d_int_quad_codes(const float4 (&v)[8], uint8_t *sq, uint8_t *cg, bool a16, uint32_t j,
+                                                 float pdown, float mn, float inv)
+{
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        *(uint16_t *)(sq + 8 * k + 2 * j) = (uint16_t)d_int_codes4q<MODE, FMA>(v[k], pdown, mn, inv);
+    __syncwarp(0xfu << (threadIdx.x & 28u));
+    const uint4 w = *(const uint4 *)(sq + 16 * j);
+    if (a16) {
+        *(uint4 *)(cg + 16 * j) = w;
+    } else {
+        uint32_t *c4 = (uint32_t *)(cg + 16 * j);
+        c4[0] = w.x;
+        c4[1] = w.y;
+        c4[2] = w.z;
+        c4[3] = w.w;
+    }
+}
+
 template <int MODE, typename X>
-__global__ void __launch_bounds__(S_INT_CTA) k_int_row(const X *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
+__global__ void __launch_bounds__(S_IQ_CTA) k_int_quad(const X *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
                                                        s_gp g)
 {
     d_mark(head);
-    constexpr uint32_t NW = S_IBLK / S_ROW_INT; // warps
+    constexpr uint32_t NW = S_IQ_CTA / 32u; // warps
     __shared__ uint32_t ws[NW];
-    const uint32_t lane = threadIdx.x & 31u, wid = threadIdx.x / 32u, ng = (uint32_t)g.ng; // B*S*C <= 2^31
-    const uint32_t g0 = blockIdx.x * S_IBLK + wid * S_ROW_INT;
-    const bool live = g0 < ng; // warp-uniform
-    float4 v[S_ROW_INT];
-    float2 sv = make_float2(0.0f, 0.0f); // lane u: group g0 + u's (min, max)
-    uint32_t amax = 0;
+    __shared__ __align__(16) uint8_t sc[80u * S_IBLK]; // group q's codes at 80 q: no bank conflict
+    const uint32_t lane = threadIdx.x & 31u, j = lane & 3u, q = threadIdx.x / 4u, ng = (uint32_t)g.ng; // B*S*C <= 2^31
+    const uint32_t gi = blockIdx.x * S_IBLK + q;
+    const bool live = gi < ng; // quad-uniform
+    float4 v[8];
     if (live) {
-        const X *xw = x + 128u * (uint64_t)g0 + 4u * lane;
+        const X *xq = x + 128u * (uint64_t)gi + 4u * j;
 #pragma unroll
-        for (uint32_t u = 0; u < S_ROW_INT; u++)
-            v[u] = g0 + u < ng ? d_load_f4(xw + 128u * u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int k = 0; k < 8; k++)
+            v[k] = d_load_f4(xq + 16 * k);
+    } else {
 #pragma unroll
-        for (uint32_t u = 0; u < S_ROW_INT; u++) {
-            const float4 f = v[u];
-            float a = d_fkey_inv(__reduce_min_sync(CU_FULL, d_fkey(fminf(fminf(f.x, f.y), fminf(f.z, f.w)))));
-            float b = d_fkey_inv(__reduce_max_sync(CU_FULL, d_fkey(fmaxf(fmaxf(f.x, f.y), fmaxf(f.z, f.w)))));
-            // the lane's max |x| bits (zeros past the end change nothing): Inf and NaN show as
-            // >= 0x7f800000; for finite x the block's max is the max of the groups' |min|, |max|
-            amax = max(amax, d_absbits_max4(f));
-            if (a == 0.0f) { // warp-uniform; which zero is the minimum: intq.c's (d_int_zkey)
-                const float e4[4] = { f.x, f.y, f.z, f.w };
-                uint32_t z = 0xffffffffu;
-#pragma unroll
-                for (int r = 0; r < 4; r++)
-                    if (e4[r] == 0.0f)
-                        z = min(z, d_int_zkey(4u * lane + (uint32_t)r, 128u, __float_as_uint(e4[r]) >> 31));
-                z = __reduce_min_sync(CU_FULL, z);
-                a = (z & 1u) ? -0.0f : 0.0f;
-                if (b == 0.0f) // all zeros: intq.c's max is the same element as its min
-                    b = a;
-            }
-            if (lane == u)
-                sv = make_float2(a, b);
-        }
+        for (int k = 0; k < 8; k++)
+            v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); // zeros leave the block's max alone
     }
-    amax = __reduce_max_sync(CU_FULL, amax);
+    float a = d_fmin_nan(d_fmin_nan(v[0].x, v[0].y), d_fmin_nan(v[0].z, v[0].w)); // the group's min
+    float b = d_fmax_nan(d_fmax_nan(v[0].x, v[0].y), d_fmax_nan(v[0].z, v[0].w)); // and max
+#pragma unroll
+    for (int k = 1; k < 8; k++) {
+        a = d_fmin_nan(a, d_fmin_nan(d_fmin_nan(v[k].x, v[k].y), d_fmin_nan(v[k].z, v[k].w)));
+        b = d_fmax_nan(b, d_fmax_nan(d_fmax_nan(v[k].x, v[k].y), d_fmax_nan(v[k].z, v[k].w)));
+    }
+    a = d_fmin_nan(a, __shfl_xor_sync(CU_FULL, a, 1));
+    b = d_fmax_nan(b, __shfl_xor_sync(CU_FULL, b, 1));
+    a = d_fmin_nan(a, __shfl_xor_sync(CU_FULL, a, 2));
+    b = d_fmax_nan(b, __shfl_xor_sync(CU_FULL, b, 2));
+    if (live && a == 0.0f) { // quad-uniform; which zero is the minimum: intq.c's (d_int_zkey)
+        uint32_t z = 0xffffffffu;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float e4[4] = { v[k].x, v[k].y, v[k].z, v[k].w };
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (e4[i] == 0.0f)
+                    z = min(z, d_int_zkey(16u * (uint32_t)k + 4u * j + (uint32_t)i, 128u, __float_as_uint(e4[i]) >> 31));
+        }
+        const uint32_t quad = 0xfu << (lane & 28u);
+        z = min(z, __shfl_xor_sync(quad, z, 1));
+        z = min(z, __shfl_xor_sync(quad, z, 2));
+        a = (z & 1u) ? -0.0f : 0.0f;
+        if (b == 0.0f) // all zeros: intq.c's max is the same element as its min
+            b = a;
+    }
+    const uint32_t amax =
+        __reduce_max_sync(CU_FULL, max(__float_as_uint(a) & 0x7fffffffu, __float_as_uint(b) & 0x7fffffffu));
     if (lane == 0)
-        ws[wid] = amax;
+        ws[threadIdx.x / 32u] = amax;
     __syncthreads();
     uint32_t bmax = 0;
 #pragma unroll
-    for (uint32_t w = 0; w < NW; w++)
-        bmax = max(bmax, ws[w]);
+    for (uint32_t i = 0; i < NW; i++)
+        bmax = max(bmax, ws[i]);
     if (bmax >= 0x7f800000u && threadIdx.x == 0)
         d_flag(head, CU_ST_NONFINITE); // the payload is then unspecified
     const int32_t e = d_int_exp(bmax);
     if (threadIdx.x == 0)
         d_int_put_exp(p, g, blockIdx.x, e);
     if (!live)
-        return; // warp-uniform, after the barrier
+        return; // quad-uniform, after the barrier
     const float pdown = d_pow2f(-e);
-    // lanes u < S_ROW_INT: group u's metadata; the other lanes compute a copy of lane
-    // u % S_ROW_INT's (unused), so the warp takes one path through the fp16 conversions
-    sv.x = __shfl_sync(CU_FULL, sv.x, (int)(lane % S_ROW_INT));
-    sv.y = __shfl_sync(CU_FULL, sv.y, (int)(lane % S_ROW_INT));
     float mn, inv;
-    d_int_meta<MODE>(sv, pdown, g, p, g0 + lane, lane < S_ROW_INT && g0 + lane < ng, mn, inv);
-    uint8_t *cw = p + g.codes_off + 64u * (uint64_t)g0 + 2u * lane;
-#pragma unroll
-    for (uint32_t u = 0; u < S_ROW_INT; u++) {
-        const float q_mn = __shfl_sync(CU_FULL, mn, (int)u), q_inv = __shfl_sync(CU_FULL, inv, (int)u);
-        if (g0 + u >= ng)
-            break; // warp-uniform
-        *(uint16_t *)(cw + 64u * u) = (uint16_t)d_int_codes4<MODE>(v[u], pdown, q_mn, q_inv);
-    }
+    d_int_meta<MODE>(make_float2(a, b), pdown, g, p, gi, j == 0, mn, inv);
+    uint8_t *sq = sc + 80u * q, *cg = p + g.codes_off + 64u * (uint64_t)gi;
+    const bool a16 = ((uintptr_t)(p + g.codes_off) & 15u) == 0;
+    if (MODE == M_INT_ASYM && e <= 0)
+        d_int_quad_codes<MODE, true>(v, sq, cg, a16, j, pdown, mn, inv);
+    else
+        d_int_quad_codes<MODE, false>(v, sq, cg, a16, j, pdown, mn, inv);
 }
 
 // fixpt encode (4 <= tpg <= 32; round 4, restructured in round 7): the step once per
@@ -1350,7 +1406,7 @@ __global__ void __launch_bounds__(256) k_fix_enc_row(const X *__restrict__ x, ui
         if (lane == u)
             slot_bits = a;
     }
-    slot_bits = __shfl_sync(CU_FULL, slot_bits, (int)(lane % S_ROW_ENC)); // copies: one path (k_int_row)
+    slot_bits = __shfl_sync(CU_FULL, slot_bits, (int)(lane % S_ROW_ENC)); // copies: one path
     const bool mvalid = lane < S_ROW_ENC && g0 + lane < ng;
     uint32_t range = 0;
     float inv;
@@ -1547,8 +1603,8 @@ static int s_encode_mode(const s_gp &g, const X *x, uint8_t *payload, cu_hp head
 {
     if constexpr (MODE >= M_INT_ASYM) {
         if (s_row_ok(g, MODE, payload, x)) {
-            k_int_row<MODE><<<(unsigned int)g.nblk, S_INT_CTA, 0, st>>>(x, payload, head, g);
-            CU_CHECK_LAUNCH("k_int_row");
+            k_int_quad<MODE><<<(unsigned int)g.nblk, S_IQ_CTA, 0, st>>>(x, payload, head, g);
+            CU_CHECK_LAUNCH("k_int_quad");
             return 0;
         }
         if (s_int_split(g)) {
