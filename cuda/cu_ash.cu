@@ -346,11 +346,8 @@ __device__ __forceinline__ uint32_t d_absbits_max8_nan(const float v[8])
     float m[4];
 #pragma unroll
     for (int r = 0; r < 4; r++)
-        asm("max.NaN.f32 %0, %1, %2;" : "=f"(m[r]) : "f"(fabsf(v[r])), "f"(fabsf(v[r + 4])));
-    asm("max.NaN.f32 %0, %0, %1;" : "+f"(m[0]) : "f"(m[1]));
-    asm("max.NaN.f32 %0, %0, %1;" : "+f"(m[2]) : "f"(m[3]));
-    asm("max.NaN.f32 %0, %0, %1;" : "+f"(m[0]) : "f"(m[2]));
-    return __float_as_uint(m[0]);
+        m[r] = d_fmax_nan(fabsf(v[r]), fabsf(v[r + 4]));
+    return __float_as_uint(d_fmax_nan(d_fmax_nan(m[0], m[1]), d_fmax_nan(m[2], m[3])));
 }
 
 __device__ __forceinline__ uint32_t d_absbits_max8(const float v[8])

@@ -97,6 +97,21 @@ __device__ __forceinline__ void d_mark(cu_hp h)
 
 __device__ __forceinline__ bool d_nonfinite(float f) { return (__float_as_uint(f) & 0x7f800000u) == 0x7f800000u; }
 
+// min and max that propagate NaN (min.NaN / max.NaN, sm_80+): a NaN operand gives the
+// canonical NaN 0x7fffffff
+__device__ __forceinline__ float d_fmin_nan(float a, float b)
+{
+    float r;
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float d_fmax_nan(float a, float b)
+{
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
 // ---- cp.async staging (round 8: TAH and int encoders) ----
 // 16 bytes global -> shared, through L2 only; groups committed and waited on per thread
 // (a warp's copies of a group are all visible once each lane has waited for it, d_cp_wait1 or

@@ -1067,12 +1067,14 @@ __global__ void __launch_bounds__(256, MINB) k_int_fused(const X *__restrict__ x
 //   step == 0: inv = 0 and t = 0. A subnormal xs - mn is exact, inv is a normal float
 //   (2^-24 <= step <= 65504). So rint(t) is already in range, as the clamped t's.
 //
-// 4 codes (lane l's elements of a group, f) in the low 16 bits: intq.c's arithmetic
+// 4 codes (4 consecutive elements of a group, f) in the low 16 bits: intq.c's arithmetic
 // without the clamp (above). The codes are the low bytes of t + K, K an even integer in
 // [2^23, 2^24) (rounding to nearest even there is rint(t)'s): asymmetric K = 1.5 * 2^23, low
 // byte rint(t) in [0, 15]; symmetric (4 bits, qmax 7) K = 1.5 * 2^23 + 8, low byte
 // rint(t) + 8 in [1, 15], less 1. Two byte permutes gather them, a shift and an or pack them.
-template <int MODE>
+// FMA (asymmetric, block exponent e <= 0, where x 2^-e is exact): x 2^-e - mn as one FMA,
+// rounded as the FMUL and FSUB are.
+template <int MODE, bool FMA>
 __device__ __forceinline__ uint32_t d_int_codes4(float4 f, float pdown, float mn, float inv)
 {
     const float v[4] = { f.x, f.y, f.z, f.w };
@@ -1080,6 +1082,7 @@ __device__ __forceinline__ uint32_t d_int_codes4(float4 f, float pdown, float mn
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const float t = MODE == M_INT_SYM ? __fmul_rn(__fmul_rn(v[r], pdown), inv)
+                        : FMA             ? __fmul_rn(__fmaf_rn(v[r], pdown, -mn), inv)
                                           : __fmul_rn(__fsub_rn(__fmul_rn(v[r], pdown), mn), inv);
         w[r] = __float_as_uint(__fadd_rn(t, MODE == M_INT_SYM ? 12582920.0f : 12582912.0f));
     }
@@ -1114,36 +1117,6 @@ __device__ __forceinline__ uint32_t d_int_codes4(float4 f, float pdown, float mn
 // shared memory (cp.async) while it quantises the current one (slower).
 #define S_IQ_CTA (4u * S_IBLK) // threads of k_int_quad: a quad per group
 
-__device__ __forceinline__ float d_fmin_nan(float a, float b)
-{
-    float r;
-    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float d_fmax_nan(float a, float b)
-{
-    float r;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
-// d_int_codes4's codes with x 2^-e - mn as one FMA (asymmetric, e <= 0: exact product)
-template <int MODE, bool FMA>
-__device__ __forceinline__ uint32_t d_int_codes4q(float4 f, float pdown, float mn, float inv)
-{
-    if constexpr (MODE == M_INT_ASYM && FMA) {
-        const float v[4] = { f.x, f.y, f.z, f.w };
-        uint32_t w[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-            w[r] = __float_as_uint(__fadd_rn(__fmul_rn(__fmaf_rn(v[r], pdown, -mn), inv), 12582912.0f));
-        const uint32_t w02 = __byte_perm(w[0], w[2], 0x0040u), w13 = __byte_perm(w[1], w[3], 0x0040u);
-        return w02 | (w13 << 4);
-    } else {
-        return d_int_codes4<MODE>(f, pdown, mn, inv);
-    }
-}
-
 // one group's codes from its quad: sq, the quad's 64 bytes in shared memory; cg, the group's
 // codes in the payload (16-byte aligned when a16)
 template <int MODE, bool FMA>
@@ -1152,7 +1125,7 @@ __device__ __forceinline__ void d_int_quad_codes(const float4 (&v)[8], uint8_t *
 {
 #pragma unroll
     for (int k = 0; k < 8; k++)
-        *(uint16_t *)(sq + 8 * k + 2 * j) = (uint16_t)d_int_codes4q<MODE, FMA>(v[k], pdown, mn, inv);
+        *(uint16_t *)(sq + 8 * k + 2 * j) = (uint16_t)d_int_codes4<MODE, FMA>(v[k], pdown, mn, inv);
     __syncwarp(0xfu << (threadIdx.x & 28u));
     const uint4 w = *(const uint4 *)(sq + 16 * j);
     if (a16) {
