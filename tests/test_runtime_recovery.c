@@ -139,6 +139,18 @@ static int s_node_of_stage(rt_t *r, uint64_t job, int stage)
     return idx;
 }
 
+static const char *const s_none[] = { NULL }; /* rt_spawn_node: no extra options */
+
+/* Spawn node `name` (no extra options) with the fault-injection setting
+ * var=value in its environment alone; returns its index into r->names. */
+static int s_spawn_with(rt_t *r, const char *name, const char *var, const char *value)
+{
+    setenv(var, value, 1);
+    const int k = rt_spawn_node(r, name, s_none);
+    unsetenv(var);
+    return k;
+}
+
 /* Every step 1..steps once, in order (tah-train's lines are 1..steps), with
  * tah-train's loss, norm and LR. */
 static void s_compare(const char *dist, const char *ref, int steps)
@@ -220,8 +232,7 @@ static void test_chaos_kill_and_leave(void **state)
     }
     if (!waited)
         fail_msg("the job does not wait for a node for stage %d after 10 s (last: %s)", leave_stage, last);
-    const char *extra[] = { NULL };
-    rt_spawn_node(&r, "spare", extra);
+    rt_spawn_node(&r, "spare", s_none);
 
     /* 3. the job finishes as if nothing happened */
     assert_true(rt_wait_job(&r, job, 240, st, sizeof st, reason, sizeof reason));
@@ -307,10 +318,7 @@ static void test_slow_last_checkpoint(void **state)
     rt_init(&r, "rt_slow_ckpt");
     rt_start_coord(&r, 1.5, 0); /* the nodes' peer timeout: 1.5 + 5 s */
     rt_start_nodes(&r, 1);
-    setenv("TAH_NODE_TEST_CKPT_DELAY_MS", "9000", 1);
-    const char *extra[] = { NULL };
-    rt_spawn_node(&r, "slow", extra);
-    unsetenv("TAH_NODE_TEST_CKPT_DELAY_MS");
+    s_spawn_with(&r, "slow", "TAH_NODE_TEST_CKPT_DELAY_MS", "9000");
     assert_true(rt_wait_nodes(&r, "idle", 2, 30));
     /* one checkpoint, after the last step */
     char ini[1024], out[4096], st[64], reason[600];
@@ -405,12 +413,9 @@ static void test_drain_while_loading(void **state)
     rt_init(&r, "rt_drain_load");
     rt_start_coord(&r, 1.5, 0); /* the nodes' peer timeout: 1.5 + 5 s */
     rt_start_nodes(&r, 1);      /* n0: stage 0, the leaver */
-    setenv("TAH_NODE_TEST_LOAD_DELAY_MS", "4000", 1);
-    const char *extra[] = { NULL };
-    rt_spawn_node(&r, "slow", extra); /* stage 1 */
-    unsetenv("TAH_NODE_TEST_LOAD_DELAY_MS");
+    s_spawn_with(&r, "slow", "TAH_NODE_TEST_LOAD_DELAY_MS", "4000"); /* stage 1 */
     assert_true(rt_wait_nodes(&r, "idle", 2, 30));
-    rt_spawn_node(&r, "spare", extra); /* joins last: not placed first */
+    rt_spawn_node(&r, "spare", s_none); /* joins last: not placed first */
     assert_true(rt_wait_nodes(&r, "idle", 3, 30));
     char ini[1024], out[4096];
     snprintf(ini, sizeof ini,
@@ -510,13 +515,10 @@ static void test_signal_while_loading(void **state)
     rt_start_coord(&r, 3.0, 0); /* peer timeout 8 s: stage 0 waits in step 1 for the 4 s load */
     setenv("OPENBLAS_NUM_THREADS", "1", 1); /* no pool started before main, whose threads take signals */
     rt_start_nodes(&r, 1);                  /* n0: stage 0 */
-    setenv("TAH_NODE_TEST_LOAD_DELAY_MS", "4000", 1);
-    const char *extra[] = { NULL };
-    int slow = rt_spawn_node(&r, "slow", extra); /* stage 1, the leaver */
-    unsetenv("TAH_NODE_TEST_LOAD_DELAY_MS");
+    int slow = s_spawn_with(&r, "slow", "TAH_NODE_TEST_LOAD_DELAY_MS", "4000"); /* stage 1, the leaver */
     unsetenv("OPENBLAS_NUM_THREADS");
     assert_true(rt_wait_nodes(&r, "idle", 2, 30));
-    rt_spawn_node(&r, "spare", extra); /* joins last: not placed first */
+    rt_spawn_node(&r, "spare", s_none); /* joins last: not placed first */
     assert_true(rt_wait_nodes(&r, "idle", 3, 30));
     char ini[1024], out[4096];
     snprintf(ini, sizeof ini,
@@ -627,16 +629,13 @@ static uint64_t s_fetch_setup(rt_t *r, const char *name)
 {
     rt_init(r, name);
     rt_start_coord(r, 3.0, 0);
-    setenv("TAH_NODE_TEST_FETCH_DELAY_MS", "3000", 1);
-    const char *extra[] = { NULL };
-    rt_spawn_node(r, "slow", extra); /* index 0, stage 0 */
-    unsetenv("TAH_NODE_TEST_FETCH_DELAY_MS");
+    s_spawn_with(r, "slow", "TAH_NODE_TEST_FETCH_DELAY_MS", "3000"); /* index 0, stage 0 */
     assert_true(rt_wait_nodes(r, "idle", 1, 30));
-    rt_spawn_node(r, "n1", extra); /* index 1, stage 1 */
+    rt_spawn_node(r, "n1", s_none); /* index 1, stage 1 */
     assert_true(rt_wait_nodes(r, "idle", 2, 30));
-    rt_spawn_node(r, "sp1", extra); /* index 2 */
+    rt_spawn_node(r, "sp1", s_none); /* index 2 */
     assert_true(rt_wait_nodes(r, "idle", 3, 30));
-    rt_spawn_node(r, "sp2", extra); /* index 3 */
+    rt_spawn_node(r, "sp2", s_none); /* index 3 */
     assert_true(rt_wait_nodes(r, "idle", 4, 30));
     char ini[1024], out[4096];
     snprintf(ini, sizeof ini, s_job, S_STEPS, 2);
@@ -711,10 +710,7 @@ static void test_lost_message_stall(void **state)
     rt_init(&r, "rt_stall");
     rt_start_coord(&r, 3.0, 0);
     rt_start_nodes(&r, 1); /* n0: stage 0 */
-    setenv("TAH_NODE_TEST_DROP_STEP", "8", 1);
-    const char *extra[] = { NULL };
-    rt_spawn_node(&r, "lossy", extra); /* stage 1 */
-    unsetenv("TAH_NODE_TEST_DROP_STEP");
+    s_spawn_with(&r, "lossy", "TAH_NODE_TEST_DROP_STEP", "8"); /* stage 1 */
     assert_true(rt_wait_nodes(&r, "idle", 2, 30));
     char ini[1024], out[4096], st[64], reason[512];
     int n = snprintf(ini, sizeof ini, s_job, S_STEPS, 2);
@@ -761,12 +757,9 @@ static void test_second_signal_while_loading(void **state)
     rt_init(&r, "rt_sig2_load");
     rt_start_coord(&r, 3.0, 0);
     rt_start_nodes(&r, 1); /* n0: stage 0 */
-    setenv("TAH_NODE_TEST_LOAD_DELAY_MS", "4000", 1);
-    const char *extra[] = { NULL };
-    int slow = rt_spawn_node(&r, "slow", extra); /* stage 1 */
-    unsetenv("TAH_NODE_TEST_LOAD_DELAY_MS");
+    int slow = s_spawn_with(&r, "slow", "TAH_NODE_TEST_LOAD_DELAY_MS", "4000"); /* stage 1 */
     assert_true(rt_wait_nodes(&r, "idle", 2, 30));
-    rt_spawn_node(&r, "spare", extra);
+    rt_spawn_node(&r, "spare", s_none);
     assert_true(rt_wait_nodes(&r, "idle", 3, 30));
     char ini[1024], out[4096];
     snprintf(ini, sizeof ini,
