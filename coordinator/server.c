@@ -1261,6 +1261,13 @@ static void s_on_job_event(coord_t *c, cnode_t *n, const Tah__JobEvent *e)
         break;
     default: /* aborted: on our request while paused, else it left without draining */
         log_info("job %lld: node %s stopped (%.200s)", (long long)j->j.id, n->name, e->reason);
+        if (stage >= 0 && e->lost_stage == stage) {
+            /* naming its own stage: its stage was stuck and the node exits (tah-node
+             * --stop-timeout); not placed again until it announces itself anew */
+            log_warn("job %lld: node %s gives up stage %d and exits: %.300s", (long long)j->j.id, n->name, stage,
+                     e->reason);
+            n->leaving = 1;
+        }
         if (running) {
             n->leaving = 1;
             snprintf(reason, sizeof reason, "node %s left at step %d (%.300s)", n->name, e->step, e->reason);
@@ -1857,7 +1864,7 @@ static void s_check_stall(coord_t *c, cjob_t *j, double now)
     char detail[512];
     snprintf(detail, sizeof detail,
              "stalled in step %d: no step report or checkpoint chunk for %.0f s (stall limit %.0f s: a data message "
-             "lost between stages?)",
+             "lost between stages, or a stage stuck?)",
              j->j.step + 1, now - j->progress_at, limit);
     s_job_pause(c, j, "stalled", "", -1, j->j.step + 1, detail);
     s_try_place(c);

@@ -109,6 +109,9 @@ typedef struct agent {
     int npeers;
     double heard[3];              /* last message from: [0] upstream [1] downstream [2] tied partner */
     int stop_kind;          /* NODE_ABORTED or NODE_FAILED while STOPPING */
+    double stop_at;         /* when STOPPING began */
+    double runner_mark;     /* the runner's start or its latest step report */
+    double runner_gap;      /* the longest time between those in this job (s_tick: a stuck runner) */
     int lost_stage;
     char stop_reason[512];
     atomic_ullong rejected;
@@ -390,6 +393,7 @@ static void s_abort(agent_t *a, int kind, int lost_stage, const char *reason)
     zmq_send(a->pipe, reason, strlen(reason), ZMQ_DONTWAIT);
     log_info("job %llu: stopping stage %d: %s", (unsigned long long)a->job->id, a->job->stage, reason);
     a->state = A_STOPPING;
+    a->stop_at = s_now();
 }
 
 /* A fresh runner pipe for each job: a PAIR socket takes one peer, and the
@@ -426,6 +430,8 @@ static void s_start_runner(agent_t *a)
     }
     a->thread_started = 1;
     a->state = A_LOADING;
+    a->runner_mark = s_now();
+    a->runner_gap = 0.0;
 }
 
 /* ---- checkpoint replicas ---- */
@@ -1309,6 +1315,11 @@ static void s_on_pipe(agent_t *a)
         }
         break;
     case 'R':
+        if (n == 2 && (a->state == A_RUNNING || a->state == A_STOPPING)) {
+            const double now = s_now();
+            a->runner_gap = fmax(a->runner_gap, now - a->runner_mark);
+            a->runner_mark = now;
+        }
         if (n == 2 && a->state == A_RUNNING) {
             /* while a restarted coordinator decides whether it keeps our
              * stage, reports wait in the backlog (then go in step order) */
@@ -1357,9 +1368,43 @@ static void s_send_ping(agent_t *a)
     a->last_ping = s_now();
 }
 
+/* The runner has not answered a stop request (Abort, a silent neighbour or
+ * coordinator, a second signal) for `waited` s while still in its step
+ * loop: it is stuck, as in a device call that never returns (a hung kernel,
+ * a collective whose peer died). Its thread cannot be joined or cancelled,
+ * and ZeroMQ's context cannot end while its pipe socket is open, so the
+ * node tells the coordinator that it is leaving the job (Aborted naming its
+ * own stage: the coordinator moves the stage and does not place this node
+ * again until it announces itself anew) and exits with status 1 at once. */
+static void s_stuck(agent_t *a, double waited)
+{
+    node_job_t *j = a->job;
+    char reason[900];
+    snprintf(reason, sizeof reason,
+             "stage %d stuck in step %d: no stop %.0f s after the request (%.300s); the node exits", j->stage,
+             atomic_load(&j->cur_step), waited, a->stop_reason);
+    log_error("job %llu: %s; HINT: a device call that never returns (check the GPU: nvidia-smi), or "
+              "--stop-timeout too short for this machine's steps",
+              (unsigned long long)j->id, reason);
+    s_send_event(a, TAH__JOB_EVENT_KIND__EVENT_ABORTED, atomic_load(&j->cur_step), reason, j->stage);
+    nanosleep(&(struct timespec){ 0, 500000000 }, NULL); /* ZeroMQ's I/O thread sends the event */
+    if (a->o->pid_file)
+        unlink(a->o->pid_file);
+    fflush(NULL);
+    _exit(1);
+}
+
 static void s_tick(agent_t *a)
 {
     double now = s_now();
+    /* a stop that the runner does not act on: its allowance is the node's
+     * --stop-timeout, or three times its slowest step so far if that is
+     * more (the runner looks at the request between the parts of a step);
+     * once it has left its step loop only its last checkpoint is left to
+     * write, which a slow disk may take long over */
+    if (a->state == A_STOPPING && a->o->stop_timeout > 0 && a->job && !atomic_load(&a->job->steps_over) &&
+        now - a->stop_at > fmax(a->o->stop_timeout, 3.0 * a->runner_gap))
+        s_stuck(a, now - a->stop_at);
     if (a->state == A_ANNOUNCING && now - a->last_hello > 2.0) {
         if (++a->unanswered == 5)
             log_warn("no answer from the coordinator to 5 hellos; HINT: is it running? a secure coordinator needs "

@@ -2,7 +2,7 @@
  *
  *   tah-node join --coordinator HOST:PORT [--name N] [--listen HOST:PORT]
  *                 [--advertise HOST[:PORT]] [--threads N] [--device cpu|cuda:K|cuda:K,L,...] [-v]
- *                 [--pid-file FILE] [--tp N]
+ *                 [--pid-file FILE] [--tp N] [--coord-timeout SEC] [--stop-timeout SEC]
  *                 [--coordinator-key FILE|Z85 [--key FILE] [--token T]]
  *   tah-node leave --pid-file FILE [--timeout SEC]
  *   tah-node keygen [--out DIR]
@@ -13,7 +13,8 @@
  * the job checkpoints, the coordinator moves the stage, then the node
  * exits (a second signal stops at once). `leave` sends that signal to the
  * node of a pid file and waits for it to exit. Exit status: 0 after a
- * signal, 1 runtime error (cannot bind, refused by the coordinator), 2 usage. */
+ * signal, 1 runtime error (cannot bind, refused by the coordinator, a stage
+ * stuck past --stop-timeout), 2 usage. */
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -57,6 +58,9 @@ static const char *s_usage =
     "  --device D      cpu (default) or cuda:K: run the assigned stage on GPU K (job option precision =\n"
     "                  fp32|bf16); with tp N on GPUs K..K+N-1, or on a list cuda:K,L,... of N GPUs (--tp N)\n"
     "  --coord-timeout SEC  coordinator silence that stops the current job (30)\n"
+    "  --stop-timeout SEC   a stage that has not stopped SEC s after a stop request (and three times its\n"
+    "                  slowest step) is stuck, e.g. in a GPU call that never returns: the node tells the\n"
+    "                  coordinator, which moves the stage, and exits with status 1 (120; 0: wait forever)\n"
     "  --coordinator-key K  the secure coordinator's public key (its STATE_DIR/coord.pub, or\n"
     "                  the 40 Z85 characters); without it the link is plaintext (`serve --open`)\n"
     "  --key FILE      this node's secret key (tah-node keygen; default: a one-off key)\n"
@@ -206,7 +210,7 @@ int main(int argc, char **argv)
     if (argc < 2 || strcmp(argv[1], "join") != 0)
         return s_usage_error("the command is `join`, `leave` or `keygen`", NULL);
     s_single_thread_blas(argv);
-    node_opts_t o = { .listen = "127.0.0.1:0", .threads = 1, .coord_timeout = 30.0 };
+    node_opts_t o = { .listen = "127.0.0.1:0", .threads = 1, .coord_timeout = 30.0, .stop_timeout = 120.0 };
     const char *device = "cpu", *pidfile = NULL;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
@@ -256,6 +260,10 @@ int main(int argc, char **argv)
             o.coord_timeout = strtod(v, &end);
             if (*end || end == v || !isfinite(o.coord_timeout) || o.coord_timeout < 1)
                 return s_usage_error("--coord-timeout wants seconds >= 1, got", v);
+        } else if (!strcmp(a, "--stop-timeout")) {
+            o.stop_timeout = strtod(v, &end);
+            if (*end || end == v || !isfinite(o.stop_timeout) || o.stop_timeout < 0 || o.stop_timeout > 1e7)
+                return s_usage_error("--stop-timeout wants seconds, 0..1e7, got", v);
         } else
             return s_usage_error("unknown option", a);
     }
@@ -320,6 +328,7 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+    o.pid_file = pidfile;
     int rc = node_agent_run(&o);
     if (pidfile)
         unlink(pidfile);

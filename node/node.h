@@ -96,6 +96,9 @@ typedef struct node_opts {
     int ndevices, devices[TP_MAX]; /* --device cuda:K,L,...: one GPU per tensor-parallel rank (ndevices = tp) */
     int tp;                        /* --tp N: tensor-parallel degree of the stages it runs (0: the job's) */
     double coord_timeout;          /* s */
+    double stop_timeout;           /* s a stage may take to stop when asked (0: no limit); past it and
+                                      three times its slowest step, the node exits (agent.c: s_stuck) */
+    const char *pid_file;          /* --pid-file (removed at exit), or NULL */
     const char *coordinator_key;   /* secure coordinator: its public key (Z85 or file); NULL: plaintext */
     const char *key_file;          /* our secret key (tah-node keygen); NULL: a one-off key */
     const char *token;             /* join token sent in hello, or NULL */
@@ -109,7 +112,7 @@ int node_agent_run(const node_opts_t *o);
 
 /* A test-only fault-injection setting from the environment variable `name`
  * (TAH_NODE_TEST_CKPT_DELAY_MS, _LOAD_DELAY_MS, _FETCH_DELAY_MS in ms;
- * _DROP_STEP, a step): *v = 0 when it is unset; a value outside 0..600000
+ * _DROP_STEP, _HANG_STEP, a step): *v = 0 when it is unset; a value outside 0..600000
  * is an error (message in err). */
 int node_test_setting(const char *name, long *v, char *err, size_t errlen);
 

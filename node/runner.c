@@ -118,6 +118,7 @@ typedef struct runner {
     double t_start;
     long ckpt_delay_ms;      /* TAH_NODE_TEST_CKPT_DELAY_MS (tests: a slow disk) */
     long drop_step;          /* TAH_NODE_TEST_DROP_STEP (tests: a message lost on the way) */
+    long hang_step;          /* TAH_NODE_TEST_HANG_STEP (tests: a device call that never returns) */
     int profile;             /* TAH_NODE_PROFILE=1 */
     int trace;               /* TAH_NODE_TRACE=1: a log line per data message sent (its payload's CRC);
                                 =mem: the same lines once the job ends */
@@ -1014,6 +1015,11 @@ static int s_setup(runner_t *r, int *start)
      * on a reset connection; the coordinator's stall watchdog recovers) */
     if (node_test_setting("TAH_NODE_TEST_DROP_STEP", &r->drop_step, err, sizeof err) != 0)
         goto fail;
+    /* TAH_NODE_TEST_HANG_STEP=N: step N never ends and the runner never looks
+     * at an abort again (fault injection for tests: a GPU call that does not
+     * return; the agent's --stop-timeout ends the process) */
+    if (node_test_setting("TAH_NODE_TEST_HANG_STEP", &r->hang_step, err, sizeof err) != 0)
+        goto fail;
     /* TAH_NODE_TEST_LOAD_DELAY_MS=N: loading the stage takes N ms longer
      * (fault injection for tests: a slow disk or a big model; the agent
      * stays in LOADING meanwhile). The wait ends early on an abort. */
@@ -1170,6 +1176,12 @@ void *node_runner_main(void *arg)
         if (late > 0 && late < s1) {
             drained = s1 - 1;
             break;
+        }
+        if (r->hang_step > 0 && s1 == r->hang_step) {
+            log_warn("job %llu step %d: TAH_NODE_TEST_HANG_STEP: stage %d hangs for good", (unsigned long long)j->id,
+                     s1, k);
+            for (;;)
+                nanosleep(&(struct timespec){ 1, 0 }, NULL);
         }
         s_purge(r, s1);
         const uint64_t pos_before = r->data_pos; /* the data position after step s1 - 1 */

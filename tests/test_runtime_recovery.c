@@ -57,7 +57,13 @@
  *                     connection loses what was in flight): every stage
  *                     waits while the nodes still ping each other; the
  *                     coordinator's stall watchdog rolls the job back on the
- *                     same nodes and it ends with tah-train's losses. */
+ *                     same nodes and it ends with tah-train's losses.
+ *   stuck stage       a node's stage never finishes a step and never looks
+ *                     at an abort again (a GPU call that does not return):
+ *                     after the stall watchdog's abort and its own
+ *                     --stop-timeout the node gives the stage up and exits
+ *                     1; the spare takes the stage and the job ends with
+ *                     tah-train's losses. */
 #include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
@@ -745,6 +751,63 @@ static void test_lost_message_stall(void **state)
     assert_int_equal(rt_stop(&r), 0);
 }
 
+/* A stage stuck for good (TAH_NODE_TEST_HANG_STEP: the node of stage 1
+ * never finishes step 8 and never looks at an abort again, as in a GPU call
+ * that does not return). The coordinator's stall watchdog (stall_timeout =
+ * 3 s) aborts both stages; the stuck node's agent waits out its
+ * --stop-timeout (2 s), tells the coordinator that it gives stage 1 up and
+ * exits with status 1. The coordinator does not place it again: the spare
+ * takes stage 1 in the rollback, and the job ends with tah-train's losses. */
+static void test_stuck_stage(void **state)
+{
+    (void)state;
+    rt_t r;
+    rt_init(&r, "rt_stuck");
+    rt_start_coord(&r, 3.0, 0);
+    rt_start_nodes(&r, 1); /* n0: stage 0 */
+    static const char *const stop2[] = { "--stop-timeout", "2", NULL };
+    setenv("TAH_NODE_TEST_HANG_STEP", "8", 1);
+    const int stuck = rt_spawn_node(&r, "stuck", stop2); /* stage 1 */
+    unsetenv("TAH_NODE_TEST_HANG_STEP");
+    assert_true(rt_wait_nodes(&r, "idle", 2, 30));
+    rt_spawn_node(&r, "spare", s_none);
+    assert_true(rt_wait_nodes(&r, "idle", 3, 30));
+    char ini[1024], out[4096], st[64], reason[512];
+    int n = snprintf(ini, sizeof ini, s_job, S_STEPS, 2);
+    snprintf(ini + n, sizeof ini - (size_t)n, "stall_timeout = 3\n");
+    uint64_t job = rt_submit(&r, rt_write(&r, "stuck.ini", ini), out, sizeof out);
+    assert_true(job > 0);
+    assert_true(rt_wait_job(&r, job, 120, st, sizeof st, reason, sizeof reason));
+    if (strcmp(st, "succeeded") != 0)
+        fail_msg("job: %s: %s", st, reason);
+    int rc = rt_node_exit(&r, stuck, 30);
+    if (rc != 1)
+        fail_msg("the stuck node exited with %d (want 1: it gave its stage up)", rc);
+    assert_true(rt_log_has(&r, "stuck.log", "TAH_NODE_TEST_HANG_STEP: stage 1 hangs"));
+    assert_true(rt_log_has(&r, "stuck.log", "stage 1 stuck in step 8: no stop 2 s after the request"));
+    assert_true(rt_log_has(&r, "coord.log", "node stuck gives up stage 1 and exits"));
+    Tah__Envelope *e = rt_status(&r, job);
+    Tah__JobInfo *j = s_job_info(e);
+    assert_non_null(j);
+    char metrics[1200];
+    snprintf(metrics, sizeof metrics, "%s", j->metrics_path);
+    int stalled = 0, moved = 0;
+    for (size_t i = 0; i < j->n_events; i++) {
+        const Tah__EventInfo *ev = j->events[i];
+        printf("event %s step %d node %s stage %d: %s\n", ev->kind, ev->step, ev->node, ev->stage, ev->detail);
+        stalled += !strcmp(ev->kind, "stalled") && ev->step == 8;
+        moved += !strcmp(ev->kind, "resumed") && strstr(ev->detail, "stage 1: stuck -> spare") != NULL;
+    }
+    wire_envelope_free(&e);
+    if (stalled != 1 || moved != 1)
+        fail_msg("%d stalled events at step 8, %d resumes moving stage 1 to the spare (want 1, 1)", stalled, moved);
+    char ref[700];
+    snprintf(ref, sizeof ref, "%s/stuck.ref.jsonl", r.dir);
+    s_reference(&r, 2, ref);
+    s_compare(metrics, ref, S_STEPS);
+    assert_int_equal(rt_stop(&r), 0);
+}
+
 /* A second signal is a hard stop, also while the stage loads: the node
  * stops at once (event node_left, the job rolls back and the spare takes
  * the stage), and exits 0. Its neighbour's messages already wait in its
@@ -800,6 +863,7 @@ int main(void)
         cmocka_unit_test(test_drain_while_fetching),
         cmocka_unit_test(test_signal_while_fetching),
         cmocka_unit_test(test_lost_message_stall),
+        cmocka_unit_test(test_stuck_stage),
     };
     const char *only = getenv("TAH_TEST_FILTER"); /* one test by name (a glob), e.g. test_drain_while_loading */
     if (only)
