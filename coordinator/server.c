@@ -95,9 +95,10 @@ typedef struct cjob {
     crep_t *reps;
     int nreps, capreps;
     /* stall watchdog: the latest sign of progress (placement, a step report,
-     * a checkpoint chunk either way); the last stage's latest step report
-     * (0: none since placement) and the slowest step seen (s) */
-    double progress_at, step_at, slowest_s;
+     * a checkpoint chunk either way) and the last stage's latest step report
+     * (0: none since placement); the slowest step seen is j.slowest_s (stored:
+     * a restarted coordinator keeps its measure of a job's slow steps) */
+    double progress_at, step_at;
 } cjob_t;
 
 /* What status says about a job's link settings: rate, delay and which
@@ -869,8 +870,10 @@ static void s_step_report(coord_t *c, cnode_t *n, const Tah__StepReport *r)
             took = j->progress_at - j->step_at;
         j->step_at = j->progress_at;
     }
-    if (took > j->slowest_s)
-        j->slowest_s = took;
+    if (took > j->j.slowest_s) {
+        j->j.slowest_s = took;
+        s_job_save(c, j);
+    }
     if (!j->agg)
         return;
     cagg_t *a = &j->agg[r->step % S_AGG];
@@ -1858,7 +1861,7 @@ static void s_check_stall(coord_t *c, cjob_t *j, double now)
 {
     if (!j->spec || j->adopting || strcmp(j->j.state, "running") != 0)
         return;
-    const double limit = jobfile_stall_limit(j->spec->stall_timeout, j->step_at > 0, j->slowest_s);
+    const double limit = jobfile_stall_limit(j->spec->stall_timeout, j->step_at > 0, j->j.slowest_s);
     if (limit == 0 || now - j->progress_at <= limit)
         return;
     char detail[512];
@@ -1940,6 +1943,8 @@ static void s_load_job(void *arg, store_job_t *sj)
         return;
     j->j = *sj;
     j->j.ini = strdup(sj->ini);
+    if (!(j->j.slowest_s >= 0.0 && j->j.slowest_s <= 1e7)) /* a damaged record: measure anew */
+        j->j.slowest_s = 0.0;
     c->jobs[c->njobs++] = j;
     int live = !strcmp(j->j.state, "running") || !strcmp(j->j.state, "paused");
     if (live) {

@@ -40,6 +40,7 @@ static const char *const s_added_columns[] = {
     "ALTER TABLE jobs ADD COLUMN ckpt_step INTEGER DEFAULT 0",
     "ALTER TABLE jobs ADD COLUMN epoch INTEGER DEFAULT 0",
     "ALTER TABLE jobs ADD COLUMN recoveries INTEGER DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN slowest_s REAL DEFAULT 0",
 };
 
 store_t *store_open(const char *path, char *err, size_t errlen)
@@ -141,7 +142,8 @@ int store_job_update(store_t *s, const store_job_t *j, char *err, size_t errlen)
 {
     sqlite3_stmt *st = NULL;
     const char *sql = "UPDATE jobs SET state=?, reason=?, step=?, loss=?, has_loss=?, tokens_per_s=?,"
-                      " metrics_path=?, started=?, finished=?, ckpt_step=?, epoch=?, recoveries=? WHERE id=?";
+                      " metrics_path=?, started=?, finished=?, ckpt_step=?, epoch=?, recoveries=?, slowest_s=?"
+                      " WHERE id=?";
     if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
         return s_fail(s, "prepare update job", err, errlen);
     sqlite3_bind_text(st, 1, j->state, -1, SQLITE_TRANSIENT);
@@ -156,7 +158,8 @@ int store_job_update(store_t *s, const store_job_t *j, char *err, size_t errlen)
     sqlite3_bind_int(st, 10, j->ckpt_step);
     sqlite3_bind_int(st, 11, j->epoch);
     sqlite3_bind_int(st, 12, j->recoveries);
-    sqlite3_bind_int64(st, 13, j->id);
+    sqlite3_bind_double(st, 13, j->slowest_s);
+    sqlite3_bind_int64(st, 14, j->id);
     int rc = sqlite3_step(st);
     sqlite3_finalize(st);
     return rc == SQLITE_DONE ? 0 : s_fail(s, "update job", err, errlen);
@@ -172,7 +175,8 @@ int store_jobs_each(store_t *s, void (*fn)(void *arg, store_job_t *j), void *arg
 {
     sqlite3_stmt *st = NULL;
     const char *sql = "SELECT id, name, ini, base_dir, stages, steps, state, reason, step, loss, has_loss,"
-                      " tokens_per_s, metrics_path, submitted, started, finished, ckpt_step, epoch, recoveries FROM jobs"
+                      " tokens_per_s, metrics_path, submitted, started, finished, ckpt_step, epoch, recoveries, slowest_s"
+                      " FROM jobs"
                       " ORDER BY id";
     if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
         return s_fail(s, "prepare select jobs", err, errlen);
@@ -200,6 +204,7 @@ int store_jobs_each(store_t *s, void (*fn)(void *arg, store_job_t *j), void *arg
         j.ckpt_step = sqlite3_column_int(st, 16);
         j.epoch = sqlite3_column_int(st, 17);
         j.recoveries = sqlite3_column_int(st, 18);
+        j.slowest_s = sqlite3_column_double(st, 19);
         fn(arg, &j);
         free(j.ini);
     }

@@ -37,6 +37,7 @@ typedef struct store_job {
     int ckpt_step;             /* last step for which every stage has a replicated checkpoint */
     int epoch;                 /* placements so far (1 = first); Assign carries it */
     int recoveries;            /* re-placements after a loss, leave or eviction */
+    double slowest_s;          /* the stall watchdog's slowest step so far (s), kept over restarts */
 } store_job_t;
 
 typedef struct store_event {
