@@ -704,6 +704,36 @@ static void test_signal_while_fetching(void **state)
     assert_int_equal(rt_stop(&r), 0);
 }
 
+/* Submit the 2-stage job with stall_timeout = 3 s as `file` and wait for it
+ * to succeed; returns its id. */
+static uint64_t s_run_stall_job(rt_t *r, const char *file)
+{
+    char ini[1024], out[4096], st[64], reason[512];
+    int n = snprintf(ini, sizeof ini, s_job, S_STEPS, 2);
+    snprintf(ini + n, sizeof ini - (size_t)n, "stall_timeout = 3\n");
+    uint64_t job = rt_submit(r, rt_write(r, file, ini), out, sizeof out);
+    assert_true(job > 0);
+    assert_true(rt_wait_job(r, job, 120, st, sizeof st, reason, sizeof reason));
+    if (strcmp(st, "succeeded") != 0)
+        fail_msg("job: %s: %s", st, reason);
+    return job;
+}
+
+/* The job's metrics.jsonl against an uninterrupted 2-stage tah-train run
+ * (written as DIR/ref). */
+static void s_same_losses(rt_t *r, uint64_t job, const char *ref)
+{
+    Tah__Envelope *e = rt_status(r, job);
+    Tah__JobInfo *j = s_job_info(e);
+    assert_non_null(j);
+    char metrics[1200], path[700];
+    snprintf(metrics, sizeof metrics, "%s", j->metrics_path);
+    wire_envelope_free(&e);
+    snprintf(path, sizeof path, "%s/%s", r->dir, ref);
+    s_reference(r, 2, path);
+    s_compare(metrics, path, S_STEPS);
+}
+
 /* A data message lost between stages (TAH_NODE_TEST_DROP_STEP: the node of
  * stage 1 does not send its first message of step 8) leaves both stages
  * waiting while their agents still ping each other. The coordinator's stall
@@ -718,20 +748,11 @@ static void test_lost_message_stall(void **state)
     rt_start_nodes(&r, 1); /* n0: stage 0 */
     s_spawn_with(&r, "lossy", "TAH_NODE_TEST_DROP_STEP", "8"); /* stage 1 */
     assert_true(rt_wait_nodes(&r, "idle", 2, 30));
-    char ini[1024], out[4096], st[64], reason[512];
-    int n = snprintf(ini, sizeof ini, s_job, S_STEPS, 2);
-    snprintf(ini + n, sizeof ini - (size_t)n, "stall_timeout = 3\n");
-    uint64_t job = rt_submit(&r, rt_write(&r, "stall.ini", ini), out, sizeof out);
-    assert_true(job > 0);
-    assert_true(rt_wait_job(&r, job, 120, st, sizeof st, reason, sizeof reason));
-    if (strcmp(st, "succeeded") != 0)
-        fail_msg("job: %s: %s", st, reason);
+    uint64_t job = s_run_stall_job(&r, "stall.ini");
     assert_true(rt_log_has(&r, "lossy.log", "TAH_NODE_TEST_DROP_STEP"));
     Tah__Envelope *e = rt_status(&r, job);
     Tah__JobInfo *j = s_job_info(e);
     assert_non_null(j);
-    char metrics[1200];
-    snprintf(metrics, sizeof metrics, "%s", j->metrics_path);
     int stalled = 0, lost = 0, resumed = 0;
     for (size_t i = 0; i < j->n_events; i++) {
         const Tah__EventInfo *ev = j->events[i];
@@ -744,10 +765,7 @@ static void test_lost_message_stall(void **state)
     if (stalled != 1 || lost || resumed < 1)
         fail_msg("%d stalled events at step 8, %d lost nodes, %d resumes on the same nodes (want 1, 0, >= 1)",
                  stalled, lost, resumed);
-    char ref[700];
-    snprintf(ref, sizeof ref, "%s/stall.ref.jsonl", r.dir);
-    s_reference(&r, 2, ref);
-    s_compare(metrics, ref, S_STEPS);
+    s_same_losses(&r, job, "stall.ref.jsonl");
     assert_int_equal(rt_stop(&r), 0);
 }
 
@@ -772,14 +790,7 @@ static void test_stuck_stage(void **state)
     assert_true(rt_wait_nodes(&r, "idle", 2, 30));
     rt_spawn_node(&r, "spare", s_none);
     assert_true(rt_wait_nodes(&r, "idle", 3, 30));
-    char ini[1024], out[4096], st[64], reason[512];
-    int n = snprintf(ini, sizeof ini, s_job, S_STEPS, 2);
-    snprintf(ini + n, sizeof ini - (size_t)n, "stall_timeout = 3\n");
-    uint64_t job = rt_submit(&r, rt_write(&r, "stuck.ini", ini), out, sizeof out);
-    assert_true(job > 0);
-    assert_true(rt_wait_job(&r, job, 120, st, sizeof st, reason, sizeof reason));
-    if (strcmp(st, "succeeded") != 0)
-        fail_msg("job: %s: %s", st, reason);
+    uint64_t job = s_run_stall_job(&r, "stuck.ini");
     int rc = rt_node_exit(&r, stuck, 30);
     if (rc != 1)
         fail_msg("the stuck node exited with %d (want 1: it gave its stage up)", rc);
@@ -789,8 +800,6 @@ static void test_stuck_stage(void **state)
     Tah__Envelope *e = rt_status(&r, job);
     Tah__JobInfo *j = s_job_info(e);
     assert_non_null(j);
-    char metrics[1200];
-    snprintf(metrics, sizeof metrics, "%s", j->metrics_path);
     int stalled = 0, moved = 0;
     for (size_t i = 0; i < j->n_events; i++) {
         const Tah__EventInfo *ev = j->events[i];
@@ -801,10 +810,7 @@ static void test_stuck_stage(void **state)
     wire_envelope_free(&e);
     if (stalled != 1 || moved != 1)
         fail_msg("%d stalled events at step 8, %d resumes moving stage 1 to the spare (want 1, 1)", stalled, moved);
-    char ref[700];
-    snprintf(ref, sizeof ref, "%s/stuck.ref.jsonl", r.dir);
-    s_reference(&r, 2, ref);
-    s_compare(metrics, ref, S_STEPS);
+    s_same_losses(&r, job, "stuck.ref.jsonl");
     assert_int_equal(rt_stop(&r), 0);
 }
 
