@@ -24,5 +24,8 @@ check "not signalled" 0 "" -- kill -0 "$victim"
 kill "$victim" 2>/dev/null
 check "advertise port" 2 "--advertise wants" -- "$node" join --coordinator 127.0.0.1:1 --advertise host:99999
 check "advertise junk" 2 "--advertise wants" -- "$node" join --coordinator 127.0.0.1:1 --advertise host:12x
+check "stop timeout negative" 2 "--stop-timeout wants" -- "$node" join --coordinator 127.0.0.1:1 --stop-timeout -1
+check "stop timeout junk" 2 "--stop-timeout wants" -- "$node" join --coordinator 127.0.0.1:1 --stop-timeout 5s
+check "stop timeout nan" 2 "--stop-timeout wants" -- "$node" join --coordinator 127.0.0.1:1 --stop-timeout nan
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
