@@ -147,14 +147,21 @@ static int s_node_of_stage(rt_t *r, uint64_t job, int stage)
 
 static const char *const s_none[] = { NULL }; /* rt_spawn_node: no extra options */
 
-/* Spawn node `name` (no extra options) with the fault-injection setting
- * var=value in its environment alone; returns its index into r->names. */
-static int s_spawn_with(rt_t *r, const char *name, const char *var, const char *value)
+/* Spawn node `name` with the options `extra` (rt_spawn_node) and the
+ * fault-injection setting var=value in its environment alone; returns its
+ * index into r->names. */
+static int s_spawn_opts(rt_t *r, const char *name, const char *var, const char *value, const char *const extra[])
 {
     setenv(var, value, 1);
-    const int k = rt_spawn_node(r, name, s_none);
+    const int k = rt_spawn_node(r, name, extra);
     unsetenv(var);
     return k;
+}
+
+/* The same with no extra options. */
+static int s_spawn_with(rt_t *r, const char *name, const char *var, const char *value)
+{
+    return s_spawn_opts(r, name, var, value, s_none);
 }
 
 /* Every step 1..steps once, in order (tah-train's lines are 1..steps), with
@@ -784,9 +791,7 @@ static void test_stuck_stage(void **state)
     rt_start_coord(&r, 3.0, 0);
     rt_start_nodes(&r, 1); /* n0: stage 0 */
     static const char *const stop2[] = { "--stop-timeout", "2", NULL };
-    setenv("TAH_NODE_TEST_HANG_STEP", "8", 1);
-    const int stuck = rt_spawn_node(&r, "stuck", stop2); /* stage 1 */
-    unsetenv("TAH_NODE_TEST_HANG_STEP");
+    const int stuck = s_spawn_opts(&r, "stuck", "TAH_NODE_TEST_HANG_STEP", "8", stop2); /* stage 1 */
     assert_true(rt_wait_nodes(&r, "idle", 2, 30));
     rt_spawn_node(&r, "spare", s_none);
     assert_true(rt_wait_nodes(&r, "idle", 3, 30));
