@@ -13,10 +13,11 @@
 //   __shfl_xor_sync(lane ^ 1 .. lane ^ 8); max|z| a shuffle reduction;
 //   codes: 4 hardware cvt.rn.satfinite.e4m3x2 per lane, one 8-byte store.
 //
-// The RMS is a double sum in codecs/ash.c's order (8 lanes i % 8, the tail
-// in lane 0, then ((0+1)+(2+3))+((4+5)+(6+7))), so alpha is the CPU's to the
-// bit: the lane's squares go to shared memory and lanes 0..7 of the
-// segment each add one of the 8 chains serially.
+// The sum of squares S is codecs/ash.c's pairwise tree, so alpha is the
+// CPU's to the bit: each lane's 8 squares as a tree of 8 in registers, then
+// __shfl_xor_sync 1, 2, ... pairs the neighbouring lanes' sums level by level
+// (d_sumsq_seg). Outside [2^-64, FLT_MAX] (rare: ash.c's header) the same tree
+// again, of x scaled by 2^80 or 2^-80.
 //
 // block >= 512: one CTA of 256 threads per block, the block in a buffer
 // (shared memory up to 8192 elements, else a slice of the scratch), the
@@ -31,7 +32,7 @@
 
 #include "cu_common.cuh"
 
-#define S_CTA 256u
+#define S_CTA 256u // k_ash_enc_cta adds its 8 warps' sums as a tree of 8
 #define S_SMEM_MAX 8192u  // block elements kept in shared memory (32 KB)
 #define S_BIG_GRID 256u   // CTAs of the scratch-buffer path (n > S_SMEM_MAX)
 
@@ -117,6 +118,55 @@ __device__ __forceinline__ float d_alpha(double sum, uint32_t n, float tau, floa
     return (float)ad;
 }
 
+// ash.c's S: the pairwise tree, in float, of the squares of x * sc (sc = 1, or 2^80 / 2^-80 where
+// the first tree is outside [2^-64, FLT_MAX]: d_sumsq_redo; d_sumsq_s scales the result back).
+__device__ __forceinline__ bool d_sumsq_ok(float s) { return s >= 0x1p-64f && s <= FLT_MAX; }
+__device__ __forceinline__ float d_sumsq_redo(float s) { return s < 0x1p-64f ? 0x1p80f : 0x1p-80f; }
+__device__ __forceinline__ double d_sumsq_s(float s, float sc)
+{
+    return sc == 1.0f ? (double)s : (double)s * (sc > 1.0f ? 0x1p-160 : 0x1p160);
+}
+
+template <bool SC>
+__device__ __forceinline__ float d_sq(float v, float sc)
+{
+    const float u = SC ? __fmul_rn(v, sc) : v;
+    return __fmul_rn(u, u);
+}
+
+// the tree of 4 consecutive elements
+template <bool SC>
+__device__ __forceinline__ float d_sq4(const float *v, float sc)
+{
+    return __fadd_rn(__fadd_rn(d_sq<SC>(v[0], sc), d_sq<SC>(v[1], sc)), __fadd_rn(d_sq<SC>(v[2], sc), d_sq<SC>(v[3], sc)));
+}
+
+// the tree of a segment of tpg lanes, lane tl holding elements [8 tl, 8 tl + 8): every lane of
+// the segment returns it (each adds its left and right halves: IEEE addition commutes)
+template <bool SC>
+__device__ __forceinline__ float d_sumsq_seg(const float v[8], uint32_t tpg, float sc)
+{
+    float t = __fadd_rn(d_sq4<SC>(v, sc), d_sq4<SC>(v + 4, sc));
+    for (uint32_t o = 1; o < tpg; o *= 2)
+        t = __fadd_rn(t, __shfl_xor_sync(CU_FULL, t, (int)o));
+    return t;
+}
+
+// the tree of a run of c (a power of two) consecutive elements at q, by a binary counter of
+// partial sums (the tree of ash.c's s_tree, which builds it a level at a time)
+__device__ __forceinline__ float d_sumsq_run(const float *q, uint32_t c, float sc)
+{
+    float st[17];
+    for (uint32_t i = 0; i < c; i++) {
+        float v = d_sq<true>(q[i], sc);
+        uint32_t k = 0;
+        for (uint32_t b = i; b & 1u; b >>= 1, k++)
+            v = __fadd_rn(st[k], v);
+        st[k] = v;
+    }
+    return st[31 - __clz((int)c)];
+}
+
 __device__ __forceinline__ float d_clampf(float y)
 {
     y = y > FLT_MAX ? FLT_MAX : y;
@@ -125,79 +175,69 @@ __device__ __forceinline__ float d_clampf(float y)
 
 // ---------------------------------------------------------------- block <= 256
 
+// Block b (of a.n = 8 tpg elements; b >= a.nb: none, but the lanes still take part in the
+// shuffles) by the segment of tpg lanes that the calling lane belongs to (lane tl: elements
+// [8 tl, 8 tl + 8)); every lane of the warp calls. Non-finite x sets bad, a non-finite z range.
+template <typename X>
+__device__ __forceinline__ void d_ash_enc_seg(const X *__restrict__ x, uint8_t *__restrict__ p, const s_ap &a,
+                                              uint64_t b, uint32_t lane, uint32_t tpg, uint32_t &bad, uint32_t &range)
+{
+    const uint32_t n = a.n, tl = lane % tpg;
+    const bool valid = b < a.nb;
+    const uint64_t off = b * n;
+    const uint32_t m = valid ? (uint32_t)(a.total - off < n ? a.total - off : n) : 0u;
+    float v[8];
+    d_load8(x, off + 8u * tl, off + m, a.vec_x, v); // m = 0: all zeros, nothing read
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        bad |= (uint32_t)d_nonfinite(v[r]);
+    const float sf = d_sumsq_seg<false>(v, tpg, 1.0f); // ash.c's S (padding: zeros from d_load8)
+    double sum = sf;
+    if (!__all_sync(CU_FULL, d_sumsq_ok(sf))) { // rare: the tree again, scaled
+        const float sc = d_sumsq_ok(sf) ? 1.0f : d_sumsq_redo(sf);
+        sum = d_sumsq_s(d_sumsq_seg<true>(v, tpg, sc), sc);
+    }
+    const float alpha = d_alpha(sum, n, a.tau, a.eps);
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        v[r] = __fmul_rn(alpha, v[r]);
+    d_fwht_seg(v, lane, tpg);
+    uint32_t am = 0;
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        v[r] = __fmul_rn(v[r], a.norm);
+        am = max(am, __float_as_uint(v[r]) & 0x7fffffffu);
+    }
+    am = d_seg_maxu(am, tpg);
+    if (!valid)
+        return;
+    range |= (uint32_t)(am >= 0x7f800000u);
+    uint8_t *dst = p + b * (uint64_t)(8u + n);
+    uint64_t meta = 0, codes = 0;
+    if (am != 0) {
+        float s = __fdiv_rn(__uint_as_float(am), 448.0f);
+        if (s == 0.0f)
+            s = __uint_as_float(1u); // 2^-149
+        const float inv = __fdiv_rn(1.0f, s);
+        codes = d_codes8(v, s, inv);
+        meta = (uint64_t)__float_as_uint(alpha) | ((uint64_t)__float_as_uint(s) << 32);
+    }
+    if (tl == 0)
+        d_store_bytes(dst, meta, 0, 8);
+    d_store_bytes(dst + 8u + 8u * tl, codes, 0, 8);
+}
+
 template <typename X>
 __global__ void __launch_bounds__(256) k_ash_enc_warp(const X *__restrict__ x, uint8_t *__restrict__ p, cu_hp head,
                                                       s_ap a)
 {
     d_mark(head);
-    __shared__ double sq[8][256]; // one warp's squares, segment-major
-    __shared__ double cs[8][128]; // the 8 chain sums of each of the warp's blocks
-    const uint32_t lane = threadIdx.x & 31u, w = threadIdx.x >> 5;
-    const uint32_t n = a.n, tpg = a.tpg, spw = 32u / tpg, seg = lane / tpg, tl = lane % tpg;
+    const uint32_t lane = threadIdx.x & 31u, spw = 32u / a.tpg;
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
     uint32_t bad = 0, range = 0;
-    for (uint64_t base = warp * spw; base < a.nb; base += nwarps * spw) {
-        const uint64_t b = base + seg;
-        const bool valid = b < a.nb;
-        const uint64_t off = b * n;
-        const uint32_t m = valid ? (uint32_t)(a.total - off < n ? a.total - off : n) : 0u;
-        float v[8];
-        d_load8(x, off + 8u * tl, off + m, a.vec_x, v); // m = 0: all zeros, nothing read
-#pragma unroll
-        for (int r = 0; r < 8; r++) {
-            bad |= (uint32_t)d_nonfinite(v[r]);
-            sq[w][8u * lane + r] = __dmul_rn((double)v[r], (double)v[r]);
-        }
-        __syncwarp();
-        for (uint32_t c = lane; c < spw * 8u; c += 32u) {
-            const uint32_t sg = c / 8u, k = c % 8u;
-            const uint64_t bb = base + sg;
-            const uint32_t mm = bb < a.nb ? (uint32_t)(a.total - bb * n < n ? a.total - bb * n : n) : 0u;
-            const uint32_t mfull = mm & ~7u;
-            const double *q = &sq[w][sg * n];
-            double acc = 0.0;
-            for (uint32_t i = k; i < mfull; i += 8u)
-                acc = __dadd_rn(acc, q[i]);
-            if (k == 0)
-                for (uint32_t i = mfull; i < mm; i++)
-                    acc = __dadd_rn(acc, q[i]);
-            cs[w][c] = acc;
-        }
-        __syncwarp();
-        const double *cc = &cs[w][seg * 8u];
-        const double sum = __dadd_rn(__dadd_rn(__dadd_rn(cc[0], cc[1]), __dadd_rn(cc[2], cc[3])),
-                                     __dadd_rn(__dadd_rn(cc[4], cc[5]), __dadd_rn(cc[6], cc[7])));
-        __syncwarp(); // sq and cs are rewritten by the next iteration
-        const float alpha = d_alpha(sum, n, a.tau, a.eps);
-#pragma unroll
-        for (int r = 0; r < 8; r++)
-            v[r] = __fmul_rn(alpha, v[r]);
-        d_fwht_seg(v, lane, tpg);
-        uint32_t am = 0;
-#pragma unroll
-        for (int r = 0; r < 8; r++) {
-            v[r] = __fmul_rn(v[r], a.norm);
-            am = max(am, __float_as_uint(v[r]) & 0x7fffffffu);
-        }
-        am = d_seg_maxu(am, tpg);
-        if (!valid)
-            continue;
-        range |= (uint32_t)(am >= 0x7f800000u);
-        uint8_t *dst = p + b * (uint64_t)(8u + n);
-        uint64_t meta = 0, codes = 0;
-        if (am != 0) {
-            float s = __fdiv_rn(__uint_as_float(am), 448.0f);
-            if (s == 0.0f)
-                s = __uint_as_float(1u); // 2^-149
-            const float inv = __fdiv_rn(1.0f, s);
-            codes = d_codes8(v, s, inv);
-            meta = (uint64_t)__float_as_uint(alpha) | ((uint64_t)__float_as_uint(s) << 32);
-        }
-        if (tl == 0)
-            d_store_bytes(dst, meta, 0, 8);
-        d_store_bytes(dst + 8u + 8u * tl, codes, 0, 8);
-    }
+    for (uint64_t base = warp * spw; base < a.nb; base += nwarps * spw)
+        d_ash_enc_seg(x, p, a, base + lane / a.tpg, lane, a.tpg, bad, range);
     if (bad)
         d_flag(head, CU_ST_NONFINITE);
     if (range)
@@ -274,20 +314,13 @@ __global__ void __launch_bounds__(256) k_ash_dec_warp(const uint8_t *__restrict_
 //
 // The default block (n = 256): each warp takes K = 4 consecutive blocks per
 // iteration; all 8 of its 16-byte loads per lane are issued before the
-// first use. The RMS chains are done by all 32 lanes at once:
-//
-//   staged (shared, per warp): block b at sb[b * 264 ..], element i at + i
-//   chain lane 8b + k: acc = 0; for j = 0..31: acc += x_b[8j + k]^2   (double)
-//   then ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)) by __shfl_xor 1, 2, 4
-//
-// which is codecs/ash.c's s_sumsq order (8 chains i % 8, each in ascending
-// i; a double square of a float is exact; each add has the CPU's two
-// operands, IEEE addition commutes). Lane 8b + k reads bank (8b + 8j + k)
-// mod 32: the 8-float pad makes the 32 chain reads of one step conflict-
-// free, and the 16-byte stores of the staging are conflict-free too.
-// Lanes 8b..8b+7 compute block b's alpha (one double sqrt + division per
-// warp iteration instead of one per block); the Hadamard then runs per
-// block.
+// first use. The sums of squares of the 4 blocks (codecs/ash.c's pairwise
+// tree) come from registers and 10 shuffles (d_sumsq_k4): lanes with
+// d_blk(lane) = b hold block b's S and compute its alpha (one double sqrt +
+// division per warp iteration instead of one per block); the Hadamard then
+// runs per block. (Until round 32 ash.c's S was a double sum of 8 chains
+// i mod 8: the squares went through shared memory, each converted to double,
+// 67.5 % of copy on an H200 where the tree gives 74.9 %.)
 //
 // Round 7: the split layout (cu_common.cuh): lane l holds elements 4l..4l+3
 // and 128+4l..128+4l+3 of a block, so each 16-byte load (encode) and store
@@ -297,13 +330,44 @@ __global__ void __launch_bounds__(256) k_ash_dec_warp(const uint8_t *__restrict_
 // inside each run of 4, h = 4..64 across lanes (lane bits 0..4), h = 128
 // between the two runs. Codes go out as two 4-byte runs per lane. The
 // encoder's block maximum is one warp reduction (redux) and the scale s and
-// 1/s of the warp's 4 blocks are computed on lanes 0..3, one block each,
+// 1/s of the warp's 4 blocks are computed on the lanes of d_blk, one block each,
 // then shuffled (round 6: both IEEE divisions on every lane of every block).
 #define S_K 4u        // blocks per warp iteration (n = 256)
-#define S_PAD 264u    // floats per staged block
 #define S_WARPS (S_CTA / 32u)
 #define S_ENC_CTA 128u // k_ash_enc256's CTA (see the comment above it)
 #define S_ENC_WARPS (S_ENC_CTA / 32u)
+
+// S of the warp's S_K = 4 blocks on the split layout (lane l: elements 4l..4l+3 of each block
+// in v[b][0..3], 128+4l.. in v[b][4..7]). The tree's nodes of 4 elements are the lanes' runs
+// (t[2b + r]: block b, run r); the levels above them pair lanes l ^ 1, l ^ 2, ..., l ^ 16 within
+// each run, then run 0 + run 1. The first three levels each halve what a lane keeps (the 8
+// values, then 4, 2, 1: 7 shuffles, not 24), the last two are plain butterflies, and the runs
+// meet across lane ^ 4. Lane l ends with block d_blk(l)'s S; d_blk_lane(b) is a lane holding
+// block b's (so is that lane + 4, + 8, ...).
+__device__ __forceinline__ uint32_t d_blk(uint32_t lane) { return ((lane & 1u) << 1) | ((lane >> 1) & 1u); }
+__device__ __forceinline__ uint32_t d_blk_lane(uint32_t b) { return (b >> 1) | ((b & 1u) << 1); }
+
+__device__ __forceinline__ float d_sumsq_k4(const float v[S_K][8], uint32_t lane)
+{
+    float t[2 * S_K];
+#pragma unroll
+    for (uint32_t b = 0; b < S_K; b++) {
+        t[2 * b] = d_sq4<false>(v[b], 1.0f);
+        t[2 * b + 1] = d_sq4<false>(v[b] + 4, 1.0f);
+    }
+    const bool c = lane & 1u, d = lane & 2u, e = lane & 4u;
+    float h[4], q[2];
+#pragma unroll
+    for (int i = 0; i < 4; i++) // keep values 4c .. 4c+3
+        h[i] = __fadd_rn(c ? t[4 + i] : t[i], __shfl_xor_sync(CU_FULL, c ? t[i] : t[4 + i], 1));
+#pragma unroll
+    for (int i = 0; i < 2; i++) // keep 4c + 2d, 4c + 2d + 1
+        q[i] = __fadd_rn(d ? h[2 + i] : h[i], __shfl_xor_sync(CU_FULL, d ? h[i] : h[2 + i], 2));
+    float r = __fadd_rn(e ? q[1] : q[0], __shfl_xor_sync(CU_FULL, e ? q[0] : q[1], 4)); // value 4c + 2d + e
+    r = __fadd_rn(r, __shfl_xor_sync(CU_FULL, r, 8));
+    r = __fadd_rn(r, __shfl_xor_sync(CU_FULL, r, 16)); // block 2c + d, run e
+    return __fadd_rn(r, __shfl_xor_sync(CU_FULL, r, 4)); // run 0 + run 1
+}
 
 // The Hadamard of a block of 256 on the split layout: h = 1, 2 in each run of 4
 // registers, h = 4..64 across lanes, h = 128 between the runs; the CPU's butterflies in
@@ -373,10 +437,8 @@ __global__ void __launch_bounds__(S_ENC_CTA, FULL ? 7 : 6) k_ash_enc256(const X 
                                                     cu_hp head, s_ap a)
 {
     d_mark(head);
-    __shared__ __align__(16) float stage[S_ENC_WARPS][S_K * S_PAD];
-    const uint32_t lane = threadIdx.x & 31u, w = threadIdx.x >> 5;
-    const uint32_t cb = lane >> 3, k = lane & 7u; // chain lane: block cb, chain k
-    float *sb = stage[w];
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint32_t cb = d_blk(lane); // the block whose S, alpha, s and 1/s this lane computes
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
     uint32_t inmax = 0, range = 0;
@@ -397,50 +459,30 @@ __global__ void __launch_bounds__(S_ENC_CTA, FULL ? 7 : 6) k_ash_enc256(const X 
                 d_load8h(x, off, len, lane, 32u, a.vec_x, v[b]); // past len: zeros, nothing read
             }
         }
+        if (!FULL)
 #pragma unroll
-        for (uint32_t b = 0; b < S_K; b++) {
-            if (!FULL)
+            for (uint32_t b = 0; b < S_K; b++)
                 inmax = max(inmax, d_absbits_max8(v[b]));
-            float4 *d4 = (float4 *)(sb + b * S_PAD);
-            d4[lane] = make_float4(v[b][0], v[b][1], v[b][2], v[b][3]);
-            d4[32u + lane] = make_float4(v[b][4], v[b][5], v[b][6], v[b][7]);
+        // ash.c's S of block cb (blocks past nb, !FULL: zeros, unused)
+        const float sf = d_sumsq_k4(v, lane);
+        if (!__all_sync(CU_FULL, d_sumsq_ok(sf))) {
+            // rare (S outside [2^-64, FLT_MAX]: tiny, huge or non-finite x): these 4 blocks by the
+            // segment encoder (a warp per block), which takes ash.c's scaled tree; v is not live
+            // past this branch, so it costs the common path no registers
+            uint32_t bad = 0;
+#pragma unroll 1
+            for (uint32_t b = 0; b < S_K; b++)
+                d_ash_enc_seg(x, p, a, base + b, lane, 32u, bad, range);
+            inmax |= bad << 31;
+            continue;
         }
-        __syncwarp();
-        // chain k of block cb, in ascending element order; one DFMA per element: f * f is
-        // exact in double, so fma(f, f, acc) rounds once, as ash.c's acc + f * f
-        const uint64_t bb = base + cb;
-        const uint32_t m = FULL ? 256u : bb < a.nb ? (uint32_t)(a.total - bb * 256u < 256u ? a.total - bb * 256u : 256u) : 0u;
-        const float *q = sb + cb * S_PAD;
-        double acc = 0.0;
-        if (FULL || m == 256u) { // FULL: blocks past nb sum zeros, unused
-#pragma unroll 8
-            for (uint32_t j = 0; j < 32u; j++) {
-                const double f = (double)q[8u * j + k];
-                acc = __fma_rn(f, f, acc);
-            }
-        } else { // the tensor's partial last block: ash.c's tail goes to chain 0
-            const uint32_t mfull = m & ~7u;
-            for (uint32_t i = k; i < mfull; i += 8u) {
-                const double f = (double)q[i];
-                acc = __fma_rn(f, f, acc);
-            }
-            if (k == 0)
-                for (uint32_t i = mfull; i < m; i++) {
-                    const double f = (double)q[i];
-                    acc = __fma_rn(f, f, acc);
-                }
-        }
-        acc = __dadd_rn(acc, __shfl_xor_sync(CU_FULL, acc, 1));
-        acc = __dadd_rn(acc, __shfl_xor_sync(CU_FULL, acc, 2));
-        acc = __dadd_rn(acc, __shfl_xor_sync(CU_FULL, acc, 4));
-        if (FULL) // the sum of squares is finite exactly when every x of the block is (|x|^2 < 2^256)
-            inmax |= (uint32_t)!(acc <= DBL_MAX) << 31;
-        const float alpha_cb = d_alpha(acc, 256u, a.tau, a.eps);
+        const double sum = sf;
+        const float alpha_cb = d_alpha(sum, 256u, a.tau, a.eps);
         // the transform of every block, its max |z| (warp-uniform)
         uint32_t am[S_K];
 #pragma unroll
         for (uint32_t b = 0; b < S_K; b++) {
-            const float alpha = __shfl_sync(CU_FULL, alpha_cb, 8 * (int)b);
+            const float alpha = __shfl_sync(CU_FULL, alpha_cb, (int)d_blk_lane(b));
 #pragma unroll
             for (int r = 0; r < 8; r++)
                 v[b][r] = __fmul_rn(alpha, v[b][r]);
@@ -465,15 +507,15 @@ __global__ void __launch_bounds__(S_ENC_CTA, FULL ? 7 : 6) k_ash_enc256(const X 
         }
         // FULL, no zero block and every 1/s finite (nearly always): the codes by products
         // alone, packed by byte permutes, stored from a per-warp base with immediate
-        // offsets; lane 8b holds block b's alpha and lane 8b + 1 its s, which lanes 0 and 1
+        // offsets; lane d_blk_lane(b) holds block b's alpha and that lane + 4 its s, which lanes 0 and 1
         // fetch as the block's two metadata words
         if (FULL && __all_sync(CU_FULL, am_c != 0 && inv_c <= FLT_MAX)) {
-            const float mv = k == 1u ? s_c : alpha_cb;
+            const float mv = (lane & 4u) ? s_c : alpha_cb; // lanes d_blk_lane(b) and d_blk_lane(b) + 4
             uint32_t *pw = (uint32_t *)(p + 264u * (uint32_t)base) + lane;
 #pragma unroll
             for (uint32_t b = 0; b < S_K; b++) {
-                const float inv = __shfl_sync(CU_FULL, inv_c, 8 * (int)b);
-                const float mw = __shfl_sync(CU_FULL, mv, 8 * (int)b + (int)(lane & 1u));
+                const float inv = __shfl_sync(CU_FULL, inv_c, (int)d_blk_lane(b));
+                const float mw = __shfl_sync(CU_FULL, mv, (int)(d_blk_lane(b) + 4u * (lane & 1u)));
                 uint32_t c[4];
 #pragma unroll
                 for (int r = 0; r < 4; r++)
@@ -483,14 +525,14 @@ __global__ void __launch_bounds__(S_ENC_CTA, FULL ? 7 : 6) k_ash_enc256(const X 
                 pw[66u * b + 2u] = __byte_perm(c[0], c[1], 0x5410u);
                 pw[66u * b + 34u] = __byte_perm(c[2], c[3], 0x5410u);
             }
-            __syncwarp(); // the chains' reads of sb precede the next iteration's staging
             continue;
         }
 #pragma unroll
         for (uint32_t b = 0; b < S_K; b++) {
             const uint64_t blk = base + b;
-            const float alpha = __shfl_sync(CU_FULL, alpha_cb, 8 * (int)b);
-            const float s = __shfl_sync(CU_FULL, s_c, 8 * (int)b), inv = __shfl_sync(CU_FULL, inv_c, 8 * (int)b);
+            const float alpha = __shfl_sync(CU_FULL, alpha_cb, (int)d_blk_lane(b));
+            const float s = __shfl_sync(CU_FULL, s_c, (int)d_blk_lane(b));
+            const float inv = __shfl_sync(CU_FULL, inv_c, (int)d_blk_lane(b));
             if (!FULL && blk >= a.nb) // warp-uniform
                 break;
             uint64_t meta = 0, codes = 0;
@@ -512,7 +554,6 @@ __global__ void __launch_bounds__(S_ENC_CTA, FULL ? 7 : 6) k_ash_enc256(const X 
                 d_store_bytes(dst + 8u + 128u + 4u * lane, codes >> 32, 0, 4);
             }
         }
-        __syncwarp(); // the chains' reads of sb precede the next iteration's staging
     }
     if (inmax >= 0x7f800000u)
         d_flag(head, CU_ST_NONFINITE);
@@ -671,7 +712,7 @@ __global__ void __launch_bounds__(256) k_ash_enc_cta(const X *__restrict__ x, ui
 {
     d_mark(head);
     extern __shared__ float smem[];
-    __shared__ double chains[8];
+    __shared__ float wsum[S_CTA / 32u];
     __shared__ uint32_t red[S_CTA / 32u];
     const uint32_t n = a.n;
     float *buf = work ? work + (uint64_t)blockIdx.x * n : smem;
@@ -685,19 +726,26 @@ __global__ void __launch_bounds__(256) k_ash_enc_cta(const X *__restrict__ x, ui
             buf[i] = v;
         }
         __syncthreads();
-        if (threadIdx.x < 8) {
-            const uint32_t k = threadIdx.x, mfull = m & ~7u;
-            double acc = 0.0;
-            for (uint32_t i = k; i < mfull; i += 8u)
-                acc = __dadd_rn(acc, __dmul_rn((double)buf[i], (double)buf[i]));
-            if (k == 0)
-                for (uint32_t i = mfull; i < m; i++)
-                    acc = __dadd_rn(acc, __dmul_rn((double)buf[i], (double)buf[i]));
-            chains[k] = acc;
+        // ash.c's S: thread t the tree of its run of n / 256 elements, then the warp's lanes
+        // pairwise (xor 1 .. 16), then the 8 warps' sums as a tree of 8 (padding: zeros); where
+        // that is outside [2^-64, FLT_MAX] (CTA-uniform), again with x scaled
+        const float *run = buf + (size_t)threadIdx.x * (n / S_CTA);
+        float sc = 1.0f, sf = 0.0f;
+        for (int pass = 0; pass < 2; pass++) {
+            float t = d_sumsq_run(run, n / S_CTA, sc);
+            for (int o = 1; o < 32; o *= 2)
+                t = __fadd_rn(t, __shfl_xor_sync(CU_FULL, t, o));
+            if ((threadIdx.x & 31u) == 0)
+                wsum[threadIdx.x / 32u] = t;
+            __syncthreads();
+            sf = __fadd_rn(__fadd_rn(__fadd_rn(wsum[0], wsum[1]), __fadd_rn(wsum[2], wsum[3])),
+                           __fadd_rn(__fadd_rn(wsum[4], wsum[5]), __fadd_rn(wsum[6], wsum[7])));
+            __syncthreads(); // wsum read before it is written again
+            if (pass == 1 || d_sumsq_ok(sf))
+                break;
+            sc = d_sumsq_redo(sf);
         }
-        __syncthreads();
-        const double sum = __dadd_rn(__dadd_rn(__dadd_rn(chains[0], chains[1]), __dadd_rn(chains[2], chains[3])),
-                                     __dadd_rn(__dadd_rn(chains[4], chains[5]), __dadd_rn(chains[6], chains[7])));
+        const double sum = d_sumsq_s(sf, sc);
         const float alpha = d_alpha(sum, n, a.tau, a.eps);
         for (uint32_t i = threadIdx.x; i < m; i += blockDim.x)
             buf[i] = __fmul_rn(alpha, buf[i]);

@@ -413,14 +413,41 @@ static void s_fwht_ref(double *v, uint32_t n)
         v[i] *= norm;
 }
 
+/* ash.c's S by its definition (its header), recursively: the pairwise sum
+ * (adjacent halves) in float of the squares of x * sc over the block padded
+ * with zeros to n. */
+static float s_ash_tree(const float *x, uint32_t m, uint32_t a, uint32_t w, float sc)
+{
+    if (w == 1) {
+        float u = a < m ? x[a] * sc : 0.0f;
+        return u * u;
+    }
+    return s_ash_tree(x, m, a, w / 2, sc) + s_ash_tree(x, m, a + w / 2, w / 2, sc);
+}
+
+/* alpha as ash.c defines it, to the bit */
+static float s_ash_alpha(const float *x, uint32_t m, uint32_t n, double tau, double eps)
+{
+    double S = s_ash_tree(x, m, 0, n, 1.0f);
+    if (S < 0x1p-64)
+        S = (double)s_ash_tree(x, m, 0, n, 0x1p80f) * 0x1p-160;
+    else if (!(S <= FLT_MAX))
+        S = (double)s_ash_tree(x, m, 0, n, 0x1p-80f) * 0x1p160;
+    double sigma = sqrt(S / n) + eps;
+    double alpha = sigma > 0 ? tau / sigma : (double)FLT_MAX;
+    return (float)fmin(fmax(alpha, (double)FLT_MIN), 0x1p127);
+}
+
 /* Check an ASH-FP8 frame of x against a float64 model of the method.
  *
  * Per block (reference in double, padded length n):
  *   sigma = sqrt(sum x^2 / n) + eps, alpha = tau / sigma (clamped to
  *   [FLT_MIN, 2^127] like the codec), z = H(alpha x), s = max|z| / 448.
  * Tolerances:
- *   alpha: the codec also rounds a double alpha to float; the sums differ
- *          only in order: relative 2^-20.
+ *   alpha: the codec's sum of squares is a pairwise float sum (relative
+ *          error below (log2 n + 1) 2^-24) and its alpha is rounded to
+ *          float: relative 2^-20; and to the bit s_ash_alpha, ash.c's
+ *          definition written out.
  *   z:     the codec's float z differs from the double z by at most
  *          Ez = (log2 n + 3) 2^-24 * sum|alpha x| / sqrt(n) (one rounding
  *          of alpha*x, one per butterfly stage, one for the 1/sqrt(n)
@@ -484,6 +511,7 @@ static void s_check_ash(const char *spec_str, codec_shape_t shape, const float *
         const double Ez = (logn + 3) * 0x1p-24 * l1 / sqrt((double)n);
         const double s = amax / 448.0;
         assert_true(fabs(alpha_c - alpha) <= 0x1p-20 * alpha);
+        assert_true(alpha_c == s_ash_alpha(x + off, m, n, tau, eps));
         assert_true(fabs(s_c - s) <= (Ez / 448.0) + 0x1p-22 * s);
         /* z-domain error per element, and its L2 norm */
         double bound2 = 0, werr = 0, wsum = 0;
