@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(S_ENC_CTA, FULL ? 7 : 6) k_ash_enc256(const X 
                 inmax = max(inmax, d_absbits_max8(v[b]));
         // ash.c's S of block cb (blocks past nb, !FULL: zeros, unused)
         const float sf = d_sumsq_k4(v, lane);
-        if (!__all_sync(CU_FULL, d_sumsq_ok(sf))) {
+        if (!__all_sync(CU_FULL, d_sumsq_ok(sf) || (!FULL && base + cb >= a.nb))) { // blocks past nb: unused
             // rare (S outside [2^-64, FLT_MAX]: tiny, huge or non-finite x): these 4 blocks by the
             // segment encoder (a warp per block), which takes ash.c's scaled tree; v is not live
             // past this branch, so it costs the common path no registers

@@ -820,6 +820,14 @@ int main(int argc, char **argv)
             s_case(&d, dflt[k], (codec_shape_t){ 4, 1024, 1600 }, IN_SYNTH, 700 + (uint64_t)k, 0, 0);
             s_case(&d, dflt[k], (codec_shape_t){ 5, 999, 1000 }, IN_NORMAL, 710 + (uint64_t)k, 0, 0);
         }
+        /* ash-fp8's whole-block encoder where blocks' sums of squares leave [2^-64, FLT_MAX]
+         * (zero, tiny, huge, mixed scales: ash.c's scaled trees): its warps hand such blocks
+         * to the segment encoder */
+        static const int rare[] = { IN_ZEROS, IN_TINY, IN_HUGE, IN_BLOCKS, IN_MIXED, IN_BIGSPIKE };
+        for (size_t k = 0; k < sizeof rare / sizeof rare[0]; k++) {
+            s_case(&d, "ash-fp8", (codec_shape_t){ 4, 1024, 1600 }, rare[k], 730 + (uint64_t)k, 0, 0);
+            s_case_x(&d, "ash-fp8", (codec_shape_t){ 4, 1024, 1600 }, rare[k], 740 + (uint64_t)k, 0, 0, CU_BF16);
+        }
         /* stochastic rounding where fixpt.c's clamp of t decides ~100 codes (IN_EDGE) */
         s_case(&d, "fixpt:stochastic=1,seed=3", (codec_shape_t){ 4, 1024, 1600 }, IN_EDGE, 0, 0, 0);
         /* the lane-pair decoder's grid larger than the GPU holds at once (the bench tensor) */
