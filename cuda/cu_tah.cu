@@ -857,7 +857,7 @@ __device__ __forceinline__ void d_tah_quant_u(const X *__restrict__ x, uint8_t *
         float mn, mx;
         const bool full = w == G;
         d_tile_minmax(v, tl, tpg, G, full ? G : w, !full, mn, mx);
-        const bool rot = valid && __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau;
+        const bool rot = valid && m1 > __fmul_rn(g.tau, __fadd_rn(m2, rho_down));
         if (__any_sync(CU_FULL, rot)) {
             float z[8];
 #pragma unroll
@@ -891,7 +891,8 @@ __device__ __forceinline__ void d_tah_quant_u(const X *__restrict__ x, uint8_t *
         uint32_t code[8];
 #pragma unroll
         for (int r = 0; r < 8; r++) {
-            float t = __fadd_rn(__fmul_rn(__fsub_rn(v[r], minf), inv), 0.5f);
+            float t = __fmul_rn(__fsub_rn(v[r], minf), inv);
+            t = __fsub_rn(__fadd_rn(t, 8388608.0f), 8388608.0f); // tah.c: to nearest, ties to even
             t = t < levels ? t : levels;
             t = t > 0.0f ? t : 0.0f;
             code[r] = (uint32_t)t;
@@ -1175,7 +1176,7 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
     uint32_t piv = 0; // rotated tiles: the first index of m1, from the pass below
     float mn, mx;
     d_minmax_p64(v, lane, mn, mx);
-    const bool rot = valid && __fdiv_rn(m1, __fadd_rn(m2, rho_down)) > g.tau; // pair-uniform
+    const bool rot = valid && m1 > __fmul_rn(g.tau, __fadd_rn(m2, rho_down)); // pair-uniform
     // the rotated tiles (about 3 of 16) on their rows (d_rot_pass)
     uint32_t rm = __ballot_sync(CU_FULL, rot && h == 0); // bit t: tile t rotated
     while (rm != 0u) // warp-uniform
@@ -1196,14 +1197,16 @@ __device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool va
     // this lane's 32 codes, packed both ways as they come (bitpack's LSB-first stream):
     // BH bits in wh, BL bits in wl; the tile's width picks one. tah.c's clamps of t to
     // [0, levels] never act on a full tile (round 12: 3 instructions per element less):
-    // minf <= mn <= v makes t >= 0.5; step >= fl((mx - minf) / levels) (fp16 rounded up)
-    // and three roundings of (v - minf) * inv keep t below levels (1 + 2^-22) + 0.5 <
-    // levels + 1, so the truncation gives at most levels (finite x; otherwise the
-    // payload is unspecified).
+    // minf <= mn <= v makes t >= 0; step >= fl((mx - minf) / levels) (fp16 rounded up)
+    // and three roundings of (v - minf) * inv keep t below levels (1 + 2^-22) < levels +
+    // 1/2, so rounding to nearest gives at most levels (finite x; otherwise the payload is
+    // unspecified). t + 2^23 rounds t to nearest, ties to even (tah.c's rule), and its
+    // float's low bits are the code.
     uint32_t wh[BH] = {}, wl[BL] = {};
 #pragma unroll
     for (int r = 0; r < 32; r++) {
-        const uint32_t c = (uint32_t)__fadd_rn(__fmul_rn(__fsub_rn(v[r], minf), inv), 0.5f);
+        const uint32_t c =
+            __float_as_uint(__fadd_rn(__fmul_rn(__fsub_rn(v[r], minf), inv), 8388608.0f)) - 0x4b000000u;
         const int bh = (int)BH * r, bl = (int)BL * r;
         wh[bh / 32] += c << (bh % 32); // + for |: one shift-add (LEA) per field; the fields of
         if (bh % 32 + (int)BH > 32)    // the tile's own width do not overlap, and the other
@@ -1690,7 +1693,7 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
         if (mxs == 0.0f)
             mxs = mns;
     }
-    const bool rot = valid && __fdiv_rn(m1, __fadd_rn(m2, __fmul_rn(g.rho, down))) > g.tau;
+    const bool rot = valid && m1 > __fmul_rn(g.tau, __fadd_rn(m2, __fmul_rn(g.rho, down)));
     uint32_t piv = 0;
     uint32_t rm = __ballot_sync(CU_FULL, rot); // bit t: tile t rotated
     while (rm != 0u) // warp-uniform
@@ -1718,9 +1721,9 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
         il = __fmul_rn(il, down);
     }
     // both widths' codes, packed as they come (d_tah_quant_p64: the clamps never act). tah.c's
-    // code is (uint32_t)t for t = (dv inv) + 0.5 in [0.5, 2^B): t + 2^23 rounded toward zero is
-    // 2^23 + that code exactly (ulp 1 there), so each code is a float add (FP32 pipe) instead of
-    // a conversion (16 per clock per SM), and it is packed as its float's bits, 2^23's bits
+    // code is t = dv inv in [0, 2^B - 1/2) rounded to nearest, ties to even: t + 2^23 rounded so
+    // is 2^23 + that code exactly (ulp 1 there), so each code is one float add (FP32 pipe)
+    // instead of a conversion (16 per clock per SM), and it is packed as its float's bits, 2^23's bits
     // (K) included: K's share of every word is a constant (kh, kl: folded by the compiler),
     // taken off at the end. A non-finite t (non-finite x: payload unspecified) spoils only its
     // record.
@@ -1736,8 +1739,8 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
 #pragma unroll
     for (int r = 0; r < 64; r++) {
         const float dv = __fsub_rn(v[r], cm);
-        const uint32_t ch = __float_as_uint(__fadd_rz(__fadd_rn(__fmul_rn(dv, ih), 0.5f), 8388608.0f));
-        const uint32_t cl = __float_as_uint(__fadd_rz(__fadd_rn(__fmul_rn(dv, il), 0.5f), 8388608.0f));
+        const uint32_t ch = __float_as_uint(__fadd_rn(__fmul_rn(dv, ih), 8388608.0f));
+        const uint32_t cl = __float_as_uint(__fadd_rn(__fmul_rn(dv, il), 8388608.0f));
         pack(wh, wl, r, ch, cl);
         pack(kh, kl, r, K, K);
     }
