@@ -25,7 +25,7 @@
  * (Until November 2026 S was always a double sum of 8 chains i mod 8: a GPU
  * encoder then staged every square through shared memory and converted it
  * to double; the float tree is what its registers and shuffles give,
- * 67.5 -> 74.9 % of copy on an H200. Frames differ only in alpha's last
+ * 68 -> 74 % of copy on an H200. Frames differ only in alpha's last
  * bits; decoders read alpha from the frame.)
  *
  * Payload: for each block b = 0..ceil(N/n)-1, in order:

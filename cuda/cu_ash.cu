@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(256) k_ash_dec_warp(const uint8_t *__restrict_
 // division per warp iteration instead of one per block); the Hadamard then
 // runs per block. (Until round 32 ash.c's S was a double sum of 8 chains
 // i mod 8: the squares went through shared memory, each converted to double,
-// 67.5 % of copy on an H200 where the tree gives 74.9 %.)
+// 68 % of copy on an H200 where the tree gives 74 %.)
 //
 // Round 7: the split layout (cu_common.cuh): lane l holds elements 4l..4l+3
 // and 128+4l..128+4l+3 of a block, so each 16-byte load (encode) and store
