@@ -130,61 +130,11 @@ __device__ __forceinline__ float d_el(const float4 &q, int c) { return c == 0 ? 
 // E unit: keys of tiles tile0 .. +31 of sample s; the last unit of the sample finds T
 __device__ __forceinline__ void d_fence() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
-// MODE 0: all; 1: no histogram, no threshold; 2: the loads and a sum only. HR: copies of each
-// sample's histogram (a warp adds to copy wg % HR; the threshold sums them)
-template <int MODE = 0, int IL = 0, int HR = 1>
-__device__ void d_unit_e(const float *x, const ws_t &w, uint32_t s, uint32_t u, uint32_t lane, uint32_t &amax,
-                         bool pipe)
+// The end of an E unit of sample s (its histogram atomics issued): a fence, the sample's counter,
+// and in the unit that finishes the sample last, T and need
+template <int HR>
+__device__ void d_e_signal(const ws_t &w, uint32_t s, uint32_t lane)
 {
-    const uint64_t tile0 = (uint64_t)s * SQ + (uint64_t)u * UT;
-    float4 v[4][4];
-    d_load<IL>(x, tile0, lane, v);
-    if (MODE == 2) {
-        float t = 0.0f;
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                t += v[r][j].x + v[r][j].y + v[r][j].z + v[r][j].w;
-        amax = max(amax, __float_as_uint(t));
-        return;
-    }
-    float S1o = 0.0f, SLo = 0.0f;
-#pragma unroll
-    for (int r = 0; r < 4; r++) {
-        float s1[4] = {}, sl[4] = {};
-        uint32_t mb = 0;
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const float a = fabsf(d_el(v[r][j], c));
-                s1[c] = __fadd_rn(s1[c], a);
-                sl[c] = __fadd_rn(sl[c], __fmul_rn(a, d_mlog(a)));
-                mb = max(mb, __float_as_uint(a));
-            }
-        float S1 = __fadd_rn(__fadd_rn(s1[0], s1[1]), __fadd_rn(s1[2], s1[3]));
-        float SL = __fadd_rn(__fadd_rn(sl[0], sl[1]), __fadd_rn(sl[2], sl[3]));
-        S1 = __fadd_rn(S1, __shfl_xor_sync(FULL, S1, 1));
-        SL = __fadd_rn(SL, __shfl_xor_sync(FULL, SL, 1));
-        S1 = __fadd_rn(S1, __shfl_xor_sync(FULL, S1, 2));
-        SL = __fadd_rn(SL, __shfl_xor_sync(FULL, SL, 2));
-        amax = max(amax, mb);
-        // tile 8 r + q to lane 8 r + q
-        const float a1 = __shfl_sync(FULL, S1, 4u * (lane & 7u)), a2 = __shfl_sync(FULL, SL, 4u * (lane & 7u));
-        if ((lane >> 3) == (uint32_t)r) {
-            S1o = a1;
-            SLo = a2;
-        }
-    }
-    const uint32_t k = d_ent_key(S1o, SLo);
-    w.key[tile0 + lane] = (uint16_t)k;
-    if (MODE == 1)
-        return;
-    const uint32_t wg = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    atomicAdd(&w.hist[((wg % HR) * B + s) * BINS + k], 1u);
-    if (!pipe)
-        return;
     d_fence();
     __syncwarp();
     uint32_t last = 0;
@@ -251,6 +201,70 @@ __device__ void d_unit_e(const float *x, const ws_t &w, uint32_t s, uint32_t u, 
     need = __shfl_sync(FULL, need, src);
     if (lane == 0)
         atomicExch(&w.ready[s], 0x80000000u | T | (need << 12));
+}
+
+// MODE 0: all; 1: no histogram, no threshold; 2: the loads and a sum only. HR: copies of each
+// sample's histogram (a warp adds to copy wg % HR; the threshold sums them)
+template <int MODE, int HR>
+__device__ __forceinline__ void d_e_compute(const float4 (&v)[4][4], const ws_t &w, uint32_t s, uint32_t u,
+                                            uint32_t lane, uint32_t &amax)
+{
+    const uint64_t tile0 = (uint64_t)s * SQ + (uint64_t)u * UT;
+    if (MODE == 2) {
+        float t = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                t += v[r][j].x + v[r][j].y + v[r][j].z + v[r][j].w;
+        amax = max(amax, __float_as_uint(t));
+        return;
+    }
+    float S1o = 0.0f, SLo = 0.0f;
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        float s1[4] = {}, sl[4] = {};
+        uint32_t mb = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float a = fabsf(d_el(v[r][j], c));
+                s1[c] = __fadd_rn(s1[c], a);
+                sl[c] = __fadd_rn(sl[c], __fmul_rn(a, d_mlog(a)));
+                mb = max(mb, __float_as_uint(a));
+            }
+        float S1 = __fadd_rn(__fadd_rn(s1[0], s1[1]), __fadd_rn(s1[2], s1[3]));
+        float SL = __fadd_rn(__fadd_rn(sl[0], sl[1]), __fadd_rn(sl[2], sl[3]));
+        S1 = __fadd_rn(S1, __shfl_xor_sync(FULL, S1, 1));
+        SL = __fadd_rn(SL, __shfl_xor_sync(FULL, SL, 1));
+        S1 = __fadd_rn(S1, __shfl_xor_sync(FULL, S1, 2));
+        SL = __fadd_rn(SL, __shfl_xor_sync(FULL, SL, 2));
+        amax = max(amax, mb);
+        // tile 8 r + q to lane 8 r + q
+        const float a1 = __shfl_sync(FULL, S1, 4u * (lane & 7u)), a2 = __shfl_sync(FULL, SL, 4u * (lane & 7u));
+        if ((lane >> 3) == (uint32_t)r) {
+            S1o = a1;
+            SLo = a2;
+        }
+    }
+    const uint32_t k = d_ent_key(S1o, SLo);
+    w.key[tile0 + lane] = (uint16_t)k;
+    if (MODE == 1)
+        return;
+    const uint32_t wg = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    atomicAdd(&w.hist[((wg % HR) * B + s) * BINS + k], 1u);
+}
+
+template <int MODE = 0, int IL = 0, int HR = 1>
+__device__ void d_unit_e(const float *x, const ws_t &w, uint32_t s, uint32_t u, uint32_t lane, uint32_t &amax,
+                         bool pipe)
+{
+    float4 v[4][4];
+    d_load<IL>(x, (uint64_t)s * SQ + (uint64_t)u * UT, lane, v);
+    d_e_compute<MODE, HR>(v, w, s, u, lane, amax);
+    if (pipe && MODE == 0)
+        d_e_signal<HR>(w, s, lane);
 }
 
 __device__ __forceinline__ uint32_t d_wait_ready(const ws_t &w, uint32_t s, uint32_t lane)
@@ -539,6 +553,30 @@ __global__ void __launch_bounds__(128) k_e(const float *x, ws_t w)
         atomicMax(w.amax, amax);
 }
 
+// E over all units, each unit's completion signalled after the next unit's loads are issued (the
+// fence then waits while those loads are in flight anyway)
+template <int HR = 1>
+__global__ void __launch_bounds__(128) k_e_def(const float *x, ws_t w)
+{
+    const uint32_t lane = threadIdx.x & 31u, wg = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint32_t nw = gridDim.x * blockDim.x >> 5;
+    uint32_t amax = 0, pend = 0xffffffffu;
+    for (uint32_t i = wg; i < B * NU; i += nw) {
+        const uint32_t s = i / NU, u = i % NU;
+        float4 v[4][4];
+        d_load<0>(x, (uint64_t)s * SQ + (uint64_t)u * UT, lane, v);
+        if (pend != 0xffffffffu)
+            d_e_signal<HR>(w, pend, lane);
+        d_e_compute<0, HR>(v, w, s, u, lane, amax);
+        pend = s;
+    }
+    if (pend != 0xffffffffu)
+        d_e_signal<HR>(w, pend, lane);
+    amax = __reduce_max_sync(FULL, amax);
+    if (lane == 0)
+        atomicMax(w.amax, amax);
+}
+
 template <int QM = 0>
 __global__ void __launch_bounds__(128) k_q(const float *x, ws_t w)
 {
@@ -551,12 +589,12 @@ __global__ void __launch_bounds__(128) k_q(const float *x, ws_t w)
 }
 
 // one persistent grid: items in the order E(0) E(1) Q(0) E(2) Q(1) ... (LEAD samples ahead)
-template <int LEAD, int HR = 1>
+template <int LEAD, int HR = 1, bool DEF = false> // DEF: E units signalled as in k_e_def
 __global__ void __launch_bounds__(128, 4) k_pipe(const float *x, ws_t w)
 {
     const uint32_t lane = threadIdx.x & 31u;
     const uint32_t total = 2u * B * NU;
-    uint32_t amax = 0;
+    uint32_t amax = 0, pend = 0xffffffffu;
     while (true) {
         uint32_t i = 0;
         if (lane == 0)
@@ -579,14 +617,27 @@ __global__ void __launch_bounds__(128, 4) k_pipe(const float *x, ws_t w)
             p = B + r / NU;
             k = NU + r % NU;
         }
-        if (k < NU)
+        if (k < NU && DEF) {
+            float4 v[4][4];
+            d_load<0>(x, (uint64_t)p * SQ + (uint64_t)k * UT, lane, v);
+            if (pend != 0xffffffffu)
+                d_e_signal<HR>(w, pend, lane);
+            d_e_compute<0, HR>(v, w, p, k, lane, amax);
+            pend = p;
+        } else if (k < NU)
             d_unit_e<0, 0, HR>(x, w, p, k, lane, amax, true);
         else {
+            if (pend != 0xffffffffu) {
+                d_e_signal<HR>(w, pend, lane);
+                pend = 0xffffffffu;
+            }
             const uint32_t s = p - LEAD;
             const uint32_t rd = d_wait_ready(w, s, lane);
             d_unit_q(x, w, s, k - NU, rd, lane);
         }
     }
+    if (pend != 0xffffffffu)
+        d_e_signal<HR>(w, pend, lane);
     amax = __reduce_max_sync(FULL, amax);
     if (lane == 0)
         atomicMax(w.amax, amax);
@@ -715,6 +766,7 @@ int main(int argc, char **argv)
     };
     evar("E kernel, fence.acq_rel instead of __threadfence", k_e<0, 0, 1>);
     evar("E kernel, histogram atomics, no fence, no threshold", k_e<0, 0, 1, false>);
+    evar("E kernel, each unit signalled after the next one's loads", k_e_def<1>);
     evar("E kernel, 8 copies of the histogram", k_e<0, 0, 8>);
     evar("E kernel, 8 copies, interleaved loads", k_e<0, 1, 8>);
     evar("E kernel, keys only (no histogram)", k_e<1, 0>);
@@ -754,6 +806,16 @@ int main(int argc, char **argv)
     line("pipelined, LEAD 1", timed(pipe1));
     line("pipelined, LEAD 2", timed(pipe2));
     line("pipelined, LEAD 3", timed(pipe3));
+    line("pipelined, LEAD 2, deferred E signals", timed([&] {
+             CK(cudaMemsetAsync(zero_base, 0, zbytes));
+             k_pipe<2, 1, true><<<nsm * occ, 128>>>(dx, w);
+         }));
+    line("pipelined, LEAD 3, deferred E signals", timed([&] {
+             CK(cudaMemsetAsync(zero_base, 0, zbytes));
+             k_pipe<3, 1, true><<<nsm * occ, 128>>>(dx, w);
+         }));
+    CK(cudaDeviceSynchronize());
+    check("pipe LEAD=3, deferred", false);
     line("pipelined, LEAD 2, 8 histogram copies", timed([&] {
              CK(cudaMemsetAsync(zero_base, 0, zbytes));
              k_pipe<2, 8><<<nsm * occ, 128>>>(dx, w);
