@@ -75,6 +75,8 @@ struct ws_t {
     uint32_t *meta;
 };
 
+// d_mlog, d_log2f, d_ent_key and d_exp are cuda/cu_tah.cu's (constants fixed at the default spec),
+// copied so that the probe builds alone
 __device__ __forceinline__ float d_mlog(float v)
 {
     return __fsub_rn(__uint_as_float((__float_as_uint(v) >> 8) + (0x43c00000u - (127u << 15))), 384.0f);
