@@ -38,7 +38,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <algorithm>
 #include <vector>
@@ -541,42 +540,46 @@ __device__ void d_unit_q(const float *x, const ws_t &w, uint32_t s, uint32_t u, 
     }
 }
 
-// separate kernels: E over all units, then Q (threshold by a small kernel in between)
-template <int MODE = 0, int IL = 0, int HR = 1, bool PIPE = true>
-__global__ void __launch_bounds__(128) k_e(const float *x, ws_t w)
+// An E unit whose completion is signalled late: its loads are issued first, then the completion
+// of the warp's previous E unit (pend, if any) is signalled (the fence then waits while these
+// loads are in flight anyway), then its keys; pend becomes s
+template <int HR>
+__device__ __forceinline__ void d_unit_e_def(const float *x, const ws_t &w, uint32_t s, uint32_t u, uint32_t lane,
+                                             uint32_t &amax, uint32_t &pend)
 {
-    const uint32_t lane = threadIdx.x & 31u, wg = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const uint32_t nw = gridDim.x * blockDim.x >> 5;
-    uint32_t amax = 0;
-    for (uint32_t i = wg; i < B * NU; i += nw)
-        d_unit_e<MODE, IL, HR>(x, w, i / NU, i % NU, lane, amax, PIPE);
+    float4 v[4][4];
+    d_load<0>(x, (uint64_t)s * SQ + (uint64_t)u * UT, lane, v);
+    if (pend != 0xffffffffu)
+        d_e_signal<HR>(w, pend, lane);
+    d_e_compute<0, HR>(v, w, s, u, lane, amax);
+    pend = s;
+}
+
+// the warp's max |x| bits into the frame's
+__device__ __forceinline__ void d_amax_out(const ws_t &w, uint32_t amax, uint32_t lane)
+{
     amax = __reduce_max_sync(FULL, amax);
     if (lane == 0)
         atomicMax(w.amax, amax);
 }
 
-// E over all units, each unit's completion signalled after the next unit's loads are issued (the
-// fence then waits while those loads are in flight anyway)
-template <int HR = 1>
-__global__ void __launch_bounds__(128) k_e_def(const float *x, ws_t w)
+// E over all units as a kernel of its own (the last unit of each sample finds its threshold);
+// DEF: completions signalled late (d_unit_e_def)
+template <int MODE = 0, int IL = 0, int HR = 1, bool PIPE = true, bool DEF = false>
+__global__ void __launch_bounds__(128) k_e(const float *x, ws_t w)
 {
     const uint32_t lane = threadIdx.x & 31u, wg = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const uint32_t nw = gridDim.x * blockDim.x >> 5;
     uint32_t amax = 0, pend = 0xffffffffu;
     for (uint32_t i = wg; i < B * NU; i += nw) {
-        const uint32_t s = i / NU, u = i % NU;
-        float4 v[4][4];
-        d_load<0>(x, (uint64_t)s * SQ + (uint64_t)u * UT, lane, v);
-        if (pend != 0xffffffffu)
-            d_e_signal<HR>(w, pend, lane);
-        d_e_compute<0, HR>(v, w, s, u, lane, amax);
-        pend = s;
+        if (DEF)
+            d_unit_e_def<HR>(x, w, i / NU, i % NU, lane, amax, pend);
+        else
+            d_unit_e<MODE, IL, HR>(x, w, i / NU, i % NU, lane, amax, PIPE);
     }
     if (pend != 0xffffffffu)
         d_e_signal<HR>(w, pend, lane);
-    amax = __reduce_max_sync(FULL, amax);
-    if (lane == 0)
-        atomicMax(w.amax, amax);
+    d_amax_out(w, amax, lane);
 }
 
 template <int QM = 0>
@@ -591,7 +594,7 @@ __global__ void __launch_bounds__(128) k_q(const float *x, ws_t w)
 }
 
 // one persistent grid: items in the order E(0) E(1) Q(0) E(2) Q(1) ... (LEAD samples ahead)
-template <int LEAD, int HR = 1, bool DEF = false> // DEF: E units signalled as in k_e_def
+template <int LEAD, int HR = 1, bool DEF = false> // DEF: E units signalled late (d_unit_e_def)
 __global__ void __launch_bounds__(128, 4) k_pipe(const float *x, ws_t w)
 {
     const uint32_t lane = threadIdx.x & 31u;
@@ -619,14 +622,9 @@ __global__ void __launch_bounds__(128, 4) k_pipe(const float *x, ws_t w)
             p = B + r / NU;
             k = NU + r % NU;
         }
-        if (k < NU && DEF) {
-            float4 v[4][4];
-            d_load<0>(x, (uint64_t)p * SQ + (uint64_t)k * UT, lane, v);
-            if (pend != 0xffffffffu)
-                d_e_signal<HR>(w, pend, lane);
-            d_e_compute<0, HR>(v, w, p, k, lane, amax);
-            pend = p;
-        } else if (k < NU)
+        if (k < NU && DEF)
+            d_unit_e_def<HR>(x, w, p, k, lane, amax, pend);
+        else if (k < NU)
             d_unit_e<0, 0, HR>(x, w, p, k, lane, amax, true);
         else {
             if (pend != 0xffffffffu) {
@@ -640,9 +638,7 @@ __global__ void __launch_bounds__(128, 4) k_pipe(const float *x, ws_t w)
     }
     if (pend != 0xffffffffu)
         d_e_signal<HR>(w, pend, lane);
-    amax = __reduce_max_sync(FULL, amax);
-    if (lane == 0)
-        atomicMax(w.amax, amax);
+    d_amax_out(w, amax, lane);
 }
 
 static float s_median(std::vector<float> t)
@@ -768,7 +764,7 @@ int main(int argc, char **argv)
     };
     evar("E kernel, fence.acq_rel instead of __threadfence", k_e<0, 0, 1>);
     evar("E kernel, histogram atomics, no fence, no threshold", k_e<0, 0, 1, false>);
-    evar("E kernel, each unit signalled after the next one's loads", k_e_def<1>);
+    evar("E kernel, each unit signalled after the next one's loads", k_e<0, 0, 1, true, true>);
     evar("E kernel, 8 copies of the histogram", k_e<0, 0, 8>);
     evar("E kernel, 8 copies, interleaved loads", k_e<0, 1, 8>);
     evar("E kernel, keys only (no histogram)", k_e<1, 0>);
