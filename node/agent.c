@@ -83,9 +83,11 @@ static const char *s_state_name[] = { "announcing", "idle", "fetching", "loading
 
 #define S_MAX_PEERS 4
 /* A send that cannot enter a neighbour's queue this long fails the job
- * (the neighbour stopped reading); shorter than the coordinator's node
- * timeout so our own heartbeats keep flowing. */
+ * (the neighbour stopped reading). Sends never block (s_flush), so our
+ * heartbeats flow meanwhile. */
 #define S_SEND_TIMEOUT_MS 3000
+#define S_HELD_RETRY_S 0.002 /* how often a refused send is tried again */
+#define S_HELLO_WAIT_S 10.0  /* how long a message waits for a neighbour that has not connected */
 
 typedef struct s_peer {     /* a neighbour that connected to our ROUTER */
     int stage;
@@ -762,43 +764,60 @@ static void *s_dealer(agent_t *a, int stage)
     return s;
 }
 
-/* The job's in-process link settings for this stage's outgoing links. */
-static void s_setup_shaping(agent_t *a)
+/* 1 when this stage has an outgoing link of kind d (NODE_DEST_*); its peer stage in *to. */
+static int s_has_link(const node_job_t *j, int d, int *to)
+{
+    const int k = j->stage, S = j->S;
+    switch (d) {
+    case NODE_DEST_DOWN:
+        *to = k + 1;
+        return k < S - 1;
+    case NODE_DEST_UP:
+        *to = k - 1;
+        return k > 0;
+    case NODE_DEST_TIED:
+        *to = k == 0 ? S - 1 : 0;
+        return j->x.tied && S > 1 && (k == 0 || k == S - 1);
+    default:
+        return 0;
+    }
+}
+
+/* A queue for each outgoing link (s_flush sends from them without blocking),
+ * and the job's in-process rate and delay where it sets them. -1: out of memory. */
+static int s_setup_queues(agent_t *a)
 {
     node_job_t *j = a->job;
+    const size_t cap = (size_t)(2 * j->x.M + 2 * j->x.val_batches + 16);
+    int to;
+    for (int d = 1; d < 4; d++) {
+        shape_link_init(&a->shp[d], 0.0, 0.0);
+        if (s_has_link(j, d, &to) && !(a->q[d] = shape_queue_new(cap)))
+            return -1;
+    }
     char err[1024];
     job_spec_t *spec = malloc(sizeof *spec);
     if (!spec)
-        return;
+        return -1;
     if (jobfile_parse(j->ini, "job", spec, err, sizeof err) != 0) { /* the runner parsed it already */
         log_warn("job %llu: link settings not applied: %s", (unsigned long long)j->id, err);
         free(spec);
-        return;
+        return 0;
     }
-    const int k = j->stage, S = j->S;
-    const int to[4] = { -1, k + 1, k - 1, k == 0 ? S - 1 : 0 };
-    const int has[4] = { 0, k < S - 1, k > 0, j->x.tied && S > 1 && (k == 0 || k == S - 1) };
-    const size_t cap = (size_t)(2 * j->x.M + 2 * j->x.val_batches + 16);
+    const int k = j->stage;
     int delayed = 0;
     for (int d = 1; d < 4; d++) {
-        if (!has[d])
+        if (!s_has_link(j, d, &to))
             continue;
-        shape_link_init(&a->shp[d], linkspec_value(&spec->link_rate, k, to[d]),
-                        linkspec_value(&spec->link_delay, k, to[d]));
+        shape_link_init(&a->shp[d], linkspec_value(&spec->link_rate, k, to), linkspec_value(&spec->link_delay, k, to));
         if (!shape_link_active(&a->shp[d]))
             continue;
-        a->q[d] = shape_queue_new(cap);
-        if (!a->q[d]) {
-            log_error("job %llu: out of memory for the link queue; link %d>%d not shaped", (unsigned long long)j->id,
-                      k, to[d]);
-            continue;
-        }
         delayed |= a->shp[d].delay_s > 0;
-        log_info("job %llu: link %d>%d (%s): rate %s, delay %s", (unsigned long long)j->id, k, to[d],
+        log_info("job %llu: link %d>%d (%s): rate %s, delay %s", (unsigned long long)j->id, k, to,
                  d == NODE_DEST_DOWN ? "downstream" : d == NODE_DEST_UP ? "upstream" : "tied",
                  a->shp[d].bits_per_s > 0 ? "in-process token bucket" : "unlimited",
                  a->shp[d].delay_s > 0 ? "in-process" : "none");
-        log_info("job %llu: link %d>%d: %.6g Mbit/s, %.6g ms one-way", (unsigned long long)j->id, k, to[d],
+        log_info("job %llu: link %d>%d: %.6g Mbit/s, %.6g ms one-way", (unsigned long long)j->id, k, to,
                  a->shp[d].bits_per_s / 1e6, a->shp[d].delay_s * 1e3);
     }
     if (delayed)
@@ -806,6 +825,7 @@ static void s_setup_shaping(agent_t *a)
                  linkspec_netem_available() ? "netem exists on this machine; the job asks for the node's own delay"
                                             : "no netem");
     free(spec);
+    return 0;
 }
 
 /* Runner is ready: open the links. */
@@ -832,7 +852,10 @@ static void s_on_ready(agent_t *a)
         s_abort(a, NODE_FAILED, -1, "out of memory for the data-plane guard");
         return;
     }
-    s_setup_shaping(a);
+    if (s_setup_queues(a) != 0) {
+        s_abort(a, NODE_FAILED, -1, "out of memory for the link queues");
+        return;
+    }
     double now = s_now();
     a->heard[0] = a->heard[1] = a->heard[2] = now;
     a->state = A_RUNNING;
@@ -1163,81 +1186,89 @@ static const s_peer_t *s_peer_of_stage(const agent_t *a, int stage)
     return NULL;
 }
 
-/* Send [hdr][payload] to dest's socket. Blocking send with a timeout: a
- * full queue (high-water mark) waits here, which stops us reading the pipe
- * and so blocks the runner (back-pressure). The parts are sent or left for
- * the caller to close. */
-static void s_send_now(agent_t *a, int dest, zmq_msg_t *hdr, zmq_msg_t *payload)
-{
-    node_job_t *j = a->job;
-    void *sock = NULL;
-    const s_peer_t *p = NULL;
-    if (dest == NODE_DEST_DOWN)
-        sock = a->down;
-    else if (dest == NODE_DEST_UP)
-        p = s_peer_of_stage(a, j->stage - 1);
-    else if (j->stage == 0)
-        sock = a->tied ? a->tied : a->down;
-    else
-        p = s_peer_of_stage(a, 0);
-    if (!sock && !p) {
-        log_error("job %llu: no link for a message to %s", (unsigned long long)j->id,
-                  dest == NODE_DEST_DOWN ? "downstream" : dest == NODE_DEST_UP ? "upstream" : "the tied partner");
-        return;
-    }
-    if (p) {
-        sock = a->router;
-        if (zmq_send(sock, p->rid, p->rid_len, ZMQ_SNDMORE) < 0)
-            return;
-    }
-    if (zmq_msg_send(hdr, sock, ZMQ_SNDMORE) < 0 || zmq_msg_send(payload, sock, 0) < 0) {
-        int to = dest == NODE_DEST_DOWN ? j->stage + 1 : dest == NODE_DEST_UP ? j->stage - 1
-                 : j->stage == 0 ? j->S - 1 : 0;
-        char reason[256];
-        snprintf(reason, sizeof reason, "send to stage %d (node %s) failed: %s", to, j->names[to],
-                 zmq_strerror(errno));
-        s_abort(a, NODE_FAILED, to, reason);
-    }
-}
-
-/* A runner message [dest][hdr][payload]: send it, or queue it until its
- * release time when the link is shaped. */
+/* Runner messages go out through each link's queue (s_setup_queues): a
+ * message waits there for its release time when the link is shaped, and
+ * for room when the neighbour's socket queue is full. s_flush never blocks,
+ * so heartbeats and the other links go on; a head refused for
+ * S_SEND_TIMEOUT_MS fails the job. While a queue is full the pipe is not
+ * read, which blocks the runner (back-pressure). */
 static void s_forward(agent_t *a, zmq_msg_t *parts)
 {
     int dest = zmq_msg_size(&parts[0]) == 1 ? *(uint8_t *)zmq_msg_data(&parts[0]) : 0;
-    if (dest < NODE_DEST_DOWN || dest > NODE_DEST_TIED) {
-        log_error("job %llu: internal: runner message for destination %d", (unsigned long long)a->job->id, dest);
+    if (dest < NODE_DEST_DOWN || dest > NODE_DEST_TIED || !a->q[dest]) {
+        log_error("job %llu: internal: runner message for destination %d, which this stage has no link to",
+                  (unsigned long long)a->job->id, dest);
         return;
     }
-    shape_queue_t *q = a->q[dest];
-    if (q && !shape_queue_full(q)) {
-        size_t bytes = zmq_msg_size(&parts[1]) + zmq_msg_size(&parts[2]);
-        double release = shape_link_release(&a->shp[dest], s_now(), bytes);
-        if (shape_queue_push(q, release, &parts[1], &parts[2]) == 0)
-            return;
-    }
-    s_send_now(a, dest, &parts[1], &parts[2]);
+    size_t bytes = zmq_msg_size(&parts[1]) + zmq_msg_size(&parts[2]);
+    double release = shape_link_release(&a->shp[dest], s_now(), bytes);
+    if (shape_queue_push(a->q[dest], release, &parts[1], &parts[2]) != 0) /* s_any_full stops the pipe first */
+        s_abort(a, NODE_FAILED, -1, "internal: a link queue overflowed");
 }
 
-/* Send every queued message whose time has come; seconds until the next
- * one (-1: none waits). */
+/* The socket (and, on our ROUTER, the peer) of an outgoing link; 0 when
+ * the link is not there (yet: an upstream neighbour that has not said hello). */
+static int s_link_socket(agent_t *a, int dest, void **sock, const s_peer_t **peer)
+{
+    node_job_t *j = a->job;
+    *sock = NULL;
+    *peer = NULL;
+    if (dest == NODE_DEST_DOWN)
+        *sock = a->down;
+    else if (dest == NODE_DEST_UP)
+        *peer = s_peer_of_stage(a, j->stage - 1);
+    else if (j->stage == 0)
+        *sock = a->tied ? a->tied : a->down;
+    else
+        *peer = s_peer_of_stage(a, 0);
+    if (*peer)
+        *sock = a->router;
+    return *sock != NULL;
+}
+
+/* Send every queued message whose time has come, without blocking;
+ * seconds until s_flush should run again (-1: nothing waits). */
 static double s_flush(agent_t *a)
 {
     double now = s_now(), next = -1.0;
-    for (int d = 1; d < 4; d++) {
-        shape_item_t *it;
-        while (a->job && a->q[d] && (it = shape_queue_head(a->q[d]))) {
-            if (it->release > now) {
-                if (next < 0 || it->release - now < next)
-                    next = it->release - now;
-                break;
-            }
-            if (a->state == A_RUNNING)
-                s_send_now(a, d, &it->hdr, &it->payload);
-            zmq_msg_close(&it->hdr);
-            zmq_msg_close(&it->payload);
-            shape_queue_pop(a->q[d]);
+    for (int d = 1; d < 4 && a->job; d++) {
+        shape_queue_t *q = a->q[d];
+        if (!q || q->n == 0)
+            continue;
+        if (a->state != A_RUNNING) { /* stopping: nobody waits for them */
+            shape_queue_clear(q);
+            continue;
         }
+        node_job_t *j = a->job;
+        int to = 0;
+        s_has_link(j, d, &to);
+        void *sock;
+        const s_peer_t *p;
+        double wait = -1.0;
+        int rc = SHAPE_HELD, connected = s_link_socket(a, d, &sock, &p);
+        if (connected)
+            rc = shape_queue_send(q, sock, p ? p->rid : NULL, p ? p->rid_len : 0, now, &wait);
+        else if (shape_queue_head(q)->release > now) {
+            rc = SHAPE_SENT;
+            wait = shape_queue_head(q)->release - now;
+        } else if (q->held_since == 0.0) /* a neighbour that has not said hello yet */
+            q->held_since = now;
+        char reason[256] = "";
+        if (rc == SHAPE_FAILED)
+            snprintf(reason, sizeof reason, "send to stage %d (node %s) failed: %s", to, j->names[to],
+                     zmq_strerror(errno));
+        else if (rc == SHAPE_HELD && now - q->held_since >= (connected ? S_SEND_TIMEOUT_MS * 1e-3 : S_HELLO_WAIT_S))
+            snprintf(reason, sizeof reason, "send to stage %d (node %s) failed: %s for %.1f s", to, j->names[to],
+                     connected ? "its queue stayed full" : "it has not connected", now - q->held_since);
+        else if (rc == SHAPE_HELD)
+            wait = S_HELD_RETRY_S;
+        if (reason[0]) {
+            s_abort(a, NODE_FAILED, to, reason);
+            shape_queue_clear(q);
+            continue;
+        }
+        if (wait >= 0 && (next < 0 || wait < next))
+            next = wait;
     }
     return next;
 }

@@ -1,6 +1,7 @@
 /* shape.c — token bucket + one-way delay per link (see shape.h). */
 #include "shape.h"
 
+#include <errno.h>
 #include <stdlib.h>
 
 #include "errors.h"
@@ -95,4 +96,47 @@ void shape_queue_pop(shape_queue_t *q)
         return;
     q->head = (q->head + 1) % q->cap;
     q->n--;
+}
+
+/* The head's parts: [rid] [hdr] [payload]. A full queue refuses a message
+ * at its first part (a ROUTER's at the routing id, ROUTER_MANDATORY), and
+ * once that is taken ZeroMQ takes the rest of the message. */
+static int s_send_head(shape_item_t *it, void *sock, const void *rid, size_t rid_len)
+{
+    if (rid_len > 0 && zmq_send(sock, rid, rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        return errno == EAGAIN ? SHAPE_HELD : SHAPE_FAILED;
+    if (zmq_msg_send(&it->hdr, sock, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+        if (rid_len == 0 && errno == EAGAIN)
+            return SHAPE_HELD;
+        return SHAPE_FAILED;
+    }
+    return zmq_msg_send(&it->payload, sock, ZMQ_DONTWAIT) < 0 ? SHAPE_FAILED : SHAPE_SENT;
+}
+
+int shape_queue_send(shape_queue_t *q, void *sock, const void *rid, size_t rid_len, double now, double *next)
+{
+    *next = -1.0;
+    shape_item_t *it;
+    while ((it = shape_queue_head(q))) {
+        if (it->release > now) {
+            *next = it->release - now;
+            return SHAPE_SENT;
+        }
+        int rc = s_send_head(it, sock, rid, rid_len);
+        if (rc == SHAPE_HELD) {
+            if (q->held_since == 0.0)
+                q->held_since = now;
+            return SHAPE_HELD;
+        }
+        int err = errno;
+        zmq_msg_close(&it->hdr); /* sent parts are empty messages now */
+        zmq_msg_close(&it->payload);
+        shape_queue_pop(q);
+        q->held_since = 0.0;
+        if (rc == SHAPE_FAILED) {
+            errno = err;
+            return SHAPE_FAILED;
+        }
+    }
+    return SHAPE_SENT;
 }

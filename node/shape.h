@@ -12,6 +12,11 @@
  * delay 0 = none. Messages wait in a FIFO per link (shape_queue_t), holding
  * the two ZeroMQ parts [header][payload] without copying them.
  *
+ * Every outgoing link has such a queue, shaped or not: shape_queue_send
+ * hands its due messages to the socket without ever blocking, so that a
+ * neighbour whose queue is full holds up only that link, not the I/O
+ * thread (its heartbeats, its other links).
+ *
  * Memory: shape_queue_new/destroy own the ring and close messages left in
  * it. Not thread-safe: one I/O thread owns all of it. */
 #ifndef TAH_NODE_SHAPE_H
@@ -41,6 +46,7 @@ typedef struct shape_item {
 typedef struct shape_queue {
     shape_item_t *v;
     size_t cap, head, n;
+    double held_since; /* when the socket first refused the head (0: it has not) */
 } shape_queue_t;
 
 shape_queue_t *shape_queue_new(size_t cap);
@@ -54,5 +60,20 @@ shape_item_t *shape_queue_head(shape_queue_t *q);
 void shape_queue_pop(shape_queue_t *q);
 /* Close every message held. */
 void shape_queue_clear(shape_queue_t *q);
+
+enum { SHAPE_SENT = 0, SHAPE_HELD = 1, SHAPE_FAILED = -1 };
+/* Send the messages whose release time is <= now, oldest first, on sock
+ * (a DEALER; or a ROUTER with ZMQ_ROUTER_MANDATORY, to the peer rid when
+ * rid_len > 0), each with ZMQ_DONTWAIT. Returns
+ *   SHAPE_SENT    no due message is left;
+ *   SHAPE_HELD    the socket refused the head because its queue to the peer
+ *                 is full (EAGAIN): nothing of the head was sent, it stays
+ *                 first; q->held_since is when that began (kept across
+ *                 calls until the head goes);
+ *   SHAPE_FAILED  anything else (errno: e.g. EHOSTUNREACH, the peer is not
+ *                 connected); the head is dropped, so was any part of it.
+ * *next: seconds until the next message is due (-1: none waits). Times are
+ * seconds > 0 (a monotonic clock). */
+int shape_queue_send(shape_queue_t *q, void *sock, const void *rid, size_t rid_len, double now, double *next);
 
 #endif

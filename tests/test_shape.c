@@ -1,11 +1,14 @@
-/* test_shape.c — the in-process link model (node/shape.h) and the link
- * spec grammar (coordinator/linkspec.h). Times are exact arithmetic on
- * doubles, so the tolerances are 1e-12 s. */
+/* test_shape.c — the in-process link model (node/shape.h), the link
+ * queues' non-blocking sends (real ZeroMQ sockets over inproc), and the
+ * link spec grammar (coordinator/linkspec.h). Model times are exact
+ * arithmetic on doubles, so the tolerances are 1e-12 s. */
+#include <errno.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
 
 #include "errors.h"
@@ -72,6 +75,157 @@ static void test_queue_fifo_and_capacity(void **state)
     assert_null(q);
 }
 
+/* ---- shape_queue_send: real sockets; a full peer queue must not block ---- */
+
+static double s_clock(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void s_push(shape_queue_t *q, double release, int i)
+{
+    zmq_msg_t h, p;
+    zmq_msg_init_size(&h, 2);
+    memcpy(zmq_msg_data(&h), (char[]){ 'h', (char)('0' + i) }, 2);
+    zmq_msg_init_size(&p, 3000); /* payload: i in every byte */
+    memset(zmq_msg_data(&p), i, 3000);
+    assert_int_equal(shape_queue_push(q, release, &h, &p), 0);
+}
+
+/* One message [hdr][payload] from sock, asserted whole; its number i, or -1
+ * when none is waiting. */
+static int s_take(void *sock)
+{
+    char buf[4096];
+    int more = 0;
+    size_t ml = sizeof more;
+    int n = zmq_recv(sock, buf, sizeof buf, ZMQ_DONTWAIT);
+    if (n < 0)
+        return -1;
+    assert_int_equal(n, 2);
+    assert_int_equal(buf[0], 'h');
+    int i = buf[1] - '0';
+    zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &ml);
+    assert_int_equal(more, 1);
+    assert_int_equal(zmq_recv(sock, buf, sizeof buf, 0), 3000);
+    for (int k = 0; k < 3000; k++)
+        assert_int_equal(buf[k], i);
+    zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &ml);
+    assert_int_equal(more, 0);
+    return i;
+}
+
+/* Alternates shape_queue_send(now) with the receiver taking what arrived
+ * until messages from..upto-1 have arrived, in that order. */
+static void s_drain(shape_queue_t *q, void *tx, const char *rid, void *rx, double now, int from, int upto)
+{
+    double next;
+    for (int round = 0; round < 5000 && from < upto; round++) {
+        assert_int_not_equal(shape_queue_send(q, tx, rid, rid ? strlen(rid) : 0, now, &next), SHAPE_FAILED);
+        int i;
+        while ((i = s_take(rx)) >= 0)
+            assert_int_equal(i, from++);
+        struct timespec ts = { 0, 1000000 };
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(from, upto);
+}
+
+static void test_send_holds_instead_of_blocking(void **state)
+{
+    (void)state;
+    void *ctx = zmq_ctx_new();
+    void *rx = zmq_socket(ctx, ZMQ_PULL), *tx = zmq_socket(ctx, ZMQ_DEALER);
+    int one = 1, to = 2000, zero = 0;
+    zmq_setsockopt(rx, ZMQ_RCVHWM, &one, sizeof one);
+    zmq_setsockopt(tx, ZMQ_SNDHWM, &one, sizeof one);
+    zmq_setsockopt(tx, ZMQ_SNDTIMEO, &to, sizeof to); /* a blocking send would wait 2 s here */
+    zmq_setsockopt(tx, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(rx, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_bind(rx, "inproc://shape-send"), 0);
+    assert_int_equal(zmq_connect(tx, "inproc://shape-send"), 0);
+    shape_queue_t *q = shape_queue_new(16);
+    assert_non_null(q);
+    for (int i = 0; i < 8; i++)
+        s_push(q, 1.0, i);
+    s_push(q, 50.0, 8); /* a shaped link's message, not due before t = 50 */
+    double next, t0 = s_clock();
+    int rc = shape_queue_send(q, tx, NULL, 0, 5.0, &next);
+    double took = s_clock() - t0;
+    /* the receiver reads nothing: the socket takes what its queues hold, then refuses */
+    assert_int_equal(rc, SHAPE_HELD);
+    assert_true(took < 0.5);
+    assert_true(q->n > 1 && q->n < 9);
+    assert_true(q->held_since == 5.0);
+    size_t left = q->n;
+    t0 = s_clock();
+    assert_int_equal(shape_queue_send(q, tx, NULL, 0, 6.0, &next), SHAPE_HELD);
+    assert_true(s_clock() - t0 < 0.5);
+    assert_int_equal(q->n, left);
+    assert_true(q->held_since == 5.0); /* since the head was first refused */
+    /* the receiver reads: everything due arrives whole and in order; the shaped one waits */
+    s_drain(q, tx, NULL, rx, 7.0, 0, 8);
+    assert_int_equal(q->n, 1);
+    assert_true(q->held_since == 0.0);
+    assert_int_equal(shape_queue_send(q, tx, NULL, 0, 7.0, &next), SHAPE_SENT);
+    assert_true(fabs(next - 43.0) < 1e-12);
+    assert_int_equal(q->n, 1);
+    s_drain(q, tx, NULL, rx, 50.0, 8, 9);
+    assert_int_equal(q->n, 0);
+    assert_int_equal(shape_queue_send(q, tx, NULL, 0, 51.0, &next), SHAPE_SENT);
+    assert_true(next == -1.0);
+    shape_queue_destroy(&q);
+    zmq_close(tx);
+    zmq_close(rx);
+    zmq_ctx_term(ctx);
+}
+
+/* The agent's upstream and tied sends: a ROUTER with ROUTER_MANDATORY to one
+ * peer. A full peer queue holds the message whole (no routing id sent on
+ * its own); a peer that is not connected fails the send at once. */
+static void test_send_router_peer(void **state)
+{
+    (void)state;
+    void *ctx = zmq_ctx_new();
+    void *tx = zmq_socket(ctx, ZMQ_ROUTER), *rx = zmq_socket(ctx, ZMQ_DEALER);
+    int one = 1, to = 2000, zero = 0;
+    zmq_setsockopt(tx, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(tx, ZMQ_SNDHWM, &one, sizeof one);
+    zmq_setsockopt(tx, ZMQ_SNDTIMEO, &to, sizeof to);
+    zmq_setsockopt(tx, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(rx, ZMQ_RCVHWM, &one, sizeof one);
+    zmq_setsockopt(rx, ZMQ_ROUTING_ID, "peer", 4);
+    zmq_setsockopt(rx, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_bind(tx, "inproc://shape-router"), 0);
+    assert_int_equal(zmq_connect(rx, "inproc://shape-router"), 0);
+    assert_int_equal(zmq_send(rx, "hello", 5, 0), 5); /* the router learns the peer */
+    char buf[16];
+    assert_int_equal(zmq_recv(tx, buf, sizeof buf, 0), 4);
+    assert_int_equal(zmq_recv(tx, buf, sizeof buf, 0), 5);
+    shape_queue_t *q = shape_queue_new(16);
+    assert_non_null(q);
+    for (int i = 0; i < 8; i++)
+        s_push(q, 1.0, i);
+    double next, t0 = s_clock();
+    assert_int_equal(shape_queue_send(q, tx, "peer", 4, 2.0, &next), SHAPE_HELD);
+    assert_true(s_clock() - t0 < 0.5);
+    assert_true(q->n > 1 && q->n < 8);
+    s_drain(q, tx, "peer", rx, 3.0, 0, 8);
+    assert_int_equal(q->n, 0);
+    /* no such peer: the head is dropped and the error says why */
+    s_push(q, 1.0, 0);
+    s_push(q, 1.0, 1);
+    assert_int_equal(shape_queue_send(q, tx, "nobody", 6, 4.0, &next), SHAPE_FAILED);
+    assert_int_equal(errno, EHOSTUNREACH);
+    assert_int_equal(q->n, 1);
+    shape_queue_destroy(&q);
+    zmq_close(tx);
+    zmq_close(rx);
+    zmq_ctx_term(ctx);
+}
+
 static void test_linkspec_grammar(void **state)
 {
     (void)state;
@@ -109,6 +263,8 @@ int main(void)
         cmocka_unit_test(test_rate_serialises),
         cmocka_unit_test(test_delay_adds_after_serialisation),
         cmocka_unit_test(test_queue_fifo_and_capacity),
+        cmocka_unit_test(test_send_holds_instead_of_blocking),
+        cmocka_unit_test(test_send_router_peer),
         cmocka_unit_test(test_linkspec_grammar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
