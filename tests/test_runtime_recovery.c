@@ -580,11 +580,11 @@ static void test_leave_during_readoption(void **state)
     (void)state;
     rt_t r;
     rt_init(&r, "rt_leave_readopt");
-    /* node timeout 5 s (peer timeout 10 s, re-adoption deadline 15 s): above the 3 s that a
-     * node's agent may block sending to a neighbour that stopped reading (S_SEND_TIMEOUT_MS),
-     * plus a heartbeat period. At 3 s, stage 1 blocked on a send to the leaving stage 0 right
-     * after its drain was declared lost once in five CI runs (round 32) */
-    rt_start_coord(&r, 5.0, 0);
+    /* node timeout 3 s (peer timeout 8 s, re-adoption deadline 11 s). Until sends stopped
+     * blocking (node/shape.h), stage 1's agent could block up to 3 s on a send to the leaving
+     * stage 0 right after its drain, without heartbeats, and was declared lost here once in
+     * five CI runs (round 32) */
+    rt_start_coord(&r, 3.0, 0);
     rt_start_nodes(&r, 3); /* n0, n1 run the job; n2 is the spare */
     char ini[1024], out[4096];
     snprintf(ini, sizeof ini, s_job, S_STEPS, 2);
@@ -593,7 +593,7 @@ static void test_leave_during_readoption(void **state)
     assert_true(s_wait_step(&r, job, 20, 60) >= 20);
     int port = atoi(strrchr(r.ep, ':') + 1);
     assert_int_equal(rt_stop_coord(&r), 0);
-    rt_kill_node(&r, 1, SIGSTOP); /* stage 1 re-announces only after SIGCONT (< 10 s: its neighbour's patience) */
+    rt_kill_node(&r, 1, SIGSTOP); /* stage 1 re-announces only after SIGCONT (< 8 s: its neighbour's patience) */
     rt_kill_node(&r, 0, SIGTERM); /* graceful leave, asked while the coordinator is down */
     int asked = 0;
     for (int i = 0; i < 100 && !asked; i++) {
@@ -602,7 +602,7 @@ static void test_leave_during_readoption(void **state)
             s_sleep(0.02);
     }
     assert_true(asked);
-    rt_start_coord(&r, 5.0, port);
+    rt_start_coord(&r, 3.0, port);
     /* stage 0 re-adopted, stage 1 not yet: the job is still re-adopting */
     int adopted = s_wait_event(&r, job, "adopted", 1, 10);
     Tah__Envelope *e = rt_status(&r, job);
