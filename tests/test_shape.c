@@ -133,17 +133,24 @@ static void s_drain(shape_queue_t *q, void *tx, const char *rid, void *rx, doubl
     assert_int_equal(from, upto);
 }
 
+/* A socket whose queues hold one message each way (so a peer that does not
+ * read fills them at once), and whose blocking sends would wait 2 s. */
+static void *s_socket(void *ctx, int type)
+{
+    void *s = zmq_socket(ctx, type);
+    int one = 1, to = 2000, zero = 0;
+    zmq_setsockopt(s, ZMQ_SNDHWM, &one, sizeof one);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &one, sizeof one);
+    zmq_setsockopt(s, ZMQ_SNDTIMEO, &to, sizeof to);
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    return s;
+}
+
 static void test_send_holds_instead_of_blocking(void **state)
 {
     (void)state;
     void *ctx = zmq_ctx_new();
-    void *rx = zmq_socket(ctx, ZMQ_PULL), *tx = zmq_socket(ctx, ZMQ_DEALER);
-    int one = 1, to = 2000, zero = 0;
-    zmq_setsockopt(rx, ZMQ_RCVHWM, &one, sizeof one);
-    zmq_setsockopt(tx, ZMQ_SNDHWM, &one, sizeof one);
-    zmq_setsockopt(tx, ZMQ_SNDTIMEO, &to, sizeof to); /* a blocking send would wait 2 s here */
-    zmq_setsockopt(tx, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(rx, ZMQ_LINGER, &zero, sizeof zero);
+    void *rx = s_socket(ctx, ZMQ_PULL), *tx = s_socket(ctx, ZMQ_DEALER);
     assert_int_equal(zmq_bind(rx, "inproc://shape-send"), 0);
     assert_int_equal(zmq_connect(tx, "inproc://shape-send"), 0);
     shape_queue_t *q = shape_queue_new(16);
@@ -189,15 +196,10 @@ static void test_send_router_peer(void **state)
 {
     (void)state;
     void *ctx = zmq_ctx_new();
-    void *tx = zmq_socket(ctx, ZMQ_ROUTER), *rx = zmq_socket(ctx, ZMQ_DEALER);
-    int one = 1, to = 2000, zero = 0;
+    void *tx = s_socket(ctx, ZMQ_ROUTER), *rx = s_socket(ctx, ZMQ_DEALER);
+    int one = 1;
     zmq_setsockopt(tx, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
-    zmq_setsockopt(tx, ZMQ_SNDHWM, &one, sizeof one);
-    zmq_setsockopt(tx, ZMQ_SNDTIMEO, &to, sizeof to);
-    zmq_setsockopt(tx, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(rx, ZMQ_RCVHWM, &one, sizeof one);
     zmq_setsockopt(rx, ZMQ_ROUTING_ID, "peer", 4);
-    zmq_setsockopt(rx, ZMQ_LINGER, &zero, sizeof zero);
     assert_int_equal(zmq_bind(tx, "inproc://shape-router"), 0);
     assert_int_equal(zmq_connect(rx, "inproc://shape-router"), 0);
     assert_int_equal(zmq_send(rx, "hello", 5, 0), 5); /* the router learns the peer */
