@@ -42,11 +42,14 @@
  * instead of being rejected, and a stage stopped while still loading
  * leaves its neighbours' messages unread (it has no guard to check them).
  *
- * Link emulation (job keys link_rate_mbps, link_delay_ms; shape.h): a data
- * message for a shaped link waits in that link's FIFO until its release
- * time; the poll timeout wakes the loop for the earliest one. While a FIFO
- * is full (the sockets' high-water mark) the pipe is not read, so the
- * runner blocks as it would on a full socket. A runner that finishes while
+ * Outgoing links (shape.h): every data message goes through its link's
+ * FIFO and leaves it without blocking (s_flush): on a shaped link (job keys
+ * link_rate_mbps, link_delay_ms) at its release time, which the poll
+ * timeout wakes the loop for; at once otherwise, unless the neighbour's
+ * socket queue is full (then tried again every 2 ms, and the job fails
+ * after S_SEND_TIMEOUT_MS) or the neighbour has not connected yet (then it
+ * waits; the peer timeout bounds that). While a FIFO is full the pipe is
+ * not read, so the runner blocks (back-pressure). A runner that finishes while
  * messages still wait ('X') is handled once they are out: its neighbours
  * need them. */
 #include <errno.h>
@@ -87,7 +90,6 @@ static const char *s_state_name[] = { "announcing", "idle", "fetching", "loading
  * heartbeats flow meanwhile. */
 #define S_SEND_TIMEOUT_MS 3000
 #define S_HELD_RETRY_S 0.002 /* how often a refused send is tried again */
-#define S_HELLO_WAIT_S 10.0  /* how long a message waits for a neighbour that has not connected */
 
 typedef struct s_peer {     /* a neighbour that connected to our ROUTER */
     int stage;
@@ -1207,7 +1209,8 @@ static void s_forward(agent_t *a, zmq_msg_t *parts)
 }
 
 /* The socket (and, on our ROUTER, the peer) of an outgoing link; 0 when
- * the link is not there (yet: an upstream neighbour that has not said hello). */
+ * the link is not there yet (a neighbour that has not said hello: the
+ * upstream one, or the first stage as the last stage's tied partner). */
 static int s_link_socket(agent_t *a, int dest, void **sock, const s_peer_t **peer)
 {
     node_job_t *j = a->job;
@@ -1239,30 +1242,25 @@ static double s_flush(agent_t *a)
             shape_queue_clear(q);
             continue;
         }
-        node_job_t *j = a->job;
-        int to = 0;
-        s_has_link(j, d, &to);
         void *sock;
         const s_peer_t *p;
-        double wait = -1.0;
-        int rc = SHAPE_HELD, connected = s_link_socket(a, d, &sock, &p);
-        if (connected)
-            rc = shape_queue_send(q, sock, p ? p->rid : NULL, p ? p->rid_len : 0, now, &wait);
-        else if (shape_queue_head(q)->release > now) {
-            rc = SHAPE_SENT;
-            wait = shape_queue_head(q)->release - now;
-        } else if (q->held_since == 0.0) /* a neighbour that has not said hello yet */
-            q->held_since = now;
-        char reason[256] = "";
-        if (rc == SHAPE_FAILED)
-            snprintf(reason, sizeof reason, "send to stage %d (node %s) failed: %s", to, j->names[to],
-                     zmq_strerror(errno));
-        else if (rc == SHAPE_HELD && now - q->held_since >= (connected ? S_SEND_TIMEOUT_MS * 1e-3 : S_HELLO_WAIT_S))
-            snprintf(reason, sizeof reason, "send to stage %d (node %s) failed: %s for %.1f s", to, j->names[to],
-                     connected ? "its queue stayed full" : "it has not connected", now - q->held_since);
-        else if (rc == SHAPE_HELD)
+        if (!s_link_socket(a, d, &sock, &p))
+            continue; /* a neighbour that has not said hello yet: its messages wait (the peer timeout, s_tick) */
+        double wait;
+        int rc = shape_queue_send(q, sock, p ? p->rid : NULL, p ? p->rid_len : 0, now, &wait);
+        if (rc == SHAPE_HELD && now - q->held_since < S_SEND_TIMEOUT_MS * 1e-3)
             wait = S_HELD_RETRY_S;
-        if (reason[0]) {
+        else if (rc != SHAPE_SENT) {
+            node_job_t *j = a->job;
+            int to = 0;
+            s_has_link(j, d, &to);
+            char reason[256];
+            if (rc == SHAPE_FAILED)
+                snprintf(reason, sizeof reason, "send to stage %d (node %s) failed: %s", to, j->names[to],
+                         zmq_strerror(errno));
+            else
+                snprintf(reason, sizeof reason, "send to stage %d (node %s) failed: its queue stayed full for %.1f s",
+                         to, j->names[to], now - q->held_since);
             s_abort(a, NODE_FAILED, to, reason);
             shape_queue_clear(q);
             continue;
