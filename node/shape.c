@@ -54,6 +54,7 @@ void shape_queue_clear(shape_queue_t *q)
         zmq_msg_close(&it->payload);
         shape_queue_pop(q);
     }
+    q->held_since = 0.0;
 }
 
 void shape_queue_destroy(shape_queue_t **self_p)

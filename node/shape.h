@@ -71,7 +71,8 @@ enum { SHAPE_SENT = 0, SHAPE_HELD = 1, SHAPE_FAILED = -1 };
  *                 first; q->held_since is when that began (kept across
  *                 calls until the head goes);
  *   SHAPE_FAILED  anything else (errno: e.g. EHOSTUNREACH, the peer is not
- *                 connected); the head is dropped, so was any part of it.
+ *                 connected); the head is dropped (a part of it may have
+ *                 gone out before the failure).
  * *next: seconds until the next message is due (-1: none waits). Times are
  * seconds > 0 (a monotonic clock). */
 int shape_queue_send(shape_queue_t *q, void *sock, const void *rid, size_t rid_len, double now, double *next);
