@@ -792,11 +792,9 @@ static int s_setup_queues(agent_t *a)
     node_job_t *j = a->job;
     const size_t cap = (size_t)(2 * j->x.M + 2 * j->x.val_batches + 16);
     int to;
-    for (int d = 1; d < 4; d++) {
-        shape_link_init(&a->shp[d], 0.0, 0.0);
+    for (int d = 1; d < 4; d++) /* a->shp[] is zero (unshaped) until set below: calloc, s_close_links */
         if (s_has_link(j, d, &to) && !(a->q[d] = shape_queue_new(cap)))
             return -1;
-    }
     char err[1024];
     job_spec_t *spec = malloc(sizeof *spec);
     if (!spec)
