@@ -1591,14 +1591,17 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
 // against k_tah_fused's ~0.059; round 18 0.0485 (x evict-first so the records stay in L2, the
 // records in planes, the emit's look-back overlapped; cuda/NOTES.md, "Nineteenth version").
 
-// k_tah_spec's staging: units of 32 tiles, one per lane (row `lane` of the unit), two buffers
-// per warp, 4 warps per CTA (3 CTAs per SM: 12 warps with up to 168 registers each, so a lane
-// keeps its tile's 64 floats in registers from the entropy to the codes).
+// k_tah_spec's staging: units of 32 tiles, one per lane (row `lane` of the unit), one buffer
+// per warp, 4 warps per CTA, 4 CTAs per SM (16 warps of up to 128 registers). A lane reads its
+// tile from the staged row in each pass (round 35; until then two buffers a warp, 3 CTAs per
+// SM, and the tile's 64 floats held in registers from the entropy to the codes: 5 % slower on
+// an H200, cuda/NOTES.md "Thirty-sixth version").
 #define S_SP_WARPS 4u
-#define S_SP_WARPW (2u * S_SP_UNIT * S_ST_ROWW)
+#define S_SP_CTAS 4u
+#define S_SP_WARPW (S_SP_UNIT * S_ST_ROWW)
 #define S_SP_CTA (S_SP_WARPS * S_SP_WARPW * 4u)
-#define S_SP_CAP 24u // units of keys in a CTA's bag for its histogram (an even share is ~17)
-#define S_SP_LH 256u // its histogram window (S_LH's half: 3 CTAs per SM need the shared memory)
+#define S_SP_CAP 24u // units of keys in a CTA's bag for its histogram (an even share is ~12)
+#define S_SP_LH 256u // its histogram window (S_LH's half, as when 3 CTAs per SM held two buffers a warp)
 
 // Copy tiles gt .. gt+n-1 (n <= 32) into buf's rows: chunk c = lane + 32 m is row c / 16's
 // chunk c % 16; one group of copies (committed also when n = 0). Full units evict first from
@@ -1618,7 +1621,7 @@ __device__ __forceinline__ void d_stage_unit32(float *buf, const X *x, uint64_t 
 // it at the tile's own exponent e_t, both widths: its entropy key (returned), its record at
 // rec (its 16-byte words S_SP_UNIT apart: the block's planes); amax folds in its max |x| bits.
 // Warp-uniform call (the rotated tiles' pass).
-//  - one pass over the 64 floats: tah.c's 16 entropy accumulators in its order, the largest
+//  - one pass over the row: tah.c's 16 entropy accumulators in its order, the largest
 //    and second largest |x| (as bits), min and max, all on x itself: scaling by 2^-e_t is
 //    monotone, so these are the scaled tile's once scaled (a zero minimum, whose sign tah.c
 //    takes from its lane order, is looked up again: d_zkey);
@@ -1626,53 +1629,43 @@ __device__ __forceinline__ void d_stage_unit32(float *buf, const X *x, uint64_t 
 //    products as tah.c's (v - minf) inv when both scalings are exact, which |e_t| <= 100
 //    ensures (otherwise the record's e_t is 127: k_tah_emit quantises the tile again);
 //  - rotated tiles (about 3 in 16) in d_rot_pass, 4 at a time on their rows.
+// Each pass reads the row 8 floats at a time (the bf16 row widened as read; a rotated row holds
+// the transformed floats), so the tile is not held in registers.
 template <typename X>
 __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool valid, uint4 *__restrict__ rec,
                                                    const s_tg &g, uint32_t lane, uint32_t &amax)
 {
     constexpr uint32_t BH = 4u, BL = 3u;
-    const float4 *row = (const float4 *)(unit + lane * S_ST_ROWW);
-    float v[64];
-    if constexpr (sizeof(X) == 2) { // the row's 64 bf16, widened (d_row8)
-#pragma unroll
-        for (int c = 0; c < 8; c++) {
-            d_row8<X>((const float *)row, (uint32_t)c, v + 8 * c);
-            if (!valid)
-#pragma unroll
-                for (int r = 0; r < 8; r++)
-                    v[8 * c + r] = 0.0f;
-        }
-    } else {
-#pragma unroll
-        for (int c = 0; c < 16; c++) {
-            const float4 q = valid ? row[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            v[4 * c] = q.x;
-            v[4 * c + 1] = q.y;
-            v[4 * c + 2] = q.z;
-            v[4 * c + 3] = q.w;
-        }
-    }
-    float S1 = 0.0f, SL = 0.0f, mn = v[0], mx = v[0];
+    const float *row = unit + lane * S_ST_ROWW;
+    // tah.c's 16 accumulators: element i goes to i % 16, level i / 16; chunk c of 8 holds
+    // accumulators 8 (c % 2) .. 8 (c % 2) + 7 at level c / 2, so each one's adds keep tah.c's order
+    float s1[16], sl[16], mn = 0.0f, mx = 0.0f;
     uint32_t b1 = 0, b2 = 0;
 #pragma unroll
-    for (int jj = 0; jj < 16; jj++) {
-        float s1 = 0.0f, sl = 0.0f;
+    for (int c = 0; c < 8; c++) {
+        float z[8];
+        d_row8<X>(row, (uint32_t)c, z);
 #pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const float x = v[jj + 16 * r], a = fabsf(x);
+        for (int i = 0; i < 8; i++) {
+            const float x = valid ? z[i] : 0.0f, a = fabsf(x);
+            const int jq = 8 * (c % 2) + i;
             const float pr = __fmul_rn(a, d_mlog(a));
             // tah.c's accumulators start at +0: 0 + a is a; 0 + pr is pr but for pr = -0 (a = 0),
             // whose sign never reaches the key (h = log2 D S1/D - SL/D is the same for SL = +-0)
-            s1 = r == 0 ? a : __fadd_rn(s1, a);
-            sl = r == 0 ? pr : __fadd_rn(sl, pr);
+            s1[jq] = c < 2 ? a : __fadd_rn(s1[jq], a);
+            sl[jq] = c < 2 ? pr : __fadd_rn(sl[jq], pr);
             const uint32_t bb = __float_as_uint(a);
             b2 = max(b2, min(bb, b1));
             b1 = max(b1, bb);
-            mn = fminf(mn, x);
-            mx = fmaxf(mx, x);
+            mn = c == 0 && i == 0 ? x : fminf(mn, x);
+            mx = c == 0 && i == 0 ? x : fmaxf(mx, x);
         }
-        S1 = jj == 0 ? s1 : __fadd_rn(S1, s1);
-        SL = jj == 0 ? sl : __fadd_rn(SL, sl);
+    }
+    float S1 = s1[0], SL = sl[0];
+#pragma unroll
+    for (int j = 1; j < 16; j++) {
+        S1 = __fadd_rn(S1, s1[j]);
+        SL = __fadd_rn(SL, sl[j]);
     }
     const uint32_t key = d_ent_key(S1, SL, g.kscale);
     amax = max(amax, valid ? b1 : 0u);
@@ -1683,11 +1676,15 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     float mns = __fmul_rn(mn, down), mxs = __fmul_rn(mx, down);
     if (mns == 0.0f) { // rare on activations: which zero (d_minmax_p64's rule, one lane per tile)
         uint32_t z = 0xffffffffu;
+        for (int c = 0; c < 8; c++) {
+            float e8[8];
+            d_row8<X>(row, (uint32_t)c, e8);
 #pragma unroll
-        for (int r = 0; r < 64; r++) {
-            const float sv = __fmul_rn(v[r], down);
-            if (sv == 0.0f)
-                z = min(z, d_zkey((uint32_t)r, 64u, false, sv));
+            for (int i = 0; i < 8; i++) {
+                const float sv = __fmul_rn(valid ? e8[i] : 0.0f, down);
+                if (sv == 0.0f)
+                    z = min(z, d_zkey((uint32_t)(8 * c + i), 64u, false, sv));
+            }
         }
         mns = (z & 1u) ? -0.0f : 0.0f;
         if (mxs == 0.0f)
@@ -1700,9 +1697,7 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
         rm = d_rot_pass<true, X>(unit, mm, rm, lane, down, m1, g.norm, lane, piv);
     if (!valid)
         return key;
-    if (rot) { // the row holds the scaled, transformed tile now (as loaded above: valid)
-        d_load32((const float *)row, v);
-        d_load32((const float *)row + 32, v + 32);
+    if (rot) { // the row holds the scaled, transformed tile now (valid), its min and max in mm
         const float2 q = mm[lane];
         mns = q.x;
         mxs = q.y;
@@ -1737,12 +1732,21 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
             w3[bl / 32 + 1] += c3 >> (32 - bl % 32);
     };
 #pragma unroll
-    for (int r = 0; r < 64; r++) {
-        const float dv = __fsub_rn(v[r], cm);
-        const uint32_t ch = __float_as_uint(__fadd_rn(__fmul_rn(dv, ih), 8388608.0f));
-        const uint32_t cl = __float_as_uint(__fadd_rn(__fmul_rn(dv, il), 8388608.0f));
-        pack(wh, wl, r, ch, cl);
-        pack(kh, kl, r, K, K);
+    for (int c = 0; c < 8; c++) {
+        float z[8];
+        if (sizeof(X) == 4 || rot) // the row: x, or the transformed floats of a rotated tile
+            d_row8<float>(row, (uint32_t)c, z);
+        else
+            d_row8<X>(row, (uint32_t)c, z);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int r = 8 * c + i;
+            const float dv = __fsub_rn(z[i], cm);
+            const uint32_t ch = __float_as_uint(__fadd_rn(__fmul_rn(dv, ih), 8388608.0f));
+            const uint32_t cl = __float_as_uint(__fadd_rn(__fmul_rn(dv, il), 8388608.0f));
+            pack(wh, wl, r, ch, cl);
+            pack(kh, kl, r, K, K);
+        }
     }
 #pragma unroll
     for (int i = 0; i < 8; i++)
@@ -1763,14 +1767,12 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
 // k_tah_fused's phases 0 and 1 with each unit's codes right after its keys (d_tah_spec_t64), and
 // no select. CTA (b, j) works on sample b; the sample's units of 32 tiles go to its P * 4 warps:
 // two rounds in a fixed order (warp w of CTA j: units 4P r + 4j + w), then one at a time from
-// the sample's counter (sdone[b]), each claimed when its copy is issued, one unit ahead of its
-// work, so that the warps of a sample end within about a unit of each other; once a claim is
-// within two rounds of the sample's last unit, each later unit is claimed when the warp's unit
-// is done (its copy then waited for: the other warps fill the wait), so that the last units go
-// to the warps free first (round 25: ~0.7 us). (Until round 24
-// four rounds were fixed and claims made two units ahead: the last units were handed out ~10 us
-// before they ran, and the warps of a sample ended up to 8 us apart; cuda/NOTES.md, "Twenty-fifth
-// version".) Keys go to key16 (sample b's at
+// the sample's counter (sdone[b]), each claimed when the warp's unit is done, and its copy
+// waited for (the other warps fill the wait), so that the last units go to the warps free
+// first. (Round 25 claimed the next unit one ahead until the sample's last two rounds, with two
+// buffers a warp; claiming at a unit's start with one buffer measured 4 % slower in round 35.
+// Until round 24 four rounds were fixed and claims made two units ahead: the last units were
+// handed out ~10 us before they ran; cuda/NOTES.md, "Twenty-fifth version".) Keys go to key16 (sample b's at
 // b * nk) and, for the CTA's histogram, to a bag in shared memory (lmax / 32 units; past that,
 // straight to the sample's histogram); the CTA's max |x| to gamax. The words the CTAs share:
 // CTA (b, 0) zeroes sample b's histogram and counter and tags ztag[b], CTA 0 zeroes gamax and
@@ -1781,7 +1783,7 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
 // GPUs dispatch a grid's CTAs in increasing order, the property CUB's single-pass scan also
 // relies on; the grid is also no larger than fits on the GPU at once.
 template <typename X>
-__global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, uint4 *__restrict__ rec,
+__global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict__ x, uint4 *__restrict__ rec,
                                                      uint16_t *__restrict__ key16, s_fz z, cu_hp head, s_tg g,
                                                      uint32_t P, uint32_t nk, uint32_t lmax)
 {
@@ -1819,7 +1821,7 @@ __global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, ui
     float *wb = (float *)(sk + ((lmax + 3u) & ~3u)) + (size_t)wid * S_SP_WARPW;
     const uint64_t t0 = (uint64_t)b * na; // the sample's first tile
     const uint32_t w4 = nwarp * j + wid, stride = nwarp * P;
-    uint32_t u = w4, un = w4 + stride, k = 0; // the two fixed rounds
+    uint32_t u = w4; // the two fixed rounds: w4, w4 + stride
     if (u < nUs)
         d_stage_unit32(wb, x, t0 + S_SP_UNIT * u, min(S_SP_UNIT, na - S_SP_UNIT * u), lane);
     // the tags, read at the first iteration and looked at only when needed: a load that waits
@@ -1841,26 +1843,13 @@ __global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, ui
         }
         return __shfl_sync(CU_FULL, c, 0);
     };
-    auto stage = [&](uint32_t v) { // unit v's copy into the buffer not in use
-        d_stage_unit32(wb + (k ^ 1u) * S_SP_UNIT * S_ST_ROWW, x, t0 + S_SP_UNIT * v,
-                       v < nUs ? min(S_SP_UNIT, na - S_SP_UNIT * v) : 0u, lane);
-    };
-    bool late = false; // the sample's last units: each claimed once the warp's unit is done
     for (uint32_t it = 0; u < nUs; it++) { // uniform per warp
-        if (!late) {
-            if (it >= 1u) // the next unit, claimed now and waited for (the other warps fill the wait)
-                un = claim();
-            stage(un);
-            if (lane == 0 && it == 0u && tz != head.tag) // read again, to be current by the first claim
-                tz = *(volatile unsigned long long *)&z.ztag[b];
-            d_cp_wait1();
-        } else
-            d_cp_wait0();
+        d_cp_wait0();
         __syncwarp();
         const uint32_t lt = S_SP_UNIT * u + lane;
         const bool valid = lt < na;
-        const uint32_t key = d_tah_spec_t64<X>(wb + k * S_SP_UNIT * S_ST_ROWW, s_mm[wid], valid,
-                                            rec + ((size_t)b * nUs + u) * S_REC_BLOCK + lane, g, lane, amax);
+        const uint32_t key = d_tah_spec_t64<X>(wb, s_mm[wid], valid, rec + ((size_t)b * nUs + u) * S_REC_BLOCK + lane,
+                                               g, lane, amax);
         if (valid)
             key16[(size_t)b * nk + lt] = (uint16_t)key;
         uint32_t slot = 0;
@@ -1874,14 +1863,11 @@ __global__ void __launch_bounds__(128, 3) k_tah_spec(const X *__restrict__ x, ui
                 __nanosleep(S_POLL_NS);
             d_hist_add<true>(H, key, 1u);
         }
-        __syncwarp(); // buffer k read (and rewritten by the rotated pass) before its next copies
-        if (late) { // the next unit claimed now, its copy waited for at the next iteration's top
-            un = claim();
-            stage(un);
-        } else if (it >= 1u && un + 2u * stride >= nUs)
-            late = true;
-        u = un;
-        k ^= 1u;
+        __syncwarp(); // the buffer read (and rewritten by the rotated pass) before its next copies
+        u = it == 0u ? u + stride : claim();
+        d_stage_unit32(wb, x, t0 + S_SP_UNIT * u, u < nUs ? min(S_SP_UNIT, na - S_SP_UNIT * u) : 0u, lane);
+        if (lane == 0 && it == 0u && tz != head.tag) // read again, to be current by the first claim
+            tz = *(volatile unsigned long long *)&z.ztag[b];
     }
     amax = __reduce_max_sync(CU_FULL, amax);
     if (lane == 0) {
