@@ -1594,14 +1594,14 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
 // k_tah_spec's staging: units of 32 tiles, one per lane (row `lane` of the unit), one buffer
 // per warp, 4 warps per CTA, 4 CTAs per SM (16 warps of up to 128 registers). A lane reads its
 // tile from the staged row in each pass (round 35; until then two buffers a warp, 3 CTAs per
-// SM, and the tile's 64 floats held in registers from the entropy to the codes: 5 % slower on
+// SM, and the tile's 64 floats held in registers from the entropy to the codes: ~7 % slower on
 // an H200, cuda/NOTES.md "Thirty-sixth version").
 #define S_SP_WARPS 4u
 #define S_SP_CTAS 4u
 #define S_SP_WARPW (S_SP_UNIT * S_ST_ROWW)
 #define S_SP_CTA (S_SP_WARPS * S_SP_WARPW * 4u)
 #define S_SP_CAP 24u // units of keys in a CTA's bag for its histogram (an even share is ~12)
-#define S_SP_LH 256u // its histogram window (S_LH's half, as when 3 CTAs per SM held two buffers a warp)
+#define S_SP_LH 256u // its histogram window (S_LH's half)
 
 // Copy tiles gt .. gt+n-1 (n <= 32) into buf's rows: chunk c = lane + 32 m is row c / 16's
 // chunk c % 16; one group of copies (committed also when n = 0). Full units evict first from
