@@ -68,7 +68,10 @@ typedef struct codec_tah_params {
     uint32_t bits_lo;    /* low bit width, 2..bits_hi (3) */
     float tau;           /* outlier threshold on |a(1)|/(|a(2)|+rho), >= 0 (2.0) */
     float rho;           /* denominator guard of the outlier test, >= 0 (1e-6) */
+    uint32_t window;     /* 0: the high tiles are chosen per sample; W in 1..CODEC_TAH_WINDOW_MAX: per
+                            window of W allocation tiles, each its share of the sample's (0) */
 } codec_tah_params_t;
+#define CODEC_TAH_WINDOW_MAX 1024u
 
 typedef struct codec_fixpt_params {
     uint32_t bits;       /* b: 2..16 (8) */

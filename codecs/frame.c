@@ -68,6 +68,7 @@ static void s_params_pack(const codec_spec_t *spec, uint8_t p[CODEC_PARAMS_SIZE]
         p[13] = (uint8_t)spec->p.tah.bits_lo;
         codec_put_f32(p + 16, spec->p.tah.tau);
         codec_put_f32(p + 20, spec->p.tah.rho);
+        codec_put_u16(p + 14, (uint16_t)spec->p.tah.window);
         break;
     case CODEC_FIXPT:
         p[0] = (uint8_t)spec->p.fixpt.bits;
@@ -106,6 +107,7 @@ static int s_params_unpack(codec_id_t id, const uint8_t p[CODEC_PARAMS_SIZE], co
         spec->p.tah.bits_lo = p[13];
         spec->p.tah.tau = codec_get_f32(p + 16);
         spec->p.tah.rho = codec_get_f32(p + 20);
+        spec->p.tah.window = codec_get_u16(p + 14);
         break;
     case CODEC_FIXPT:
         spec->p.fixpt.bits = p[0];

@@ -27,7 +27,8 @@ static const s_key_t s_tah_keys[] = {
     { "tile", S_U32, S_TAH(tile) },       { "alloc_tile", S_U32, S_TAH(alloc_tile) },
     { "hi_frac", S_F32, S_TAH(hi_frac) }, { "bits_hi", S_U32, S_TAH(bits_hi) },
     { "bits_lo", S_U32, S_TAH(bits_lo) }, { "tau", S_F32, S_TAH(tau) },
-    { "rho", S_F32, S_TAH(rho) },         { NULL, S_U32, 0 },
+    { "rho", S_F32, S_TAH(rho) },         { "window", S_U32, S_TAH(window) },
+    { NULL, S_U32, 0 },
 };
 static const s_key_t s_fixpt_keys[] = {
     { "bits", S_U32, S_FIX(bits) },       { "scale", S_F32, S_FIX(scale) },
@@ -240,6 +241,8 @@ int codec_spec_validate(const codec_spec_t *spec, char *err, size_t errlen)
                 t->bits_lo, t->bits_hi);
         S_CHECK(isfinite(t->tau) && t->tau >= 0.0f, "tah: tau=%g must be finite and >= 0", (double)t->tau);
         S_CHECK(isfinite(t->rho) && t->rho >= 0.0f, "tah: rho=%g must be finite and >= 0", (double)t->rho);
+        S_CHECK(t->window <= CODEC_TAH_WINDOW_MAX, "tah: window=%u must be 0 (per sample) or in 1..%u", t->window,
+                CODEC_TAH_WINDOW_MAX);
         return 0;
     }
     case CODEC_FIXPT: {
@@ -287,6 +290,8 @@ int codec_spec_format(const codec_spec_t *spec, char *buf, size_t buflen)
         } else if (k->kind == S_U32) {
             uint32_t u;
             memcpy(&u, src, sizeof u);
+            if (u == 0 && k->offset == S_TAH(window) && spec->id == CODEC_TAH)
+                continue; /* the default (per sample): specs print as before the key existed */
             used += (size_t)snprintf(buf + used, buflen - used, "%c%s=%u", sep, k->name, u);
         } else {
             uint64_t u;

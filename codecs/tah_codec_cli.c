@@ -35,7 +35,7 @@ static const char *s_usage =
     "SPEC is NAME[:key=value,...], NAME one of fp32 fp16 bf16 tah fixpt ash-fp8 int, e.g.\n"
     "  tah:hi_frac=0.8,tile=64   fixpt:bits=8,scale=1024,stochastic=1   ash-fp8:block=256   int:bits=4,group=128\n"
     "codec options (override the spec's keys; only the chosen codec's keys are accepted):\n"
-    "  tah:     --tile G --alloc-tile A --hi-frac P --bits-hi B --bits-lo B --tau T --rho R\n"
+    "  tah:     --tile G --alloc-tile A --hi-frac P --bits-hi B --bits-lo B --tau T --rho R --window W\n"
     "  fixpt:   --bits B --scale C --group G --stochastic 0|1 --seed N\n"
     "  ash-fp8: --block B --tau T --eps E\n"
     "  int:     --bits B --group G --symmetric 0|1\n"
@@ -46,9 +46,10 @@ static const char *s_usage =
 static const char *const s_codec_opts[][2] = {
     { "--tile", "tile" },       { "--alloc-tile", "alloc_tile" }, { "--hi-frac", "hi_frac" },
     { "--bits-hi", "bits_hi" }, { "--bits-lo", "bits_lo" },       { "--tau", "tau" },
-    { "--rho", "rho" },         { "--bits", "bits" },             { "--scale", "scale" },
-    { "--block", "block" },     { "--group", "group" },           { "--stochastic", "stochastic" },
-    { "--seed", "seed" },       { "--eps", "eps" },               { "--symmetric", "symmetric" },
+    { "--rho", "rho" },         { "--window", "window" },         { "--bits", "bits" },
+    { "--scale", "scale" },     { "--block", "block" },           { "--group", "group" },
+    { "--stochastic", "stochastic" }, { "--seed", "seed" },       { "--eps", "eps" },
+    { "--symmetric", "symmetric" },
 };
 #define S_NCODEC_OPTS (sizeof s_codec_opts / sizeof s_codec_opts[0])
 

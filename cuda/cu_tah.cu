@@ -67,6 +67,7 @@ static_assert(CODEC_TAH_KEY_BINS <= 1u << (S_SEL_SHIFT0 + 8), "the radix rounds 
 
 struct s_tg {
     uint32_t C, G, lg, k, Q, nA, r, A, bh, bl, fbits;
+    uint32_t win; // tah.c's window: 0, the sample's high tiles by one threshold; else per window
     uint64_t S, B, T, n_alloc, n_hi, flags_bytes, meta_bytes, code_bytes;
     uint64_t ix_n, flags_off, meta_off, codes_off; // ix_n: index entries per sample (CODEC_TAH_IX_TILES)
     float tau, rho, norm, kscale; // kscale: codec_tah_key_scale
@@ -136,6 +137,7 @@ static s_tg s_geometry(const codec_spec_t *spec, codec_shape_t shape, const void
     g.bh = p->bits_hi;
     g.bl = p->bits_lo;
     g.fbits = 2 + g.lg;
+    g.win = p->window;
     g.S = shape.s;
     g.B = shape.b;
     g.T = g.B * g.S * g.Q;
@@ -457,13 +459,13 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const uint32_t *__
     __shared__ uint32_t sh_prefix, sh_need;
     const uint64_t b = blockIdx.x, na = g.n_alloc;
     const uint32_t *keys = key + b * na;
-    const bool all = g.n_hi == 0 || g.n_hi == na;
+    const bool all = g.n_hi == 0 || g.n_hi == na, win = g.win != 0; // win: tah.c's s_select_windows
     if (threadIdx.x == 0) {
         sh_prefix = 0;
         sh_need = (uint32_t)g.n_hi;
     }
     __syncthreads();
-    if (!all) {
+    if (!all && !win) {
         uint32_t mask = 0;
         for (int shift = S_SEL_SHIFT0; shift >= 0; shift -= 8) {
             for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x)
@@ -504,10 +506,20 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const uint32_t *__
         uint32_t eq_total, hq_total;
         const uint32_t eq_before = d_block_scan(eq, ws, &eq_total);
         bool hi;
-        if (all)
+        if (all) {
             hi = in && g.n_hi != 0;
-        else
+        } else if (win) { // the tile's rank in its window against the window's share of n_hi
+            const uint64_t w0 = in ? i / g.win * g.win : 0, w1 = min(w0 + g.win, na);
+            const uint64_t share = (2 * w1 * g.n_hi + na) / (2 * na) - (2 * w0 * g.n_hi + na) / (2 * na);
+            uint64_t rank = 0;
+            for (uint64_t j = w0; in && j < w1; j++) {
+                const uint32_t kj = keys[j];
+                rank += kj > key || (kj == key && j < i);
+            }
+            hi = in && rank < share;
+        } else {
             hi = in && (key > T || (eq && run_eq + eq_before < need));
+        }
         const uint32_t jj = in ? (uint32_t)(i % g.nA) : 0u;
         const uint32_t wq = hi ? (jj == g.nA - 1 ? g.r : g.k) : 0u;
         const uint32_t hq_before = d_block_scan(wq, ws, &hq_total);
@@ -2822,7 +2834,7 @@ int cu_tah_encode_bf16(const codec_spec_t *spec, codec_shape_t shape, const cu_b
     int rc = s_check_tile(g, err, errlen);
     if (rc != 0)
         return rc;
-    return cu_fuse() ? s_encode_spec(g, x, payload, head, s_carve(work, g), st, err, errlen) : 1;
+    return cu_fuse() && g.win == 0 ? s_encode_spec(g, x, payload, head, s_carve(work, g), st, err, errlen) : 1;
 }
 
 int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload, cu_hp head,
@@ -2833,7 +2845,7 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
     if (rc != 0)
         return rc;
     const s_tw t = s_carve(work, g);
-    if (stages == CU_TAH_ALL && cu_fuse()) {
+    if (stages == CU_TAH_ALL && cu_fuse() && g.win == 0) { // the window rule: k_tah_select only
         rc = s_encode_spec(g, x, payload, head, t, st, err, errlen);
         if (rc <= 0)
             return rc;
@@ -2850,7 +2862,7 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
     const size_t sel_smem = 8 * (size_t)g.n_alloc; // keys + packed prefixes
     if (!(stages & CU_TAH_SELECT)) {
         // benchmark split only (cu_codec_encode_stages)
-    } else if (g.n_alloc <= 0xffffffffull && sel_smem <= cu_smem_optin(4096)) {
+    } else if (g.win == 0 && g.n_alloc <= 0xffffffffull && sel_smem <= cu_smem_optin(4096)) {
         CUDA_CHECK(cu_smem_allow((const void *)k_tah_select_sm, sel_smem));
         k_tah_select_sm<<<(unsigned int)g.B, S_SEL_THREADS, sel_smem, st>>>(t.key, t.pre, payload, head, g);
         CU_CHECK_LAUNCH("k_tah_select_sm");

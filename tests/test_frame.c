@@ -185,7 +185,8 @@ static void test_forged_headers(void **state)
     FORGE(put_u32(g + 32, 1u << 20), TAH_EPARAM);         /* tile too large */
     FORGE(put_u32(g + 40, 0x7fc00000u), TAH_EPARAM);      /* hi_frac NaN */
     FORGE(g[44] = 9, TAH_EPARAM);                          /* bits_hi */
-    FORGE(g[46] = 1, TAH_EPARAM);                          /* reserved byte in the params */
+    FORGE((g[46] = 0x01, g[47] = 0x04), TAH_EPARAM);       /* window 1025 > CODEC_TAH_WINDOW_MAX */
+    FORGE(g[46] = 1, 0); /* window 1: the encoder's rule; decoders read every window's frame alike */
     /* payload: e, 0, the index (4 tiles: one entry), 4 flag bytes, meta */
     const size_t ix = CODEC_HEADER_SIZE + 8, fl = ix + 4, meta = fl + 4;
     /* metadata: a NaN / Inf / negative fp16 step in the first tile */

@@ -147,35 +147,51 @@ static double check_against_reference(const enc_t *enc, const float *x)
     const uint64_t nalloc = (uint64_t)S * L.nA;
     const uint64_t n_hi = (uint64_t)floor((double)p->hi_frac * (double)nalloc + 0.5);
     double *ent = malloc(nalloc * sizeof *ent);
+    uint8_t *his = malloc(nalloc);
     double *t = malloc(L.G * sizeof *t), *z = malloc(L.G * sizeof *z);
     double err2 = 0.0, x2 = 0.0;
     for (uint32_t b = 0; b < B; b++) {
-        /* allocation: exactly n_hi high tiles per sample, and they are the
-         * highest-entropy ones, up to the codec's 12-bit keys (steps of
+        /* allocation: exactly n_hi high tiles per sample, and in each window (the sample,
+         * or `window` allocation tiles: its share round(w1 n_hi / N) - round(w0 n_hi / N))
+         * they are the highest-entropy ones, up to the codec's 12-bit keys (steps of
          * 2^(c-12) bit, 2^c >= ceil(log2 alloc_tile) + 1) and its float sums */
-        uint64_t hi_count = 0;
-        double min_hi = INFINITY, max_lo = -INFINITY;
         for (uint32_t s = 0; s < S; s++) {
             const float *row = x + ((uint64_t)b * S + s) * C;
             for (uint32_t j = 0; j < L.nA; j++) {
                 uint32_t c0 = j * p->alloc_tile, w = C - c0 < p->alloc_tile ? C - c0 : p->alloc_tile;
-                double h = ref_entropy(row + c0, w);
                 uint64_t tile = ((uint64_t)b * S + s) * L.Q + (uint64_t)j * L.k;
                 uint32_t hi = tile_flags(&L, tile) & 1u;
                 /* every quant tile of an allocation tile has the same width */
                 for (uint32_t q = j * L.k; q < (j + 1) * L.k && q < L.Q; q++)
                     assert_int_equal(tile_flags(&L, ((uint64_t)b * S + s) * L.Q + q) & 1u, hi);
-                hi_count += hi;
-                if (hi)
+                ent[(uint64_t)s * L.nA + j] = ref_entropy(row + c0, w);
+                his[(uint64_t)s * L.nA + j] = (uint8_t)hi;
+            }
+        }
+        const uint64_t W = p->window ? p->window : nalloc;
+        const double key_step = 1.0 / codec_tah_key_scale(p->alloc_tile);
+        uint64_t hi_count = 0;
+        for (uint64_t w0 = 0; w0 < nalloc; w0 += W) {
+            const uint64_t w1 = w0 + W < nalloc ? w0 + W : nalloc;
+            const uint64_t share = (uint64_t)floor((double)w1 * (double)n_hi / (double)nalloc + 0.5) -
+                                   (uint64_t)floor((double)w0 * (double)n_hi / (double)nalloc + 0.5);
+            uint64_t count = 0;
+            double min_hi = INFINITY, max_lo = -INFINITY;
+            for (uint64_t a = w0; a < w1; a++) {
+                const double h = ent[a];
+                count += his[a];
+                if (his[a])
                     min_hi = h < min_hi ? h : min_hi;
                 else
                     max_lo = h > max_lo ? h : max_lo;
             }
+            assert_int_equal(count, share);
+            hi_count += count;
+            if (count > 0 && count < w1 - w0 && !(min_hi >= max_lo - key_step - 1e-4))
+                fail_msg("sample %u, window at %llu: a low tile has entropy %.6f above a high tile's %.6f", b,
+                         (unsigned long long)w0, max_lo, min_hi);
         }
         assert_int_equal(hi_count, n_hi);
-        const double key_step = 1.0 / codec_tah_key_scale(p->alloc_tile);
-        if (hi_count > 0 && hi_count < nalloc && !(min_hi >= max_lo - key_step - 1e-4))
-            fail_msg("sample %u: a low tile has entropy %.6f above a high tile's %.6f", b, max_lo, min_hi);
 
         /* per quant tile: outlier test, pivot, and the error bound */
         for (uint32_t s = 0; s < S; s++) {
@@ -247,6 +263,7 @@ static double check_against_reference(const enc_t *enc, const float *x)
         }
     }
     free(ent);
+    free(his);
     free(t);
     free(z);
     return x2 > 0.0 ? sqrt(err2 / x2) : sqrt(err2);
@@ -365,6 +382,8 @@ static void test_reference_parameter_grid(void **state)
         "tah:hi_frac=0", "tah:hi_frac=1", "tah:bits_hi=8,bits_lo=2,hi_frac=0.3",
         "tah:bits_hi=2,bits_lo=2", "tah:tau=0", "tah:tau=1000", "tah:tile=128,alloc_tile=256,hi_frac=0.75",
         "tah:tile=64,rho=0.5,tau=1.5", "tah:bits_hi=5,bits_lo=3,hi_frac=0.6",
+        "tah:window=32", "tah:window=1", "tah:window=7,tile=32,alloc_tile=64,hi_frac=0.45",
+        "tah:window=100,tile=16,hi_frac=0.3",
     };
     /* C values that do and do not divide the tiles */
     codec_shape_t shapes[] = { { 2, 17, 256 }, { 3, 5, 100 }, { 1, 7, 129 }, { 2, 3, 8 } };
