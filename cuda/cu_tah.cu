@@ -72,6 +72,7 @@ struct s_tg {
     uint64_t ix_n, flags_off, meta_off, codes_off; // ix_n: index entries per sample (CODEC_TAH_IX_TILES)
     float tau, rho, norm, kscale; // kscale: codec_tah_key_scale
     uint64_t mQ, mS; // ceil(2^64 / Q), ceil(2^64 / S) for d_div32 (0 when Q, S are 1 or above 32 bits)
+    uint64_t mW;     // ceil(2^64 / (2 n_alloc)): k_tah_spec's window shares (d_win_hi_before)
     bool vec;
 };
 
@@ -161,6 +162,7 @@ static s_tg s_geometry(const codec_spec_t *spec, codec_shape_t shape, const void
     g.vec = ((uintptr_t)xy & 15u) == 0 && g.C % 4 == 0;
     g.mQ = s_magic(g.Q);
     g.mS = s_magic(g.S);
+    g.mW = s_magic(2 * g.n_alloc);
     return g;
 }
 
@@ -1643,9 +1645,10 @@ __device__ __forceinline__ void d_stage_unit32(float *buf, const X *x, uint64_t 
 //  - rotated tiles (about 3 in 16) in d_rot_pass, 4 at a time on their rows.
 // Each pass reads the row 8 floats at a time (the bf16 row widened as read; a rotated row holds
 // the transformed floats), so the tile is not held in registers.
-template <typename X>
+template <typename X, bool WM>
 __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool valid, uint4 *__restrict__ rec,
-                                                   const s_tg &g, uint32_t lane, uint32_t &amax)
+                                                   const s_tg &g, uint32_t lane, uint32_t share, uint32_t nval,
+                                                   uint32_t &amax)
 {
     constexpr uint32_t BH = 4u, BL = 3u;
     const float *row = unit + lane * S_ST_ROWW;
@@ -1680,6 +1683,19 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
         SL = __fadd_rn(SL, sl[j]);
     }
     const uint32_t key = d_ent_key(S1, SL, g.kscale);
+    uint32_t hib = 0; // window mode (the unit is a window of tah.c's window rule): the unit's `share`
+    if (WM) {         // largest keys, ties to the lower lane: T the share-th largest key, bit by bit
+        uint32_t T = 0;
+#pragma unroll
+        for (int bit = 11; bit >= 0; bit--) { // keys are 12-bit (CODEC_TAH_KEY_BINS)
+            const uint32_t c = T | (1u << bit);
+            if ((uint32_t)__popc((int)__ballot_sync(CU_FULL, valid && key >= c)) >= share)
+                T = c;
+        }
+        const uint32_t gt = (uint32_t)__popc((int)__ballot_sync(CU_FULL, valid && key > T));
+        const uint32_t eq = __ballot_sync(CU_FULL, valid && key == T) & ((1u << lane) - 1u);
+        hib = (uint32_t)(valid && share != 0u && (key > T || (key == T && gt + (uint32_t)__popc((int)eq) < share)));
+    }
     amax = max(amax, valid ? b1 : 0u);
     const int32_t et = d_tah_exp(b1 < 0x7f800000u ? b1 : 0u, g.lg); // non-finite x: payload unspecified
     const bool rawok = et >= -100 && et <= 100;
@@ -1766,7 +1782,7 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
 #pragma unroll
     for (int i = 0; i < 6; i++)
         wl[i] -= kl[i];
-    const uint32_t fv = ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2);
+    const uint32_t fv = hib | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2); // hib: window mode's width
     const uint32_t w14 = (uint32_t)min16 | ((uint32_t)sth << 16);
     const uint32_t w15 = (uint32_t)stl | (fv << 16) | ((uint32_t)(rawok ? et : 127) << 24);
     rec[0] = make_uint4(wh[0], wh[1], wh[2], wh[3]); // the record's planes (S_REC_BLOCK)
@@ -1776,8 +1792,18 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     return key;
 }
 
+// tah.c's window rule: the high tiles of a sample (na allocation tiles, n_hi high) before its tile
+// t, round(t n_hi / na) halves up, by a multiply-high with the magic of 2 na (exact while the
+// numerator times 2 na stays below 2^64: the spec's samples have na < 2^16)
+__device__ __forceinline__ uint32_t d_win_hi_before(uint64_t t, uint64_t n_hi, uint64_t na, uint64_t m2na)
+{
+    return (uint32_t)__umul64hi(2u * t * n_hi + na, m2na); // m2na = s_magic(2 na): exact below 2^47
+}
+
 // k_tah_fused's phases 0 and 1 with each unit's codes right after its keys (d_tah_spec_t64), and
-// no select. CTA (b, j) works on sample b; the sample's units of 32 tiles go to its P * 4 warps:
+// no select. Window mode (g.win == S_SP_UNIT: every unit is one of tah.c's windows): each unit's
+// tiles take their widths at once (d_tah_spec_t64's rank, the width in the record), and no keys,
+// bag or histogram are kept. CTA (b, j) works on sample b; the sample's units of 32 tiles go to its P * 4 warps:
 // two rounds in a fixed order (warp w of CTA j: units 4P r + 4j + w), then one at a time from
 // the sample's counter (sdone[b]), each claimed when the warp's unit is done, and its copy
 // waited for (the other warps fill the wait), so that the last units go to the warps free
@@ -1794,7 +1820,7 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
 // (here CTA 0 and CTA (b, 0); in k_tah_emit's look-back, the sample's CTAs before it), and NVIDIA
 // GPUs dispatch a grid's CTAs in increasing order, the property CUB's single-pass scan also
 // relies on; the grid is also no larger than fits on the GPU at once.
-template <typename X>
+template <typename X, bool WM>
 __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict__ x, uint4 *__restrict__ rec,
                                                      uint16_t *__restrict__ key16, s_fz z, cu_hp head, s_tg g,
                                                      uint32_t P, uint32_t nk, uint32_t lmax)
@@ -1807,12 +1833,12 @@ __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict
     const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, nwarp = blockDim.x >> 5;
     const uint32_t cta = blockIdx.x, b = cta / P, j = cta - b * P;
     const uint32_t na = (uint32_t)g.n_alloc, nUs = (na + S_SP_UNIT - 1u) / S_SP_UNIT, cap = lmax / S_SP_UNIT;
-    const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
+    const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc, wm = WM;
     uint32_t *H = z.hist + (size_t)b * CODEC_TAH_KEY_BINS;
     if (tid == 0)
         s_slot = 0;
     if (j == 0) {
-        if (!all)
+        if (!all && !wm)
             for (uint32_t i = tid; i < CODEC_TAH_KEY_BINS / 2u; i += blockDim.x) // two bins a word
                 H[i] = 0;
         if (tid == 0)
@@ -1860,20 +1886,25 @@ __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict
         __syncwarp();
         const uint32_t lt = S_SP_UNIT * u + lane;
         const bool valid = lt < na;
-        const uint32_t key = d_tah_spec_t64<X>(wb, s_mm[wid], valid, rec + ((size_t)b * nUs + u) * S_REC_BLOCK + lane,
-                                               g, lane, amax);
-        if (valid)
-            key16[(size_t)b * nk + lt] = (uint16_t)key;
-        uint32_t slot = 0;
-        if (lane == 0)
-            slot = atomicAdd(&s_slot, 1u);
-        slot = __shfl_sync(CU_FULL, slot, 0);
-        if (slot < cap)
-            sk[S_SP_UNIT * slot + lane] = valid ? key : 0xffffffffu;
-        else if (valid && !all) { // the bag is full: this unit's keys straight to the histogram
-            while (*(volatile unsigned long long *)&z.ztag[b] != head.tag)
-                __nanosleep(S_POLL_NS);
-            d_hist_add<true>(H, key, 1u);
+        const uint32_t w0 = S_SP_UNIT * u, nval = min(S_SP_UNIT, na - w0);
+        const uint32_t share =
+            wm ? d_win_hi_before(w0 + nval, g.n_hi, na, g.mW) - d_win_hi_before(w0, g.n_hi, na, g.mW) : 0xffffffffu;
+        const uint32_t key = d_tah_spec_t64<X, WM>(wb, s_mm[wid], valid, rec + ((size_t)b * nUs + u) * S_REC_BLOCK + lane,
+                                               g, lane, share, nval, amax);
+        if (!wm) {
+            if (valid)
+                key16[(size_t)b * nk + lt] = (uint16_t)key;
+            uint32_t slot = 0;
+            if (lane == 0)
+                slot = atomicAdd(&s_slot, 1u);
+            slot = __shfl_sync(CU_FULL, slot, 0);
+            if (slot < cap)
+                sk[S_SP_UNIT * slot + lane] = valid ? key : 0xffffffffu;
+            else if (valid && !all) { // the bag is full: this unit's keys straight to the histogram
+                while (*(volatile unsigned long long *)&z.ztag[b] != head.tag)
+                    __nanosleep(S_POLL_NS);
+                d_hist_add<true>(H, key, 1u);
+            }
         }
         __syncwarp(); // the buffer read (and rewritten by the rotated pass) before its next copies
         u = it == 0u ? u + stride : claim();
@@ -1951,13 +1982,24 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
     const uint32_t n = (uint32_t)g.n_alloc, c0 = j * S_EM_TILES;
     const uint64_t tb = (uint64_t)b * n; // the sample's first tile
     const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
+    const bool wm = !all && g.win != 0; // window mode: each record carries its width (k_tah_spec)
+    const uint32_t nu = (n + S_SP_UNIT - 1u) / S_SP_UNIT;
+    const uint4 *rb = rec + ((size_t)b * nu + c0 / S_SP_UNIT) * S_REC_BLOCK; // the CTA's blocks
     // the keys first; the records (13 MB in all) only once the counts are published, so that
-    // their reads do not queue ahead of the histogram's and the counts' (2 us, H100)
-    uint32_t key[2];
+    // their reads do not queue ahead of the histogram's and the counts' (2 us, H100); in window
+    // mode no keys, and each record's last plane (its fields and width) first
+    uint32_t key[2] = {}, hiw[2] = {};
+    uint4 r[2][4];
 #pragma unroll
     for (int s = 0; s < 2; s++) {
         const uint32_t i = c0 + 256u * (uint32_t)s + tid;
-        key[s] = i < n ? __ldcg(&key16[(size_t)b * nk + i]) : 0u;
+        if (wm) {
+            r[s][3] = i < n ? __ldcg(&rb[(256u * (uint32_t)s + tid - lane) / S_SP_UNIT * S_REC_BLOCK + 3u * S_SP_UNIT + lane])
+                            : make_uint4(0u, 0u, 0u, 0u);
+            hiw[s] = (r[s][3].w >> 16) & 1u;
+        } else {
+            key[s] = i < n ? __ldcg(&key16[(size_t)b * nk + i]) : 0u;
+        }
     }
     const int32_t e = d_tah_exp(__ldcg(z.gamax), g.lg);
     if (blockIdx.x == 0 && tid == 0) {
@@ -1965,7 +2007,7 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
         d_put_u32(p + 4, 0);
     }
     uint32_t T = 0, need = 0;
-    if (!all) {
+    if (!all && !wm) {
         d_tah_threshold<true>(z.hist + (size_t)b * CODEC_TAH_KEY_BINS, (uint32_t)g.n_hi, ws, &sh_T, &sh_need);
         __syncthreads();
         T = sh_T;
@@ -1976,37 +2018,38 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
 #pragma unroll
     for (int s = 0; s < 2; s++) {
         const bool ok = c0 + 256u * (uint32_t)s + tid < n;
-        cs[s] = ok && !all ? (uint32_t)(key[s] > T) | ((uint32_t)(key[s] == T) << 16) : 0u;
+        cs[s] = wm ? hiw[s] : ok && !all ? (uint32_t)(key[s] > T) | ((uint32_t)(key[s] == T) << 16) : 0u;
         uint32_t tot;
         xs0[s] = ctot + d_block_scan(cs[s], ws, &tot);
         ctot += tot;
     }
-    if (!all) { // published with the tag; the sample's CTAs before this one summed
+    if (!all && !wm) { // published with the tag; the sample's CTAs before this one summed
         const unsigned long long tag36 = head.tag & 0xfffffffffull;
         if (tid == 0)
             *(volatile unsigned long long *)&z.cnt[blockIdx.x] =
                 (tag36 << 28) | ((unsigned long long)(ctot >> 16) << 14) | (ctot & 0x3fffu);
     }
     unsigned long long pv = 0; // the predecessor's slot of this thread, first read
-    if (!all && tid < j)
+    if (!all && !wm && tid < j)
         pv = *(volatile unsigned long long *)&z.cnt[(size_t)b * PB + tid];
     asm volatile("" ::: "memory"); // the record loads after the publication
     // each thread's two records, plane by plane: a warp's loads are 512 consecutive bytes (a
     // warp's 32 tiles are one block of records: c0 and 256 are multiples of S_SP_UNIT)
-    const uint32_t nu = (n + S_SP_UNIT - 1u) / S_SP_UNIT;
-    const uint4 *rb = rec + ((size_t)b * nu + c0 / S_SP_UNIT) * S_REC_BLOCK; // the CTA's blocks
     // (the planes of the width a tile cannot take are not loaded: 4-bit codes for keys below T,
-    // 3-bit codes above it)
-    uint4 r[2][4];
+    // 3-bit codes above it; in window mode the last plane is in already)
 #pragma unroll
     for (int s = 0; s < 2; s++) {
         const uint32_t i = c0 + 256u * (uint32_t)s + tid;
-        const bool mh = all ? g.n_hi != 0 : key[s] >= T, ml = all ? g.n_hi == 0 : key[s] <= T;
+        const bool mh = all ? g.n_hi != 0 : wm ? hiw[s] != 0u : key[s] >= T;
+        const bool ml = all ? g.n_hi == 0 : wm ? hiw[s] == 0u : key[s] <= T;
 #pragma unroll
-        for (int m = 0; m < 4; m++)
+        for (int m = 0; m < 4; m++) {
+            if (wm && m == 3)
+                continue;
             r[s][m] = i < n && (m == 3 || (m < 2 ? mh : ml))
                           ? __ldcg(&rb[(256u * (uint32_t)s + tid - lane) / S_SP_UNIT * S_REC_BLOCK + S_SP_UNIT * (uint32_t)m + lane])
                           : make_uint4(0u, 0u, 0u, 0u);
+        }
     }
     const float down = __uint_as_float((uint32_t)(127 - e) << 23);
     const float rho_down = __fmul_rn(g.rho, down);
@@ -2030,6 +2073,9 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
             if (all) {
                 hi = g.n_hi != 0;
                 hl = hi ? i - c0 : 0u;
+            } else if (wm) {
+                hi = hiw[s] != 0u;
+                hl = xs0[s] & 0xffffu;
             } else {
                 hi = key[s] > T || (key[s] == T && E < need);
                 hl = (xs0[s] & 0xffffu) + min(E, need) - min(preE, need);
@@ -2060,11 +2106,11 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
             hls[s] = hl | ((hi ? 1u : 0u) << 31);
         }
     };
-    const bool local = all || (ctot >> 16) == 0u; // no tile of this CTA at T
+    const bool local = all || wm || (ctot >> 16) == 0u; // no tile of this CTA at T
     if (local)
         place(0u);
     uint32_t pre = 0; // (> T) | (== T) << 16 before c0 (a sample has < 2^16 keys)
-    if (!all) { // the predecessors' counts (read above; again until they are this call's)
+    if (!all && !wm) { // the predecessors' counts (read above; again until they are this call's)
         const unsigned long long tag36 = head.tag & 0xfffffffffull;
         uint32_t pc = 0;
         for (uint32_t i = tid; i < j; i += blockDim.x) {
@@ -2083,7 +2129,9 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
         if (!local)
             place(pre >> 16);
     }
-    const uint32_t hq0 = all ? (g.n_hi != 0 ? c0 : 0u) : (pre & 0xffffu) + min(pre >> 16, need);
+    const uint32_t hq0 = all  ? (g.n_hi != 0 ? c0 : 0u)
+                         : wm ? d_win_hi_before(c0, g.n_hi, n, g.mW) // c0: a window's first tile
+                              : (pre & 0xffffu) + min(pre >> 16, need);
     const uint64_t cb = 8ull * ((uint64_t)BL * c0 + (uint64_t)(BH - BL) * hq0); // the run's offset
     uint32_t range = 0, phs[2]; // for the rare tiles: the sample's high tiles before the tile | is_hi << 31
 #pragma unroll
@@ -2730,7 +2778,7 @@ static int s_encode_spec(const s_tg &g, const X *x, uint8_t *payload, cu_hp head
 {
     if (!cu_spec() || !s_spec_shape(g) || !s_pair_ok(g, x, payload) || g.B > S_FUSE_MAXGRID)
         return 1;
-    const void *kern = (const void *)k_tah_spec<X>;
+    const void *kern = g.win != 0 ? (const void *)k_tah_spec<X, true> : (const void *)k_tah_spec<X, false>;
     const uint64_t lmax = S_SP_CAP * S_SP_UNIT; // the bag of keys
     const size_t smem = S_SP_CTA + 4 * lmax;
     CUDA_CHECK(cu_smem_allow(kern, smem));
@@ -2834,7 +2882,8 @@ int cu_tah_encode_bf16(const codec_spec_t *spec, codec_shape_t shape, const cu_b
     int rc = s_check_tile(g, err, errlen);
     if (rc != 0)
         return rc;
-    return cu_fuse() && g.win == 0 ? s_encode_spec(g, x, payload, head, s_carve(work, g), st, err, errlen) : 1;
+    return cu_fuse() && (g.win == 0 || g.win == S_SP_UNIT) ? s_encode_spec(g, x, payload, head, s_carve(work, g), st, err, errlen)
+                                                           : 1;
 }
 
 int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x, uint8_t *payload, cu_hp head,
@@ -2845,13 +2894,13 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
     if (rc != 0)
         return rc;
     const s_tw t = s_carve(work, g);
-    if (stages == CU_TAH_ALL && cu_fuse() && g.win == 0) { // the window rule: k_tah_select only
-        rc = s_encode_spec(g, x, payload, head, t, st, err, errlen);
+    if (stages == CU_TAH_ALL && cu_fuse() && (g.win == 0 || g.win == S_SP_UNIT)) {
+        rc = s_encode_spec(g, x, payload, head, t, st, err, errlen); // windows: of one unit only
         if (rc <= 0)
             return rc;
-        rc = s_encode_fused(g, x, payload, head, t, st, err, errlen);
+        rc = g.win == 0 ? s_encode_fused(g, x, payload, head, t, st, err, errlen) : 1;
         if (rc <= 0)
-            return rc; // else the shape does not suit it: the kernels below
+            return rc; // else the shape does not suit it: the kernels below (any window: k_tah_select)
     }
     if (stages & CU_TAH_MEMSET) // atomicMax starts at 0
         CUDA_CHECK(cudaMemsetAsync(&head.p->absmax_bits, 0, sizeof head.p->absmax_bits, st));
