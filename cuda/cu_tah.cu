@@ -1730,14 +1730,16 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
         mns = q.x;
         mxs = q.y;
     }
-    // tah.c's s_quant_tile metadata for both widths: one minimum, two steps
+    // tah.c's s_quant_tile metadata for both widths: one minimum, two steps (window mode: the
+    // tile's width only, its step in both fields)
     const uint16_t min16 = d_half_from_f32_down(mns);
     const float minf = __half2float(__ushort_as_half(min16));
     const float span = __fsub_rn(mxs, minf);
-    const uint16_t sth = d_half_from_f32_up(__fdiv_rn(span, (float)((1u << BH) - 1u)));
-    const uint16_t stl = d_half_from_f32_up(__fdiv_rn(span, (float)((1u << BL) - 1u)));
+    const uint16_t sth =
+        d_half_from_f32_up(__fdiv_rn(span, (float)((1u << (WM && !hib ? BL : BH)) - 1u)));
+    const uint16_t stl = WM ? sth : d_half_from_f32_up(__fdiv_rn(span, (float)((1u << BL) - 1u)));
     const float fh = __half2float(__ushort_as_half(sth)), fl = __half2float(__ushort_as_half(stl));
-    float ih = fh > 0.0f ? __frcp_rn(fh) : 0.0f, il = fl > 0.0f ? __frcp_rn(fl) : 0.0f, cm = minf;
+    float ih = fh > 0.0f ? __frcp_rn(fh) : 0.0f, il = WM ? ih : fl > 0.0f ? __frcp_rn(fl) : 0.0f, cm = minf;
     if (!rot) { // x's own scale
         cm = __fmul_rn(minf, __uint_as_float((uint32_t)(127 + (rawok ? et : 0)) << 23));
         ih = __fmul_rn(ih, down);
@@ -1771,6 +1773,11 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
             const int r = 8 * c + i;
             const float dv = __fsub_rn(z[i], cm);
             const uint32_t ch = __float_as_uint(__fadd_rn(__fmul_rn(dv, ih), 8388608.0f));
+            if (WM) { // the tile's width only, as nibbles (a low tile's codes are below 8: k_tah_emit
+                wh[r / 8] += ch << (4 * (r % 8)); // narrows them to its 3-bit stream, d_nib3)
+                kh[r / 8] += K << (4 * (r % 8));
+                continue;
+            }
             const uint32_t cl = __float_as_uint(__fadd_rn(__fmul_rn(dv, il), 8388608.0f));
             pack(wh, wl, r, ch, cl);
             pack(kh, kl, r, K, K);
@@ -1787,7 +1794,8 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     const uint32_t w15 = (uint32_t)stl | (fv << 16) | ((uint32_t)(rawok ? et : 127) << 24);
     rec[0] = make_uint4(wh[0], wh[1], wh[2], wh[3]); // the record's planes (S_REC_BLOCK)
     rec[S_SP_UNIT] = make_uint4(wh[4], wh[5], wh[6], wh[7]);
-    rec[2u * S_SP_UNIT] = make_uint4(wl[0], wl[1], wl[2], wl[3]);
+    if (!WM) // window mode: plane 2 unused, plane 3's first half 0
+        rec[2u * S_SP_UNIT] = make_uint4(wl[0], wl[1], wl[2], wl[3]);
     rec[3u * S_SP_UNIT] = make_uint4(wl[4], wl[5], w14, w15);
     return key;
 }
@@ -1943,6 +1951,14 @@ __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict
         d_hist_window<S_SP_LH, true>(sk, nbag, lh, H);
 }
 
+// 8 codes below 8 as nibbles (LSB first) -> the same codes as 24 bits, 3 each (k_tah_emit, window mode)
+__device__ __forceinline__ uint32_t d_nib3(uint32_t w)
+{
+    const uint32_t y = (w & 0x07070707u) | ((w >> 1) & 0x38383838u); // byte k: codes 2k, 2k + 1
+    const uint32_t u = (y & 0x003f003fu) | ((y >> 2) & 0x0fc00fc0u); // half h: codes 4h .. 4h + 3
+    return (u & 0xfffu) | ((u >> 4) & 0xfff000u);
+}
+
 // an fp16 field (min or step) at an exponent d lower: false when it would leave the normal
 // halves (a zero stays a zero of its sign)
 __device__ __forceinline__ bool d_hshift(uint32_t &h, int32_t d)
@@ -2040,8 +2056,8 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
 #pragma unroll
     for (int s = 0; s < 2; s++) {
         const uint32_t i = c0 + 256u * (uint32_t)s + tid;
-        const bool mh = all ? g.n_hi != 0 : wm ? hiw[s] != 0u : key[s] >= T;
-        const bool ml = all ? g.n_hi == 0 : wm ? hiw[s] == 0u : key[s] <= T;
+        const bool mh = all ? g.n_hi != 0 : wm || key[s] >= T; // window mode: nibbles, both widths
+        const bool ml = all ? g.n_hi == 0 : !wm && key[s] <= T;
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             if (wm && m == 3)
@@ -2094,6 +2110,12 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
                     dst[1] = (uint64_t)r[s][0].z | ((uint64_t)r[s][0].w << 32);
                     dst[2] = (uint64_t)r[s][1].x | ((uint64_t)r[s][1].y << 32);
                     dst[3] = (uint64_t)r[s][1].z | ((uint64_t)r[s][1].w << 32);
+                } else if (wm) { // the nibbles of k_tah_spec's window mode, narrowed to 3 bits
+                    const uint32_t v[8] = { d_nib3(r[s][0].x), d_nib3(r[s][0].y), d_nib3(r[s][0].z), d_nib3(r[s][0].w),
+                                            d_nib3(r[s][1].x), d_nib3(r[s][1].y), d_nib3(r[s][1].z), d_nib3(r[s][1].w) };
+                    dst[0] = (uint64_t)(v[0] | v[1] << 24) | ((uint64_t)(v[1] >> 8 | v[2] << 16) << 32);
+                    dst[1] = (uint64_t)(v[2] >> 16 | v[3] << 8) | ((uint64_t)(v[4] | v[5] << 24) << 32);
+                    dst[2] = (uint64_t)(v[5] >> 8 | v[6] << 16) | ((uint64_t)(v[6] >> 16 | v[7] << 8) << 32);
                 } else {
                     dst[0] = (uint64_t)r[s][2].x | ((uint64_t)r[s][2].y << 32);
                     dst[1] = (uint64_t)r[s][2].z | ((uint64_t)r[s][2].w << 32);
