@@ -69,7 +69,7 @@ typedef struct codec_tah_params {
     float tau;           /* outlier threshold on |a(1)|/(|a(2)|+rho), >= 0 (2.0) */
     float rho;           /* denominator guard of the outlier test, >= 0 (1e-6) */
     uint32_t window;     /* 0: the high tiles are chosen per sample; W in 1..CODEC_TAH_WINDOW_MAX: per
-                            window of W allocation tiles, each its share of the sample's (0) */
+                            window of W allocation tiles, each its share of the sample's (32) */
 } codec_tah_params_t;
 #define CODEC_TAH_WINDOW_MAX 1024u
 

@@ -98,7 +98,7 @@ int codec_spec_default(codec_id_t id, codec_spec_t *spec)
     switch (id) {
     case CODEC_TAH:
         spec->p.tah = (codec_tah_params_t){ .tile = 64, .alloc_tile = 64, .hi_frac = 0.8f, .bits_hi = 4,
-                                            .bits_lo = 3, .tau = 2.0f, .rho = 1e-6f };
+                                            .bits_lo = 3, .tau = 2.0f, .rho = 1e-6f, .window = 32 };
         break;
     case CODEC_FIXPT:
         spec->p.fixpt = (codec_fixpt_params_t){ .bits = 8, .scale = 1024.0f, .group = 128, .stochastic = 0, .seed = 0 };
@@ -290,8 +290,6 @@ int codec_spec_format(const codec_spec_t *spec, char *buf, size_t buflen)
         } else if (k->kind == S_U32) {
             uint32_t u;
             memcpy(&u, src, sizeof u);
-            if (u == 0 && k->offset == S_TAH(window) && spec->id == CODEC_TAH)
-                continue; /* the default (per sample): specs print as before the key existed */
             used += (size_t)snprintf(buf + used, buflen - used, "%c%s=%u", sep, k->name, u);
         } else {
             uint64_t u;

@@ -11,14 +11,15 @@
  *      approximation (below), as a 12-bit key; the n_hi = round(hi_frac *
  *      S*ceil(Q/k)) tiles of the highest keys (ties: lower index first) get
  *      bits_hi, the rest bits_lo — exactly n_hi per sample, found with one
- *      4096-bin histogram; with window = W > 0, the sample's allocation tiles
- *      go in windows of W (the last may be shorter) and window [w0, w1) takes
- *      its share h(w1) - h(w0), h(t) = round(t n_hi / N) (halves up), by the
- *      same order: still exactly n_hi per sample, so frames and decoders are
- *      the same; an encoder then needs no pass over the whole sample before
- *      it quantises (cuda/NOTES.md, round 36: equal error on the fidelity
- *      tensors, and the demo's validation loss 0.006-0.033 lower in 4 of 4
- *      seeds at W = 32);
+ *      4096-bin histogram, when window = 0; with window = W > 0 (default 32)
+ *      the sample's allocation tiles go in windows of W (the last may be
+ *      shorter) and window [w0, w1) takes its share h(w1) - h(w0),
+ *      h(t) = round(t n_hi / N) (halves up), by the same order: still exactly
+ *      n_hi per sample, so frames and decoders are the same, and an encoder
+ *      needs no pass over the whole sample before it quantises (cuda/NOTES.md,
+ *      round 36: equal error on the fidelity tensors, the demo's validation
+ *      loss 0.006-0.033 lower in 4 of 4 seeds at W = 32; until November 2026
+ *      every frame took the per-sample rule);
  *   2. per quant tile, if |a(1)| > tau (|a(2)| + rho): swap the largest-
  *      magnitude element to position 0 and apply H_G/sqrt(G) (fwht_f32);
  *   3. asymmetric uniform quantisation: fp16 minimum rounded down, fp16 step
@@ -48,7 +49,7 @@
  * key the entropy's float bits: frames then differ only in which tiles near
  * the threshold are high; both decode the same way.)
  *
- * Default (G=A=64, 80 % INT4, INT3): 8 + 32 + 0.8*256 + 0.2*192 bits per
+ * Default (G=A=64, 80 % INT4, INT3, windows of 32): 8 + 32 + 0.8*256 + 0.2*192 bits per
  * 64 elements = 4.425 bits/element plus 72 bytes per frame and 4 bytes per
  * 8192 elements (the index: +0.01 %). */
 #include <math.h>

@@ -1998,7 +1998,7 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
     const uint32_t n = (uint32_t)g.n_alloc, c0 = j * S_EM_TILES;
     const uint64_t tb = (uint64_t)b * n; // the sample's first tile
     const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
-    const bool wm = !all && g.win != 0; // window mode: each record carries its width (k_tah_spec)
+    const bool wm = g.win != 0; // window mode: each record carries its width, its codes as nibbles
     const uint32_t nu = (n + S_SP_UNIT - 1u) / S_SP_UNIT;
     const uint4 *rb = rec + ((size_t)b * nu + c0 / S_SP_UNIT) * S_REC_BLOCK; // the CTA's blocks
     // the keys first; the records (13 MB in all) only once the counts are published, so that
@@ -2056,8 +2056,8 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
 #pragma unroll
     for (int s = 0; s < 2; s++) {
         const uint32_t i = c0 + 256u * (uint32_t)s + tid;
-        const bool mh = all ? g.n_hi != 0 : wm || key[s] >= T; // window mode: nibbles, both widths
-        const bool ml = all ? g.n_hi == 0 : !wm && key[s] <= T;
+        const bool mh = wm || (all ? g.n_hi != 0 : key[s] >= T); // window mode: nibbles, both widths
+        const bool ml = !wm && (all ? g.n_hi == 0 : key[s] <= T);
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             if (wm && m == 3)

@@ -202,7 +202,7 @@ static void test_spec_parser(void **state)
         if (codec_spec_parse(bad[i], &s, err, sizeof err) == 0)
             fail_msg("spec '%s' accepted", bad[i]);
     /* format -> parse is the identity */
-    const char *good[] = { "tah:tile=16,alloc_tile=32,hi_frac=0.25,tau=1.5", "tah:window=32", "fixpt:bits=6,seed=99",
+    const char *good[] = { "tah:tile=16,alloc_tile=32,hi_frac=0.25,tau=1.5", "tah:window=0", "fixpt:bits=6,seed=99",
                            "ash-fp8:block=64,tau=2", "int:bits=3,group=32,symmetric=1", "bf16" };
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         codec_spec_t t;
@@ -211,13 +211,14 @@ static void test_spec_parser(void **state)
         assert_int_equal(codec_spec_parse(buf, &t, err, sizeof err), 0);
         assert_memory_equal(&s, &t, sizeof s);
     }
-    /* tah's window prints only when set: the default spec's string is the one it always was */
+    /* tah's window: 32 by default, 0 (per sample) kept through format and parse */
     assert_int_equal(codec_spec_parse("tah", &s, err, sizeof err), 0);
-    assert_int_equal(codec_spec_format(&s, buf, sizeof buf), 0);
-    assert_null(strstr(buf, "window"));
-    assert_int_equal(codec_spec_parse("tah:window=32", &s, err, sizeof err), 0);
+    assert_int_equal(s.p.tah.window, 32);
     assert_int_equal(codec_spec_format(&s, buf, sizeof buf), 0);
     assert_non_null(strstr(buf, ",window=32"));
+    assert_int_equal(codec_spec_parse("tah:window=0", &s, err, sizeof err), 0);
+    assert_int_equal(codec_spec_format(&s, buf, sizeof buf), 0);
+    assert_non_null(strstr(buf, ",window=0"));
 }
 
 /* codec_spec_derive / codec_spec_for_tensor: a stochastic fixpt spec gets a

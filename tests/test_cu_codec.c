@@ -72,7 +72,9 @@ static const char *const k_specs[] = {
     "tah", "tah:tile=8,alloc_tile=16,hi_frac=0.5", "tah:tile=32,alloc_tile=128,bits_hi=8,bits_lo=2,hi_frac=0.3",
     "tah:tile=256,alloc_tile=512,tau=0", "tah:tile=16,alloc_tile=16,hi_frac=0", "tah:hi_frac=1,tau=1.5",
     "tah:tile=128,alloc_tile=384,bits_hi=5,bits_lo=5", "tah:bits_hi=6,bits_lo=2,hi_frac=0.6",
-    "tah:window=32", "tah:window=5,tile=16,alloc_tile=32,hi_frac=0.35", "tah:window=1024,hi_frac=0.7",
+    "tah:window=0", "tah:window=0,tile=8,alloc_tile=16,hi_frac=0.5", "tah:window=0,hi_frac=1,tau=1.5",
+    "tah:window=0,tile=128,alloc_tile=384,bits_hi=5,bits_lo=5", "tah:window=0,bits_hi=6,bits_lo=2,hi_frac=0.6",
+    "tah:window=5,tile=16,alloc_tile=32,hi_frac=0.35", "tah:window=1024,hi_frac=0.7",
 };
 #define N_SPECS (sizeof k_specs / sizeof k_specs[0])
 

@@ -382,8 +382,8 @@ static void test_reference_parameter_grid(void **state)
         "tah:hi_frac=0", "tah:hi_frac=1", "tah:bits_hi=8,bits_lo=2,hi_frac=0.3",
         "tah:bits_hi=2,bits_lo=2", "tah:tau=0", "tah:tau=1000", "tah:tile=128,alloc_tile=256,hi_frac=0.75",
         "tah:tile=64,rho=0.5,tau=1.5", "tah:bits_hi=5,bits_lo=3,hi_frac=0.6",
-        "tah:window=32", "tah:window=1", "tah:window=7,tile=32,alloc_tile=64,hi_frac=0.45",
-        "tah:window=100,tile=16,hi_frac=0.3",
+        "tah:window=0", "tah:window=1", "tah:window=7,tile=32,alloc_tile=64,hi_frac=0.45",
+        "tah:window=100,tile=16,hi_frac=0.3", "tah:window=0,tile=16,alloc_tile=48,hi_frac=0.5",
     };
     /* C values that do and do not divide the tiles */
     codec_shape_t shapes[] = { { 2, 17, 256 }, { 3, 5, 100 }, { 1, 7, 129 }, { 2, 3, 8 } };
