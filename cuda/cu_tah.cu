@@ -1632,8 +1632,10 @@ __device__ __forceinline__ void d_stage_unit32(float *buf, const X *x, uint64_t 
 }
 
 // The staged unit's tile of this lane (row `lane`; valid: the unit has it), as tah.c encodes
-// it at the tile's own exponent e_t, both widths: its entropy key (returned), its record at
-// rec (its 16-byte words S_SP_UNIT apart: the block's planes); amax folds in its max |x| bits.
+// it at the tile's own exponent e_t, both widths (WM, window mode: `share` of the unit's nval
+// tiles are high, so each tile takes its own width, as nibbles): its entropy key (returned),
+// its record at rec (its 16-byte words S_SP_UNIT apart: the block's planes); amax folds in its
+// max |x| bits.
 // Warp-uniform call (the rotated tiles' pass).
 //  - one pass over the row: tah.c's 16 entropy accumulators in its order, the largest
 //    and second largest |x| (as bits), min and max, all on x itself: scaling by 2^-e_t is
@@ -1805,14 +1807,14 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
 // numerator times 2 na stays below 2^64: the spec's samples have na < 2^16)
 __device__ __forceinline__ uint32_t d_win_hi_before(uint64_t t, uint64_t n_hi, uint64_t na, uint64_t m2na)
 {
-    return (uint32_t)__umul64hi(2u * t * n_hi + na, m2na); // m2na = s_magic(2 na): exact below 2^47
+    return (uint32_t)__umul64hi(2u * t * n_hi + na, m2na); // m2na: s_magic(2 na), s_tg's mW
 }
 
 // k_tah_fused's phases 0 and 1 with each unit's codes right after its keys (d_tah_spec_t64), and
-// no select. Window mode (g.win == S_SP_UNIT: every unit is one of tah.c's windows): each unit's
-// tiles take their widths at once (d_tah_spec_t64's rank, the width in the record), and no keys,
-// bag or histogram are kept. CTA (b, j) works on sample b; the sample's units of 32 tiles go to its P * 4 warps:
-// two rounds in a fixed order (warp w of CTA j: units 4P r + 4j + w), then one at a time from
+// no select. WM, window mode (g.win == S_SP_UNIT: every unit is one of tah.c's windows): each
+// unit's tiles take their widths at once (d_tah_spec_t64's rank; the width rides in the record),
+// and no keys, bag or histogram are kept. CTA (b, j) works on sample b; the sample's units of 32
+// tiles go to its P * 4 warps: two rounds in a fixed order (warp w of CTA j: units 4P r + 4j + w), then one at a time from
 // the sample's counter (sdone[b]), each claimed when the warp's unit is done, and its copy
 // waited for (the other warps fill the wait), so that the last units go to the warps free
 // first. (Round 25 claimed the next unit one ahead until the sample's last two rounds, with two
@@ -1897,8 +1899,8 @@ __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict
         const uint32_t w0 = S_SP_UNIT * u, nval = min(S_SP_UNIT, na - w0);
         const uint32_t share =
             wm ? d_win_hi_before(w0 + nval, g.n_hi, na, g.mW) - d_win_hi_before(w0, g.n_hi, na, g.mW) : 0xffffffffu;
-        const uint32_t key = d_tah_spec_t64<X, WM>(wb, s_mm[wid], valid, rec + ((size_t)b * nUs + u) * S_REC_BLOCK + lane,
-                                               g, lane, share, nval, amax);
+        uint4 *rl = rec + ((size_t)b * nUs + u) * S_REC_BLOCK + lane;
+        const uint32_t key = d_tah_spec_t64<X, WM>(wb, s_mm[wid], valid, rl, g, lane, share, nval, amax);
         if (!wm) {
             if (valid)
                 key16[(size_t)b * nk + lt] = (uint16_t)key;
@@ -2010,8 +2012,8 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
     for (int s = 0; s < 2; s++) {
         const uint32_t i = c0 + 256u * (uint32_t)s + tid;
         if (wm) {
-            r[s][3] = i < n ? __ldcg(&rb[(256u * (uint32_t)s + tid - lane) / S_SP_UNIT * S_REC_BLOCK + 3u * S_SP_UNIT + lane])
-                            : make_uint4(0u, 0u, 0u, 0u);
+            const uint4 *q = &rb[(256u * (uint32_t)s + tid - lane) / S_SP_UNIT * S_REC_BLOCK + 3u * S_SP_UNIT + lane];
+            r[s][3] = i < n ? __ldcg(q) : make_uint4(0u, 0u, 0u, 0u);
             hiw[s] = (r[s][3].w >> 16) & 1u;
         } else {
             key[s] = i < n ? __ldcg(&key16[(size_t)b * nk + i]) : 0u;
@@ -2111,8 +2113,9 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
                     dst[2] = (uint64_t)r[s][1].x | ((uint64_t)r[s][1].y << 32);
                     dst[3] = (uint64_t)r[s][1].z | ((uint64_t)r[s][1].w << 32);
                 } else if (wm) { // the nibbles of k_tah_spec's window mode, narrowed to 3 bits
-                    const uint32_t v[8] = { d_nib3(r[s][0].x), d_nib3(r[s][0].y), d_nib3(r[s][0].z), d_nib3(r[s][0].w),
-                                            d_nib3(r[s][1].x), d_nib3(r[s][1].y), d_nib3(r[s][1].z), d_nib3(r[s][1].w) };
+                    const uint32_t v[8] = { d_nib3(r[s][0].x), d_nib3(r[s][0].y), d_nib3(r[s][0].z),
+                                            d_nib3(r[s][0].w), d_nib3(r[s][1].x), d_nib3(r[s][1].y),
+                                            d_nib3(r[s][1].z), d_nib3(r[s][1].w) };
                     dst[0] = (uint64_t)(v[0] | v[1] << 24) | ((uint64_t)(v[1] >> 8 | v[2] << 16) << 32);
                     dst[1] = (uint64_t)(v[2] >> 16 | v[3] << 8) | ((uint64_t)(v[4] | v[5] << 24) << 32);
                     dst[2] = (uint64_t)(v[5] >> 8 | v[6] << 16) | ((uint64_t)(v[6] >> 16 | v[7] << 8) << 32);
