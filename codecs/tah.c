@@ -241,13 +241,17 @@ static void s_select_top(const uint16_t *key, uint64_t n, uint64_t n_hi, uint8_t
     }
 }
 
+/* The window rule's high entries before entry t (a window boundary) of n:
+ * round(t n_hi / n), halves up (the GPU's d_win_hi_before). */
+static uint64_t s_win_hi_before(uint64_t t, uint64_t n_hi, uint64_t n) { return (2 * t * n_hi + n) / (2 * n); }
+
 /* window = W > 0: each window of W entries its share of n_hi (tah.c's header),
  * by the same order as s_select_top; small windows rank directly. */
 static void s_select_windows(const uint16_t *key, uint64_t n, uint64_t n_hi, uint64_t W, uint8_t *hi)
 {
     for (uint64_t w0 = 0; w0 < n; w0 += W) {
         const uint64_t w1 = w0 + W < n ? w0 + W : n;
-        const uint64_t q = (2 * w1 * n_hi + n) / (2 * n) - (2 * w0 * n_hi + n) / (2 * n);
+        const uint64_t q = s_win_hi_before(w1, n_hi, n) - s_win_hi_before(w0, n_hi, n);
         if (w1 - w0 > 64) {
             s_select_top(key + w0, w1 - w0, q, hi + w0);
             continue;

@@ -512,7 +512,8 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const uint32_t *__
             hi = in && g.n_hi != 0;
         } else if (win) { // the tile's rank in its window against the window's share of n_hi
             const uint64_t w0 = in ? i / g.win * g.win : 0, w1 = min(w0 + g.win, na);
-            const uint64_t share = (2 * w1 * g.n_hi + na) / (2 * na) - (2 * w0 * g.n_hi + na) / (2 * na);
+            auto before = [&](uint64_t t) { return (2 * t * g.n_hi + na) / (2 * na); }; // tah.c's s_win_hi_before
+            const uint64_t share = before(w1) - before(w0);
             uint64_t rank = 0;
             for (uint64_t j = w0; in && j < w1; j++) {
                 const uint32_t kj = keys[j];
