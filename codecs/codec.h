@@ -17,7 +17,7 @@
  *   int     bits, group, symmetric
  *
  * Frame format (little-endian; docs/codecs.md has the per-codec payloads):
- *   0  u32 magic 0x46484154 ("TAHF")   4 u16 version (3)   6 u8 codec id
+ *   0  u32 magic 0x46484154 ("TAHF")   4 u16 version (4)   6 u8 codec id
  *   7  u8  reserved (0)                8 u32 B  12 u32 S  16 u32 C
  *   20 u32 reserved (0)               24 u64 payload length
  *   32 24 bytes codec parameters      56 u32 reserved (0)
@@ -43,7 +43,8 @@
 #include "errors.h" /* TAH_E* codes */
 
 #define CODEC_FRAME_MAGIC 0x46484154u /* "TAHF" */
-#define CODEC_FRAME_VERSION 3u /* 2: int frames carry an exponent per 64 groups; 3: TAH frames an index */
+#define CODEC_FRAME_VERSION 4u /* 2: int frames carry an exponent per 64 groups; 3: TAH frames an index;
+                                  4: TAH frames an exponent per 32 allocation tiles */
 #define CODEC_HEADER_SIZE 64u
 #define CODEC_PARAMS_SIZE 24u
 /* Largest tensor a frame may describe (elements). 2^31 floats = 8 GiB. */

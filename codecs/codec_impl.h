@@ -86,6 +86,10 @@ static inline float codec_get_f32(const uint8_t *p) { return codec_bits_f32(code
  * of high quantisation tiles before the sample's tile k * CODEC_TAH_IX_TILES,
  * so a decoder can start anywhere in a sample without counting flags. */
 #define CODEC_TAH_IX_TILES 128u
+/* TAH frames' exponents (frame version 4): one per CODEC_TAH_EXP_TILES
+ * consecutive allocation tiles of a sample, so an encoder can write a group's
+ * metadata as soon as it has seen the group. */
+#define CODEC_TAH_EXP_TILES 32u
 static inline float codec_tah_key_scale(uint32_t alloc_tile)
 {
     uint32_t lg = 0, c = 0;

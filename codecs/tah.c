@@ -28,15 +28,21 @@
  *      (Until November 2026 the test of 2. was |a(1)| / (|a(2)| + rho) > tau
  *      and 3.'s ties went up: a division per tile and an add per code more
  *      on the GPU, about 3 % of its encode. Frames decode the same way.)
- * All fp16 metadata is relative to a per-frame power of two 2^e chosen from
- * the frame's absmax, so any finite float32 tensor is encodable.
+ * All fp16 metadata is relative to a power of two 2^e per exponent group,
+ * 32 consecutive allocation tiles of a sample (CODEC_TAH_EXP_TILES; the last
+ * one may be shorter), chosen from the group's absmax, so any finite float32
+ * tensor is encodable and every group is coded at its own scale (frame
+ * version 4; until November 2026 one e per frame, a max over the whole
+ * tensor before any metadata could be written).
  *
- * Payload (T = B*S*Q tiles, lg = log2 G):
- *   i32 e, u32 0
+ * Payload (T = B*S*Q tiles, lg = log2 G, n_eg = ceil(S*nA/32)):
+ *   u32 0, u32 0
  *   index: per sample ceil(S*Q/128) x u32, entry k the sample's high quant
  *          tiles before its tile 128k (CODEC_TAH_IX_TILES; frame version 3):
  *          a decoder's thread can find any tile's code offset from one entry
  *          and at most 127 flags
+ *   exps:  per sample n_eg x i8 e (in [-126, 127]), then zero bytes to a
+ *          multiple of 8 over all samples (decoders ignore them)
  *   flags: T entries of (2+lg) bits, LSB-first stream, byte-padded:
  *          bit 0 high width, bit 1 rotated, bits 2.. pivot index (0 if not rotated)
  *   meta:  T x (u16 fp16 min, u16 fp16 step)
@@ -50,8 +56,9 @@
  * the threshold are high; both decode the same way.)
  *
  * Default (G=A=64, 80 % INT4, INT3, windows of 32): 8 + 32 + 0.8*256 + 0.2*192 bits per
- * 64 elements = 4.425 bits/element plus 72 bytes per frame and 4 bytes per
- * 8192 elements (the index: +0.01 %). */
+ * 64 elements = 4.425 bits/element plus 72 bytes per frame, 4 bytes per 8192
+ * elements (the index) and 1 byte per 2048 (the exponents), +0.2 % in all, and
+ * at most 7 bytes of padding. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,14 +70,15 @@
 #include "simd.h" /* simd_f8 lanes for the per-tile reductions */
 
 #define S_ENTROPY_EPS 1e-12f
-#define S_EXP_LIMIT 200 /* |e| beyond this cannot come from a finite float32 tensor */
+#define S_EXP_MIN (-126) /* 2^-e stays a finite float (subnormal inputs); an i8 holds the rest */
 
 typedef struct s_geom {
     uint32_t G, lg, k, Q, nA, r; /* r: quant tiles in a token's last allocation tile */
     uint32_t bh, bl;
     uint64_t S, B, tiles, n_alloc, n_hi, hi_q_max;
     uint64_t ix_n; /* index entries per sample */
-    uint64_t ix_bytes, flags_bytes, meta_bytes, code_bytes; /* code_bytes: per sample */
+    uint64_t n_eg; /* exponent groups per sample */
+    uint64_t ix_bytes, eg_bytes, flags_bytes, meta_bytes, code_bytes; /* code_bytes: per sample */
 } s_geom_t;
 
 static uint32_t s_log2(uint32_t v)
@@ -103,6 +111,8 @@ static void s_geometry(const codec_tah_params_t *p, codec_shape_t shape, s_geom_
     uint64_t sq = g->S * g->Q;
     g->ix_n = (sq + CODEC_TAH_IX_TILES - 1) / CODEC_TAH_IX_TILES;
     g->ix_bytes = 4 * g->B * g->ix_n;
+    g->n_eg = (g->n_alloc + CODEC_TAH_EXP_TILES - 1) / CODEC_TAH_EXP_TILES;
+    g->eg_bytes = (g->B * g->n_eg + 7) & ~(uint64_t)7;
     g->flags_bytes = (g->tiles * (2 + g->lg) + 7) / 8;
     g->meta_bytes = 4 * g->tiles;
     g->code_bytes = g->hi_q_max * g->G * g->bh / 8 + (sq - g->hi_q_max) * g->G * g->bl / 8;
@@ -112,7 +122,7 @@ static uint64_t s_payload_size(const codec_spec_t *spec, codec_shape_t shape)
 {
     s_geom_t g;
     s_geometry(&spec->p.tah, shape, &g);
-    return 8 + g.ix_bytes + g.flags_bytes + g.meta_bytes + g.B * g.code_bytes;
+    return 8 + g.ix_bytes + g.eg_bytes + g.flags_bytes + g.meta_bytes + g.B * g.code_bytes;
 }
 
 /* ---- bit field access for the flags stream (fields of at most 14 bits) ---- */
@@ -367,37 +377,44 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *
     const uint32_t C = shape.c, G = g.G, A = p->alloc_tile;
     uint8_t *hi = malloc(g.n_alloc);
     uint16_t *ekey = malloc(g.B * g.n_alloc * sizeof *ekey);
-    if (!hi || !ekey) {
+    float *gmax = calloc(g.B * g.n_eg, sizeof *gmax);
+    if (!hi || !ekey || !gmax) {
         free(hi);
         free(ekey);
+        free(gmax);
         return TAH_ENOMEM;
     }
 
-    /* pass 1: entropy keys of every allocation tile, and the frame's absmax */
+    /* pass 1: entropy keys of every allocation tile, and each exponent group's absmax */
     const float kscale = codec_tah_key_scale(A);
-    float absmax = 0.0f;
-    for (uint64_t t = 0; t < g.B * g.S; t++) {
-        const float *row = x + t * C;
-        for (uint32_t j = 0; j < g.nA; j++) {
-            uint32_t c0 = j * A, w = (C - c0 < A) ? C - c0 : A;
-            ekey[t * g.nA + j] = (uint16_t)s_entropy_key(row + c0, w, kscale, &absmax);
+    for (uint64_t b = 0; b < g.B; b++) {
+        for (uint64_t a = 0; a < g.n_alloc; a++) { /* the sample's allocation tile a = s nA + j */
+            const uint64_t s = a / g.nA;
+            const uint32_t j = (uint32_t)(a - s * g.nA), c0 = j * A, w = (C - c0 < A) ? C - c0 : A;
+            float *m = &gmax[b * g.n_eg + a / CODEC_TAH_EXP_TILES];
+            ekey[b * g.n_alloc + a] = (uint16_t)s_entropy_key(x + (b * g.S + s) * C + c0, w, kscale, m);
         }
     }
-    /* e: absmax * 2^-e <= 2^14, and a rotated tile (up to sqrt(G) larger)
-     * still below 2^(14 + lg/2) <= 65504 needs e raised by ceil(lg/2) */
-    int ex = 0;
-    if (absmax > 0.0f)
-        frexpf(absmax, &ex); /* absmax < 2^ex */
-    int32_t e = absmax > 0.0f ? ex + (int32_t)((g.lg + 1) / 2) - 14 : 0;
-    e = e < -126 ? -126 : e; /* 2^-e must stay a finite float (subnormal inputs) */
-    const float down = ldexpf(1.0f, -e);
 
     uint8_t *ix = payload + 8;
-    uint8_t *flags = ix + g.ix_bytes;
+    int8_t *eg = (int8_t *)(ix + g.ix_bytes);
+    uint8_t *flags = ix + g.ix_bytes + g.eg_bytes;
     uint8_t *meta = flags + g.flags_bytes;
     uint8_t *codes_base = meta + g.meta_bytes;
-    codec_put_u32(payload, (uint32_t)e);
+    codec_put_u32(payload, 0);
     codec_put_u32(payload + 4, 0);
+    memset(eg, 0, g.eg_bytes);
+    /* e: absmax * 2^-e <= 2^14, and a rotated tile (up to sqrt(G) larger)
+     * still below 2^(14 + lg/2) <= 65504 needs e raised by ceil(lg/2); at most
+     * 128 + 6 - 14 for G <= 4096 */
+    for (uint64_t i = 0; i < g.B * g.n_eg; i++) {
+        int ex = 0;
+        if (gmax[i] > 0.0f)
+            frexpf(gmax[i], &ex); /* absmax < 2^ex */
+        int32_t e = gmax[i] > 0.0f ? ex + (int32_t)((g.lg + 1) / 2) - 14 : 0;
+        eg[i] = (int8_t)(e < S_EXP_MIN ? S_EXP_MIN : e);
+    }
+    free(gmax);
     memset(flags, 0, g.flags_bytes);
     memset(codes_base, 0, g.B * g.code_bytes);
 
@@ -418,6 +435,7 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *
                 if (t % CODEC_TAH_IX_TILES == 0)
                     codec_put_u32(ix + 4 * (b * g.ix_n + t / CODEC_TAH_IX_TILES), (uint32_t)hq);
                 uint32_t c0 = q * G, w = (C - c0 < G) ? C - c0 : G;
+                const float down = ldexpf(1.0f, -eg[b * g.n_eg + (s * g.nA + q / g.k) / CODEC_TAH_EXP_TILES]);
                 /* scale into the metadata's range; top two magnitudes decide rotation */
                 s_tile_stats_t st;
                 s_load_tile(v, row + c0, w, G, down, &st);
@@ -460,11 +478,14 @@ static int s_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t
     s_geom_t g;
     s_geometry(p, shape, &g);
     const uint32_t C = shape.c, G = g.G, fbits = 2 + g.lg;
-    int32_t e = (int32_t)codec_get_u32(payload);
-    if (e < -S_EXP_LIMIT || e > S_EXP_LIMIT || codec_get_u32(payload + 4) != 0)
+    if (codec_get_u32(payload) != 0 || codec_get_u32(payload + 4) != 0)
         return TAH_ECORRUPT;
     const uint8_t *ix = payload + 8;
-    const uint8_t *flags = ix + g.ix_bytes;
+    const int8_t *eg = (const int8_t *)(ix + g.ix_bytes);
+    for (uint64_t i = 0; i < g.B * g.n_eg; i++)
+        if (eg[i] < S_EXP_MIN)
+            return TAH_ECORRUPT;
+    const uint8_t *flags = ix + g.ix_bytes + g.eg_bytes;
     const uint8_t *meta = flags + g.flags_bytes;
     const uint8_t *codes_base = meta + g.meta_bytes;
     float v[4096];
@@ -505,6 +526,7 @@ static int s_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t
                 uint16_t step16 = codec_get_u16(meta + 4 * tile + 2);
                 if ((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u || (step16 & 0x8000u))
                     return TAH_ECORRUPT;
+                const int32_t e = eg[b * g.n_eg + (s * g.nA + q / g.k) / CODEC_TAH_EXP_TILES];
                 float minf = ldexpf(half_to_f32(min16), e), step = ldexpf(half_to_f32(step16), e);
                 bitpack_unpack(codes, in, G, bits);
                 in += (size_t)G * bits / 8;

@@ -47,7 +47,6 @@ extern "C" {
 struct cu_head {
     unsigned long long status;  // (tag << CU_ST_BITS) | condition bits
     unsigned long long tag;     // the last call's tag
-    unsigned int absmax_bits;   // frame absmax (tah): atomicMax on non-negative float bits, zeroed per call
 };
 
 // What every kernel gets: the head and this call's tag.

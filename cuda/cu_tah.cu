@@ -1,10 +1,10 @@
 // cu_tah.cu — TAH-Quant on the GPU, codecs/tah.c's payload to the byte.
 //
-// Encode, round 6 (default when every allocation tile holds k quant tiles): one
-// cooperative launch, k_tah_fused (see the comment above it): stages 1-3 below
-// run in one persistent grid, the select spread over P CTAs per sample. Other
-// shapes and TAH_CU_FUSE=0: round 5's memset + four launches:
-//   1. k_tah_entropy: entropy key of every allocation tile and the frame absmax.
+// Frames of version 4: fp16 metadata relative to an exponent per 32 allocation tiles of a
+// sample (codecs/tah.c; gmax in the scratch holds each group's max |x| bits).
+//
+// Encode, any spec and shape (and TAH_CU_FUSE=0 or TAH_CU_SPEC=0): memset + four launches:
+//   1. k_tah_entropy: entropy key of every allocation tile, each group's absmax (atomicMax).
 //      4 lanes per allocation tile, 8 tiles per warp; lane u holds tah.c's
 //      16-lane accumulators 4u..4u+3 (one 16-byte load per 16 elements):
 //
@@ -19,7 +19,7 @@
 //      n_hi high tiles with ties to the lower index (a block scan over the
 //      keys equal to the threshold), then a block scan of the high quant
 //      tile counts: each allocation tile's offset into the sample's code
-//      region. Also zeroes the unused end of that region and writes e.
+//      region. Also zeroes the unused end of that region and writes the sample's exponents.
 //      (k_tah_select_sm, round 4: round 2 histograms only the keys that
 //      share round 1's prefix, compacted in shared memory.)
 //   3. k_tah_quant: one segment of G/8 lanes per quant tile (G <= 256),
@@ -36,16 +36,15 @@
 // flags checked) then k_tah_dchunk (per chunk: offsets from the counts and
 // a block scan, segment per tile as in 3, 4 tiles per segment in flight).
 //
-// Round 17, the default spec on C % 64 == 0 with aligned buffers and samples of fewer than 2^16
-// tiles: k_tah_spec + k_tah_emit (see the comment above them) replace k_tah_fused: every tile
-// quantised both ways from one read of x, the selection afterwards (TAH_CU_SPEC=0: k_tah_fused).
+// Round 17, the default spec (tile = alloc_tile = 64, 4/3 bits, window 0 or 32) on C % 64 == 0
+// with aligned buffers and samples of fewer than 2^16 tiles: k_tah_spec + k_tah_emit (see the
+// comment above them): every tile quantised from one read of x, a lane a tile on rows staged in
+// shared memory, the selection afterwards. (Rounds 6-36 had a one-launch form of 1-3 in between,
+// k_tah_fused, for window 0: removed with frame version 4.)
 //
-// Round 8, the default spec (tile = alloc_tile = 64, 4/3 bits) on C % 64 == 0 with
-// aligned buffers: k_tah_fused<TPT> gives each tile a lane pair (32 floats per lane) and
-// streams units of 16 tiles through shared memory with cp.async, and k_tah_dw64 decodes
-// with lane pairs (round 19: from the frame's index, CTAs of 256 tiles; see the comments
-// above them). TAH_CU_TPT=0
-// selects the segment kernels above for a same-binary comparison.
+// Round 8, the default spec on C % 64 == 0 with aligned buffers: k_tah_dw64 decodes with lane
+// pairs (round 19: from the frame's index, CTAs of 256 tiles; see the comment above it).
+// TAH_CU_TPT=0 selects the segment kernels above for a same-binary comparison.
 //
 // Which zero is a tile's minimum (+0 or -0 changes the fp16 min's sign bit)
 // follows tah.c's reduction order; see d_zkey.
@@ -57,9 +56,7 @@
 #define S_ENT_EPS 1e-12f
 #define S_MAX_TILE 256u
 #define S_QUANT_U 2 // tiles per segment per k_tah_quant iteration (round 4)
-#define S_FUSE_MAXGRID 1024u // CTAs of k_tah_fused's cooperative grid, at most
-#define S_FUSE_MAXL 8192u    // allocation tiles per CTA (32 KB of keys in shared memory)
-static_assert(S_FUSE_MAXL < 16384u, "k_tah_fused packs a CTA's two key counts in 14 bits each");
+#define S_FUSE_MAXGRID 1024u // CTAs of k_tah_spec's grid, and samples, at most
 // k_tah_select(_sm)'s radix rounds of 8 bits over the 12-bit keys (CODEC_TAH_KEY_BINS): bits
 // 8..15, then 0..7; the first round's shift
 #define S_SEL_SHIFT0 8
@@ -70,6 +67,7 @@ struct s_tg {
     uint32_t win; // tah.c's window: 0, the sample's high tiles by one threshold; else per window
     uint64_t S, B, T, n_alloc, n_hi, flags_bytes, meta_bytes, code_bytes;
     uint64_t ix_n, flags_off, meta_off, codes_off; // ix_n: index entries per sample (CODEC_TAH_IX_TILES)
+    uint64_t n_eg, eg_off, eg_bytes; // exponent groups per sample (CODEC_TAH_EXP_TILES), their bytes' offset and span
     float tau, rho, norm, kscale; // kscale: codec_tah_key_scale
     uint64_t mQ, mS; // ceil(2^64 / Q), ceil(2^64 / S) for d_div32 (0 when Q, S are 1 or above 32 bits)
     uint64_t mW;     // ceil(2^64 / (2 n_alloc)): k_tah_spec's window shares (d_win_hi_before)
@@ -79,29 +77,28 @@ struct s_tg {
 static uint64_t s_magic(uint64_t d) { return d >= 2 && d <= 0xffffffffull ? UINT64_MAX / d + 1 : 0; }
 
 // Scratch past the head: key u32[B*n_alloc] | pre u32[B*n_alloc] | hi u8[B*n_alloc] (8-aligned) | flagv u16[T]
-// (8-aligned) | cnt u64[B*cps] (decode: per-chunk high counts, see k_tah_dcount) | k_tah_fused's s_fz:
-// flag u64 | cnt u64[S_FUSE_MAXGRID] | ztag u64[S_FUSE_MAXGRID] | (16-aligned) gdone, gamax, 2 unused,
-// sdone[S_FUSE_MAXGRID] u32 | hist u32[B*CODEC_TAH_KEY_BINS]
+// (8-aligned) | cnt u64[B*cps] (decode: per-chunk high counts, see k_tah_dcount) | gmax u32[B*n_eg] (16-aligned
+// span: each exponent group's max |x| bits) | k_tah_spec's s_fz: cnt u64[S_FUSE_MAXGRID] |
+// ztag u64[S_FUSE_MAXGRID] | (16-aligned) sdone u32[S_FUSE_MAXGRID] | hist u32[B*CODEC_TAH_KEY_BINS]
 struct s_tw {
     uint32_t *key; // entropy keys (k_tah_entropy)
     uint32_t *pre;
     uint8_t *hi;
     uint16_t *flagv;
     unsigned long long *cnt;
+    uint32_t *gmax; // per exponent group of each sample: its max |x| bits (k_tah_entropy's atomicMax, k_tah_spec)
 };
 
-// k_tah_fused's scratch (past cnt). A word that carries the call's tag (cu_hp) needs no
+// k_tah_spec's and k_tah_emit's scratch (past gmax). A word that carries the call's tag (cu_hp) needs no
 // clearing between calls; the counters and histograms are zeroed by the call itself.
-#define S_FZ_CTR (4u + S_FUSE_MAXGRID) // gdone, gamax, 2 unused, sdone: hist stays 16-byte aligned
+#define S_FZ_CTR S_FUSE_MAXGRID // sdone: hist stays 16-byte aligned
 struct s_fz {
-    unsigned long long *flag; // the call's tag once CTA 0 has zeroed gdone .. sdone
     unsigned long long *cnt;  // [S_FUSE_MAXGRID] per CTA: the tag's low 36 bits << 28 | keys == T << 14 | keys > T
     unsigned long long *ztag; // [S_FUSE_MAXGRID] per sample: the call's tag once its histogram is zeroed
-    uint32_t *gdone, *gamax;  // CTAs past phase 1; the frame's max |x| bits (atomicMax)
-    uint32_t *sdone;          // [S_FUSE_MAXGRID] per sample: its CTAs past phase 1
+    uint32_t *gmax;           // s_tw's: per exponent group (a unit of k_tah_spec) its max |x| bits
+    uint32_t *sdone;          // [S_FUSE_MAXGRID] per sample: the units it has handed out past the fixed rounds
     uint32_t *hist;           // [B][CODEC_TAH_KEY_BINS] per sample: its keys' histogram (k_tah_spec's: two bins a word)
 };
-#define S_LH 512u // k_tah_fused: keys counted in shared memory first, a window of S_LH bins
 
 // Decode chunks: one CTA of S_DEC_WARPS warps decodes S_DEC_U passes of
 // 32/tpg tiles per warp, a run of consecutive quant tiles of one sample.
@@ -152,7 +149,10 @@ static s_tg s_geometry(const codec_spec_t *spec, codec_shape_t shape, const void
     g.meta_bytes = 4 * g.T;
     g.code_bytes = hi_q_max * g.G * g.bh / 8 + (sq - hi_q_max) * g.G * g.bl / 8;
     g.ix_n = (sq + CODEC_TAH_IX_TILES - 1) / CODEC_TAH_IX_TILES;
-    g.flags_off = 8 + 4 * g.B * g.ix_n;
+    g.n_eg = (g.n_alloc + CODEC_TAH_EXP_TILES - 1) / CODEC_TAH_EXP_TILES;
+    g.eg_off = 8 + 4 * g.B * g.ix_n;
+    g.eg_bytes = (g.B * g.n_eg + 7) & ~7ull;
+    g.flags_off = g.eg_off + g.eg_bytes;
     g.meta_off = g.flags_off + g.flags_bytes;
     g.codes_off = g.meta_off + g.meta_bytes;
     g.tau = p->tau;
@@ -176,6 +176,7 @@ static s_tw s_carve(void *work, const s_tg &g)
     t.hi = w + 8 * na;
     t.flagv = (uint16_t *)(w + 8 * na + ((na + 7) & ~7ull));
     t.cnt = (unsigned long long *)(w + 8 * na + ((na + 7) & ~7ull) + ((2 * g.T + 7) & ~7ull));
+    t.gmax = (uint32_t *)(t.cnt + g.B * s_dec_cps(g));
     return t;
 }
 
@@ -200,7 +201,7 @@ size_t cu_tah_scratch(const codec_spec_t *spec, codec_shape_t shape)
     const s_tg g = s_geometry(spec, shape, NULL);
     const uint64_t na = g.B * g.n_alloc;
     return (size_t)(8 * na + ((na + 7) & ~7ull) + ((2 * g.T + 7) & ~7ull) + 8 * g.B * s_dec_cps(g) +
-                    8 + 16ull * S_FUSE_MAXGRID + 15 + 4ull * S_FZ_CTR + 4ull * CODEC_TAH_KEY_BINS * g.B +
+                    4 * ((g.B * g.n_eg + 3) & ~3ull) + 16ull * S_FUSE_MAXGRID + 15 + 4ull * S_FZ_CTR + 4ull * CODEC_TAH_KEY_BINS * g.B +
                     (s_spec_shape(g) ? 127 + 16ull * S_REC_BLOCK * g.B * s_spec_nu(g) + 2 * g.B * s_spec_nk(g) : 0));
 }
 
@@ -245,6 +246,27 @@ __device__ __forceinline__ int32_t d_tah_exp(uint32_t amax_bits, uint32_t lg)
     int32_t ex = amax_bits >= 0x00800000u ? (int32_t)(amax_bits >> 23) - 126 : (31 - __clz((int)amax_bits)) - 148;
     int32_t e = ex + (int32_t)((lg + 1) / 2) - 14;
     return e < -126 ? -126 : e;
+}
+
+// The exponent group (tah.c's CODEC_TAH_EXP_TILES) of sample b's quant tile (s, q): that of its
+// allocation tile s nA + q / k; an index into gmax and the frame's exponent bytes.
+__device__ __forceinline__ uint64_t d_group(const s_tg &g, uint64_t b, uint64_t s, uint32_t q)
+{
+    return b * g.n_eg + (s * g.nA + (g.k > 1u ? q / g.k : q)) / CODEC_TAH_EXP_TILES;
+}
+
+// Sample b's exponent bytes from gmax (threads tid of nt); sample 0's call also the payload's two
+// reserved words and the bytes' padding.
+__device__ void d_put_exps(uint8_t *p, const s_tg &g, const uint32_t *gmax, uint64_t b, uint32_t tid, uint32_t nt)
+{
+    for (uint64_t i = b * g.n_eg + tid; i < (b + 1) * g.n_eg; i += nt)
+        p[g.eg_off + i] = (uint8_t)(int8_t)d_tah_exp(__ldcg(&gmax[i]), g.lg);
+    if (b == 0 && tid < 8u) {
+        if (tid < 2u)
+            d_put_u32(p + 4 * tid, 0);
+        if (g.B * g.n_eg + tid < g.eg_bytes)
+            p[g.eg_off + g.B * g.n_eg + tid] = 0;
+    }
 }
 
 __device__ __forceinline__ uint32_t d_get_bits(const uint8_t *stream, uint64_t bitpos, uint32_t nbits)
@@ -429,31 +451,36 @@ __device__ __forceinline__ uint32_t d_tah_ent_tile(const float *__restrict__ x, 
 }
 
 __global__ void __launch_bounds__(256) k_tah_entropy(const float *__restrict__ x, uint32_t *__restrict__ key,
-                                                     cu_hp head, s_tg g)
+                                                     uint32_t *__restrict__ gmax, cu_hp head, s_tg g)
 {
     d_mark(head);
     const uint32_t lane = threadIdx.x & 31u, u = lane & 3u, sub = lane >> 2;
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
     const uint64_t ntiles = g.B * g.n_alloc;
-    uint32_t amax = 0; // max |x| bits of the warp's elements (>= 0x7f800000: non-finite x)
+    bool bad = false;
     for (uint64_t base = warp * 8u; base < ntiles; base += nwarps * 8u) {
         const uint64_t tile = base + sub;
         const bool valid = tile < ntiles;
+        uint32_t amax = 0; // max |x| bits of the tile (>= 0x7f800000: non-finite x)
         const uint32_t k = d_tah_ent_tile(x, g, tile, valid, lane, amax);
-        if (valid && u == 0)
+        amax = max(amax, __shfl_xor_sync(CU_FULL, amax, 1));
+        amax = max(amax, __shfl_xor_sync(CU_FULL, amax, 2));
+        bad |= amax >= 0x7f800000u; // the payload is unspecified then; the group's absmax is left alone
+        if (valid && u == 0) {
             key[tile] = k;
+            const uint64_t b = tile / g.n_alloc;
+            if (amax != 0 && amax < 0x7f800000u)
+                atomicMax(&gmax[b * g.n_eg + (tile - b * g.n_alloc) / CODEC_TAH_EXP_TILES], amax);
+        }
     }
-    for (int o = 16; o > 0; o /= 2)
-        amax = max(amax, __shfl_xor_sync(CU_FULL, amax, o));
-    if (lane == 0 && amax >= 0x7f800000u)
-        d_flag(head, CU_ST_NONFINITE); // the payload is unspecified then; the absmax is left alone
-    else if (lane == 0 && amax != 0)
-        atomicMax(&head.p->absmax_bits, amax);
+    if (bad)
+        d_flag(head, CU_ST_NONFINITE);
 }
 
 __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const uint32_t *__restrict__ key, uint32_t *pre,
-                                                              uint8_t *p, cu_hp head, s_tg g)
+                                                              const uint32_t *__restrict__ gmax, uint8_t *p,
+                                                              cu_hp head, s_tg g)
 {
     d_mark(head);
     __shared__ uint32_t hist[256];
@@ -536,10 +563,7 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select(const uint32_t *__
     uint8_t *region = p + g.codes_off + b * g.code_bytes;
     for (uint64_t y = used + threadIdx.x; y < g.code_bytes; y += blockDim.x)
         region[y] = 0;
-    if (b == 0 && threadIdx.x == 0) {
-        d_put_u32(p, (uint32_t)d_tah_exp(head.p->absmax_bits, g.lg));
-        d_put_u32(p + 4, 0);
-    }
+    d_put_exps(p, g, gmax, b, threadIdx.x, blockDim.x);
 }
 
 // Whether a key of the select is high: above the threshold T, or equal to it while fewer than
@@ -599,7 +623,8 @@ __device__ void d_sel_digit(const uint32_t *hist, uint32_t need, uint32_t prefix
 // all instead of two per 1024 keys). Same results: same radix digits, ties
 // to the lower index, same prefix sums.
 __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const uint32_t *__restrict__ key,
-                                                                 uint32_t *__restrict__ pre, uint8_t *p,
+                                                                 uint32_t *__restrict__ pre,
+                                                                 const uint32_t *__restrict__ gmax, uint8_t *p,
                                                                  cu_hp head, s_tg g)
 {
     d_mark(head);
@@ -711,10 +736,7 @@ __global__ void __launch_bounds__(S_SEL_THREADS) k_tah_select_sm(const uint32_t 
     uint8_t *region = p + g.codes_off + b * g.code_bytes;
     for (uint64_t y = used + tid; y < g.code_bytes; y += bd)
         region[y] = 0;
-    if (b == 0 && tid == 0) {
-        d_put_u32(p, (uint32_t)d_tah_exp(head.p->absmax_bits, g.lg));
-        d_put_u32(p + 4, 0);
-    }
+    d_put_exps(p, g, gmax, b, tid, bd);
 }
 
 // n / d for 32-bit n and d, m = ceil(2^64 / d) (s_magic; 0 for d = 1): exact, since
@@ -835,11 +857,13 @@ __device__ __forceinline__ void d_swap0(float z[8], uint32_t lane, uint32_t tl, 
 template <int U, uint32_t TPG, uint32_t BH, uint32_t BL, typename X>
 __device__ __forceinline__ void d_tah_quant_u(const X *__restrict__ x, uint8_t *__restrict__ p,
                                               uint16_t *__restrict__ flagv, const s_tg &g, const uint64_t tiles[U],
-                                              const bool valids[U], const uint32_t phv[U], float down, float rho_down,
-                                              bool flag_bytes, uint32_t lane, uint32_t &range)
+                                              const bool valids[U], const uint32_t phv[U],
+                                              const uint32_t *__restrict__ gmax, bool flag_bytes, uint32_t lane,
+                                              uint32_t &range)
 {
     const uint32_t tpg = TPG ? TPG : g.G / 8u, tl = lane % tpg, G = 8u * tpg;
     float vv[U][8];
+    uint32_t ab[U]; // the tiles' groups' max |x| bits
 #pragma unroll
     for (int u = 0; u < U; u++) {
         uint64_t token, b, s;
@@ -849,6 +873,7 @@ __device__ __forceinline__ void d_tah_quant_u(const X *__restrict__ x, uint8_t *
             w = 0;
         const uint64_t x0 = token * g.C + (uint64_t)q * G;
         d_load8(x, x0 + 8u * tl, x0 + w, g.vec, vv[u]);
+        ab[u] = valids[u] ? __ldcg(&gmax[d_group(g, b, s, q)]) : 0u;
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -863,6 +888,8 @@ __device__ __forceinline__ void d_tah_quant_u(const X *__restrict__ x, uint8_t *
 #pragma unroll
         for (int r = 0; r < 8; r++)
             v[r] = vv[u][r];
+        const int32_t e = d_tah_exp(ab[u], g.lg);
+        const float down = __uint_as_float((uint32_t)(127 - e) << 23), rho_down = __fmul_rn(g.rho, down);
         // scale; top-2 magnitudes (multiset)
         float m1, m2;
         d_scale_top2<8>(v, down, m1, m2);
@@ -945,16 +972,13 @@ __device__ __forceinline__ void d_tah_quant_u(const X *__restrict__ x, uint8_t *
 
 template <int U>
 __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, const uint32_t *__restrict__ pre,
-                                                   uint16_t *__restrict__ flagv,
+                                                   const uint32_t *__restrict__ gmax, uint16_t *__restrict__ flagv,
                                                    uint8_t *__restrict__ p, cu_hp head, s_tg g, bool flag_bytes)
 {
     d_mark(head);
     const uint32_t lane = threadIdx.x & 31u, tpg = g.G / 8u, spw = 32u / tpg, seg = lane / tpg;
     const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32u;
-    const int32_t e = d_tah_exp(head.p->absmax_bits, g.lg);
-    const float down = __uint_as_float((uint32_t)(127 - e) << 23);
-    const float rho_down = __fmul_rn(g.rho, down);
     uint32_t range = 0;
     // U tiles per segment per iteration: every tile's x and prefix loads issued before the first use
     for (uint64_t base = warp * spw * U; base < g.T; base += nwarps * spw * U) { // uniform per warp
@@ -971,107 +995,30 @@ __global__ void __launch_bounds__(256) k_tah_quant(const float *__restrict__ x, 
             d_tile_geom(g, tiles[u], token, q, b, s, w);
             phv[u] = valids[u] ? pre[b * g.n_alloc + s * g.nA + (g.k > 1u ? q / g.k : q)] : 0u; // prefix | is_hi << 31
         }
-        d_tah_quant_u<U, 0, 0, 0>(x, p, flagv, g, tiles, valids, phv, down, rho_down, flag_bytes, lane, range);
+        d_tah_quant_u<U, 0, 0, 0>(x, p, flagv, g, tiles, valids, phv, gmax, flag_bytes, lane, range);
     }
     if (range)
         d_flag(head, CU_ST_RANGE);
 }
 
-// ---- two lanes per tile (round 8: the default spec, G = A = 64, 4/3 bits, C % 64 == 0) ----
+// ---- the default spec's kernels (G = A = 64, 4/3 bits, C % 64 == 0) ----
 //
 // Round 7's kernels gave a tile a segment of 8 lanes: every reduction (entropy's 16
 // accumulators, top-2, min/max), every cross-lane Hadamard stage and the fp16 metadata
 // chain ran on all 8 lanes with shuffles, ~1250 warp instructions per 4 tiles in the
-// quant. Here lanes i and i + 16 own tile i of a warp's 16 (h = lane >> 4): tah.c's
-// scalar loops run on 32 elements per lane, in its order, and the pair meets in a few
-// shuffles. (One lane per tile, measured first, needed 128 registers for its 64
-// floats: 16 warps per SM and 0.4 instructions issued per cycle.) Every shuffle is
-// within the pair (mask d_pair), so pairs of a warp may diverge. Pairing i with i + 16
-// (not 2i with 2i + 1) keeps a quarter warp's 16-byte shared-memory accesses on 8
-// different tiles' rows: conflict-free with rows of 68 words (S_ST_ROWW).
-__device__ __forceinline__ uint32_t d_pair(uint32_t lane) { return (1u << lane) | (1u << (lane ^ 16u)); }
+// quant. The kernels below give a tile one lane (k_tah_spec: tah.c's scalar loops in its
+// order on a staged row) or a pair of lanes, i and i + 16 (k_tah_dw64, h = lane >> 4).
 __device__ __forceinline__ uint32_t d_half(uint32_t lane) { return lane >> 4; }
 
-// tah.c's s_entropy_key of a full 64-element tile (a staged row): lane h holds its
-// accumulators 8h..8h+7 (elements 16 st + 8h + c, two 16-byte loads per step), so each
-// accumulator sums in tah.c's order; S1 and SL continue from lane 0's partial sums on
-// lane 1, which returns the key (lane 0 returns garbage).
-__device__ __forceinline__ uint32_t d_tah_ent_p64(const float *tile, uint32_t lane, float kscale, uint32_t &amax)
-{
-    const uint32_t h = d_half(lane), pm = d_pair(lane);
-    float s1[8], sl[8];
-#pragma unroll
-    for (int c = 0; c < 8; c++) {
-        s1[c] = 0.0f;
-        sl[c] = 0.0f;
-    }
-#pragma unroll
-    for (int st = 0; st < 4; st++) {
-        const float4 *src = (const float4 *)(tile + 16 * st + 8u * h);
-        const float4 a = src[0], b = src[1];
-        const float f[8] = { a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w };
-        d_ent_step<8>(f, s1, sl, amax);
-    }
-    float S1 = 0.0f, SL = 0.0f; // lane 0: accumulators 0..7 from 0
-#pragma unroll
-    for (int c = 0; c < 8; c++) {
-        S1 = __fadd_rn(S1, s1[c]);
-        SL = __fadd_rn(SL, sl[c]);
-    }
-    S1 = __shfl_xor_sync(pm, S1, 16); // lane 1 continues from lane 0's sums with 8..15
-    SL = __shfl_xor_sync(pm, SL, 16);
-#pragma unroll
-    for (int c = 0; c < 8; c++) {
-        S1 = __fadd_rn(S1, s1[c]);
-        SL = __fadd_rn(SL, sl[c]);
-    }
-    return d_ent_key(S1, SL, kscale);
-}
-
-// min and max of the pair's tile (lane h: elements 32h..32h+31 in v) as tah.c's 8-lane
-// reductions give them: a zero minimum takes the sign of the zero with the smallest
-// key (i % 8, i / 8) (d_zkey); when both are zero the tile is all zeros and tah.c's
-// max is that same element (its lanes all start from one value and zeros never
-// replace each other), so mx = mn.
-__device__ __forceinline__ void d_minmax_p64(const float v[32], uint32_t lane, float &mn, float &mx)
-{
-    const uint32_t h = d_half(lane), pm = d_pair(lane);
-    float a = v[0], b = v[0];
-#pragma unroll
-    for (int r = 1; r < 32; r++) {
-        a = fminf(a, v[r]);
-        b = fmaxf(b, v[r]);
-    }
-    a = fminf(a, __shfl_xor_sync(pm, a, 16));
-    b = fmaxf(b, __shfl_xor_sync(pm, b, 16));
-    if (a == 0.0f) { // rare on activations: the zero's sign in key order (pair-uniform branch)
-        uint32_t z = 0xffffffffu;
-#pragma unroll
-        for (int r = 0; r < 32; r++)
-            if (v[r] == 0.0f)
-                z = min(z, d_zkey(32u * h + (uint32_t)r, 64u, false, v[r]));
-        z = min(z, __shfl_xor_sync(pm, z, 16));
-        a = (z & 1u) ? -0.0f : 0.0f;
-        if (b == 0.0f)
-            b = a;
-    }
-    mn = a;
-    mx = b;
-}
-
-// The passes over a warp's rotated tiles (bit t of rm: tile t of its 16 rotated), 4 per
+// The passes over a warp's rotated tiles (bit t of rm: tile t of its 32 rotated), 4 per
 // pass, a segment of 8 lanes each: d_rot_pick gives segment lane >> 3 its tile (act
 // false when the pass has fewer), d_rot_drop removes the pass's tiles from rm.
 // The tile is found by clearing rm's lowest set bits (~10 instructions; round 16, TAH decode
-// 1 % faster) or, FNS, by __fns (~110): the encoder keeps __fns, as the other form pushed
-// k_tah_fused past its 80 registers (24 bytes spilled, 0.7 % slower).
-template <bool FNS>
+// 1 % faster than __fns, ~110).
 __device__ __forceinline__ uint32_t d_rot_pick(uint32_t rm, uint32_t lane, bool &act)
 {
     const uint32_t seg = lane >> 3;
     act = seg < (uint32_t)__popc((int)rm);
-    if constexpr (FNS)
-        return act ? __fns(rm, 0u, (int)seg + 1) : 0u;
     const uint32_t t1 = rm & (rm - 1u), t2 = t1 & (t1 - 1u), t3 = t2 & (t2 - 1u);
     const uint32_t t = seg == 0u ? rm : (seg == 1u ? t1 : (seg == 2u ? t2 : t3));
     return act ? (uint32_t)__ffs((int)t) - 1u : 0u;
@@ -1100,42 +1047,30 @@ __device__ __forceinline__ void d_row8(const float *row, uint32_t i, float z[8])
     }
 }
 
-// Staging (k_tah_fused<TPT>): each warp streams units of S_ST_UNIT consecutive tiles of
-// its CTA's run into one of its two shared-memory buffers with cp.async (16 bytes per
-// lane and copy, straight to shared memory, L2 only) while its pairs compute on the
-// other: the loads of the next unit overlap this unit's log2s or quantisation (round 8,
-// first version: each pair loaded its own tile into registers, and the warps of the
-// grid alternated between waiting for DRAM and computing).
-#define S_ST_ROWW 68u                              // words per staged tile (64 + 4 pad)
-#define S_ST_UNIT 16u                              // tiles per unit (one per lane pair)
-#define S_ST_WARPW (2u * S_ST_UNIT * S_ST_ROWW)    // words per warp: two buffers
-#define S_ST_CTA (8u * S_ST_WARPW * 4u)            // bytes per CTA of 8 warps
-
-// Copy tiles gt .. gt+n-1 (n <= S_ST_UNIT, 64 floats each, 16-byte aligned) into buf's rows.
-__device__ __forceinline__ void d_stage_unit(float *buf, const float *x, uint64_t gt, uint32_t n, uint32_t lane)
-{
-    d_stage_rows<16u, S_ST_ROWW>(buf, x + gt * 64u, n, lane);
-}
+// Staging (round 8): tiles go to shared memory with cp.async (16 bytes per lane and copy,
+// straight to shared memory, L2 only), a tile a row, while the warp computes on what it staged
+// before (each lane loading its own tile into registers had the grid's warps alternate between
+// waiting for DRAM and computing).
+#define S_ST_ROWW 68u // words per staged tile (64 + 4 pad: 16-byte accesses of 8 rows hit 8 bank groups)
 
 // One pass over a staged unit's rotated tiles (bit t of rm: row t rotated), 4 per pass, a
 // segment of 8 lanes each (lane sl: elements 8sl..8sl+7): scale, the pivot, swap element 0 with
 // it, the transform and its min/max as tah.c (d_swap0, d_fwht_seg, d_tile_minmax, the segment
 // kernels' bit-exact helpers); the transformed floats go back to the row, (min, max) to mm[t].
 // The lanes of tile `me` take its pivot into piv from the segment that had it (rank among rm's
-// bits); m1 is read from lane t. Returns rm less the pass's tiles. LANE: k_tah_spec's lane per
-// tile (each tile its own scale factor dscale, read from lane t; the cheap pick); else
-// k_tah_fused's lane pairs (one dscale for all; __fns: see d_rot_pick).
-template <bool LANE, typename X = float>
+// bits); m1 and the tile's scale factor dscale are read from lane t (k_tah_spec: a lane a tile).
+// Returns rm less the pass's tiles.
+template <typename X>
 __device__ __forceinline__ uint32_t d_rot_pass(float *unit, float2 *mm, uint32_t rm, uint32_t me, float dscale, float m1,
                                                float norm, uint32_t lane, uint32_t &piv)
 {
     const uint32_t sl = lane & 7u;
     bool act;
-    const uint32_t t = d_rot_pick<!LANE>(rm, lane, act);
+    const uint32_t t = d_rot_pick(rm, lane, act);
     float4 *r4 = (float4 *)(unit + t * S_ST_ROWW) + 2u * sl;
     float z[8];
     d_row8<X>(unit + t * S_ST_ROWW, sl, z);
-    const float dt = LANE ? __shfl_sync(CU_FULL, dscale, (int)t) : dscale;
+    const float dt = __shfl_sync(CU_FULL, dscale, (int)t);
 #pragma unroll
     for (int r = 0; r < 8; r++)
         z[r] = __fmul_rn(z[r], dt);
@@ -1161,94 +1096,6 @@ __device__ __forceinline__ uint32_t d_rot_pass(float *unit, float2 *mm, uint32_t
     }
     __syncwarp();
     return d_rot_drop(rm);
-}
-
-// Quantise the staged unit `unit` (S_ST_UNIT rows): the lane pair of tile tl = lane & 15
-// takes full tile `tile` (global index; qidx its index in sample b; ph = high quant tiles
-// of the sample before it | is_hi << 31) as tah.c's s_encode does; valid: the unit has
-// that tile. Warp-uniform call (the rotated tiles' pass below). Needs a sample's code
-// region 8-byte aligned and the meta words 4-byte aligned (s_pair_ok).
-template <uint32_t BH, uint32_t BL>
-__device__ __forceinline__ void d_tah_quant_p64(float *unit, float2 *mm, bool valid, uint8_t *__restrict__ p,
-                                                const s_tg &g, uint64_t tile, uint64_t b, uint32_t qidx, uint32_t ph,
-                                                float down, float rho_down, uint32_t lane, uint32_t &range)
-{
-    const uint32_t h = d_half(lane), pm = d_pair(lane), tl = lane & 15u;
-    float *row = unit + tl * S_ST_ROWW;
-    float v[32];
-    if (valid)
-        d_load32(row + 32u * h, v);
-    else
-#pragma unroll
-        for (int r = 0; r < 32; r++)
-            v[r] = 0.0f;
-    // scale; top-2 magnitudes (a multiset: tah.c's lane order does not matter), merged
-    // across the pair. The pivot (the first index of the largest) only matters for rotated
-    // tiles: their pass finds it (round 14: -0.75 us, H100)
-    float m1, m2;
-    d_scale_top2<32>(v, down, m1, m2);
-    d_top2_merge(m1, m2, pm, 16u);
-    uint32_t piv = 0; // rotated tiles: the first index of m1, from the pass below
-    float mn, mx;
-    d_minmax_p64(v, lane, mn, mx);
-    const bool rot = valid && m1 > __fmul_rn(g.tau, __fadd_rn(m2, rho_down)); // pair-uniform
-    // the rotated tiles (about 3 of 16) on their rows (d_rot_pass)
-    uint32_t rm = __ballot_sync(CU_FULL, rot && h == 0); // bit t: tile t rotated
-    while (rm != 0u) // warp-uniform
-        rm = d_rot_pass<false>(unit, mm, rm, tl, down, m1, g.norm, lane, piv);
-    if (!valid)
-        return;
-    if (rot) {
-        d_load32(row + 32u * h, v);
-        const float2 q = mm[tl];
-        mn = q.x;
-        mx = q.y;
-    }
-    const uint32_t is_hi = ph >> 31;
-    const float levels = is_hi ? (float)((1u << BH) - 1u) : (float)((1u << BL) - 1u);
-    uint16_t min16, step16;
-    float minf, inv;
-    d_tah_meta(mn, mx, levels, min16, step16, minf, inv, range);
-    // this lane's 32 codes, packed both ways as they come (bitpack's LSB-first stream):
-    // BH bits in wh, BL bits in wl; the tile's width picks one. tah.c's clamps of t to
-    // [0, levels] never act on a full tile (round 12: 3 instructions per element less):
-    // minf <= mn <= v makes t >= 0; step >= fl((mx - minf) / levels) (fp16 rounded up)
-    // and three roundings of (v - minf) * inv keep t below levels (1 + 2^-22) < levels +
-    // 1/2, so rounding to nearest gives at most levels (finite x; otherwise the payload is
-    // unspecified). t + 2^23 rounds t to nearest, ties to even (tah.c's rule), and its
-    // float's low bits are the code.
-    uint32_t wh[BH] = {}, wl[BL] = {};
-#pragma unroll
-    for (int r = 0; r < 32; r++) {
-        const uint32_t c =
-            __float_as_uint(__fadd_rn(__fmul_rn(__fsub_rn(v[r], minf), inv), 8388608.0f)) - 0x4b000000u;
-        const int bh = (int)BH * r, bl = (int)BL * r;
-        wh[bh / 32] += c << (bh % 32); // + for |: one shift-add (LEA) per field; the fields of
-        if (bh % 32 + (int)BH > 32)    // the tile's own width do not overlap, and the other
-            wh[bh / 32 + 1] += c >> (32 - bh % 32); // packing is not stored
-        wl[bl / 32] += c << (bl % 32);
-        if (bl % 32 + (int)BL > 32)
-            wl[bl / 32 + 1] += c >> (32 - bl % 32);
-    }
-    const uint32_t hiq = ph & 0x7fffffffu;
-    uint8_t *dst = p + g.codes_off + b * g.code_bytes + 8ull * ((uint64_t)BL * qidx + (uint64_t)(BH - BL) * hiq);
-    if (is_hi) { // lane h: bytes 4 BH h .. (8-aligned when BH is even)
-        uint32_t *d = (uint32_t *)(dst + 4u * BH * h);
-#pragma unroll
-        for (int i = 0; i < (int)BH; i++)
-            d[i] = wh[i];
-    } else {
-        uint32_t *d = (uint32_t *)(dst + 4u * BL * h);
-#pragma unroll
-        for (int i = 0; i < (int)BL; i++)
-            d[i] = wl[i];
-    }
-    if (h == 0) {
-        *(uint32_t *)(p + g.meta_off + 4 * tile) = (uint32_t)min16 | ((uint32_t)step16 << 16);
-        p[g.flags_off + tile] = (uint8_t)(is_hi | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2));
-        if (qidx % CODEC_TAH_IX_TILES == 0u)
-            d_put_u32(p + 8 + 4 * (b * g.ix_n + qidx / CODEC_TAH_IX_TILES), hiq);
-    }
 }
 
 // A sample's threshold from its key histogram H (CODEC_TAH_KEY_BINS bins, read through L2),
@@ -1328,7 +1175,7 @@ __device__ __forceinline__ void d_hist_window(const uint32_t *keys, uint32_t n, 
             d_hist_add<PK>(H, base + q, lh[q]);
 }
 
-// k_tah_fused's ordering around the words CTAs poll: release/acquire fences at GPU scope (round 16;
+// The ordering around the words CTAs poll: release/acquire fences at GPU scope (round 16;
 // __threadfence is fence.sc, which also orders against every other SC fence), and S_POLL_NS between
 // polls, so that the polls do not queue at the L2 slice of the word ahead of the atomics they wait for.
 // A CTA publishes as CUDA's last-block pattern does: every thread fences its own writes, then the
@@ -1337,261 +1184,18 @@ __device__ __forceinline__ void d_hist_window(const uint32_t *keys, uint32_t n, 
 __device__ __forceinline__ void d_fence_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 #define S_POLL_NS 100
 
-// ---- encode in one cooperative launch (round 6) ----
-//
-// k_tah_fused replaces memset + k_tah_entropy + k_tah_select(_sm) + k_tah_quant
-// when every allocation tile holds k quant tiles (r == k, the default's C % A == 0):
-// one persistent grid of P CTAs per sample, all co-resident (cooperative launch), so a
-// CTA may wait for others by polling words they write (no grid barrier since round 13).
-//
-//   CTA (b, j), j < P: allocation tiles [a0, a1) = [j*na/P, (j+1)*na/P) of sample b
-//     0. CTA (b, 0) zeroes sample b's key histogram and tags ztag[b]; CTA 0 also zeroes the
-//        counters and tags `flag` (no memset node: every CTA checks both tags before its
-//        first atomic, long after)
-//     1. entropy keys of its tiles -> shared memory; its max |x| bits -> atomicMax(gamax)
-//     2. select, without a grid barrier: the CTA counts its keys in shared memory (a window
-//        of S_LH bins; keys outside it go straight to global memory), adds the non-zero bins
-//        to sample b's histogram (one atomic per bin), then counts itself in sdone[b] and
-//        gdone. Once sdone[b] == P every CTA of the sample reads the same 4096 bins and finds
-//        the threshold T (the largest key with at least n_hi keys >= T) and `need` (how many
-//        keys == T are high, the lowest indices first); it publishes its (keys > T, keys == T)
-//        in cnt[cta] with the call's tag and sums those of the CTAs before it:
-//          high tiles before a0 = (keys > T before a0) + min(keys == T before a0, need)
-//        and one block scan of the packed (> T, == T) counts gives each thread's prefix.
-//     3. once gdone == P B: e from gamax; quant of its tiles (d_tah_quant_u, in reverse:
-//        the last x this CTA read is still in L2), flag bytes.
-// The same keys, threshold and prefixes as the multi-kernel path, so the same payload.
-// Round 6: 0.116 ms (H200, 5 grid barriers); round 13 replaced round 12's 2 radix
-// rounds and 3 grid barriers (the select 10.5 us after the last CTA's phase 1 on the
-// H100; now ~7 us).
-//
-// U: quant tiles per segment per warp iteration; MINB: CTAs per SM the registers must allow
-// TPT (round 8): phases 1 and 3 with two lanes per tile (d_tah_ent_p64, d_tah_quant_p64; s_pair_ok)
-template <int U, int MINB, uint32_t TPG, uint32_t BH, uint32_t BL, bool TPT>
-__global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict__ x, uint16_t *__restrict__ flagv,
-                                                      uint8_t *__restrict__ p, s_fz z, cu_hp head, s_tg g,
-                                                      uint32_t P, bool flag_bytes, uint32_t lmax)
-{
-    d_mark(head);
-    extern __shared__ __align__(16) uint32_t sk[]; // this CTA's entropy keys, later its packed prefixes (in place);
-                                     // TPT: then the staging buffers (16-byte aligned)
-    __shared__ uint32_t ws[32], lh[S_LH];
-    __shared__ uint32_t sh_T, sh_need, sh_gtb, sh_eqb, sh_amax;
-    __shared__ float2 s_mm[TPT ? 8 : 1][S_ST_UNIT]; // TPT: a warp's rotated tiles' min, max
-    const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, nwarp = blockDim.x >> 5;
-    const uint32_t cta = blockIdx.x, b = cta / P, j = cta - b * P;
-    const uint32_t na = (uint32_t)g.n_alloc;
-    const uint32_t a0 = (uint32_t)((uint64_t)j * na / P), a1 = (uint32_t)((uint64_t)(j + 1) * na / P);
-    const uint32_t L = a1 - a0;
-    const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
-    uint32_t *H = z.hist + (size_t)b * CODEC_TAH_KEY_BINS; // sample b's key histogram
-    if (j == 0) { // 0. zeroing (see above)
-        if (!all)
-            for (uint32_t i = tid; i < CODEC_TAH_KEY_BINS; i += blockDim.x)
-                H[i] = 0;
-        if (cta == 0)
-            for (uint32_t i = tid; i < S_FZ_CTR; i += blockDim.x)
-                z.gdone[i] = 0;
-        d_fence_gpu();
-        __syncthreads();
-        if (tid == 0) {
-            if (cta == 0)
-                *(volatile unsigned long long *)z.flag = head.tag;
-            if (!all)
-                *(volatile unsigned long long *)&z.ztag[b] = head.tag;
-        }
-    }
-
-    // 1. entropies
-    uint32_t amax = 0;
-    const uint32_t nU = (L + S_ST_UNIT - 1u) / S_ST_UNIT; // TPT: units of 16 tiles of the run
-    float *wb = (float *)(sk + ((lmax + 3u) & ~3u)) + (size_t)wid * S_ST_WARPW; // TPT: this warp's buffers
-    if constexpr (TPT) {
-        const uint64_t gt0 = (uint64_t)b * na + a0; // the run's first tile
-        uint32_t k = 0;
-        if (wid < nU)
-            d_stage_unit(wb, x, gt0 + S_ST_UNIT * wid, min(S_ST_UNIT, L - S_ST_UNIT * wid), lane);
-        for (uint32_t u = wid; u < nU; u += nwarp, k ^= 1u) { // uniform per warp
-            const uint32_t un = u + nwarp;
-            d_stage_unit(wb + (k ^ 1u) * S_ST_UNIT * S_ST_ROWW, x, gt0 + S_ST_UNIT * un,
-                         un < nU ? min(S_ST_UNIT, L - S_ST_UNIT * un) : 0u, lane);
-            d_cp_wait1(); // unit u's copies (this lane's) done
-            __syncwarp(); // ... and every lane's
-            const uint32_t tl = lane & 15u;
-            if (S_ST_UNIT * u + tl < L) { // pair-uniform
-                const uint32_t key = d_tah_ent_p64(wb + (k * S_ST_UNIT + tl) * S_ST_ROWW, lane, g.kscale, amax);
-                if (d_half(lane))
-                    sk[S_ST_UNIT * u + tl] = key;
-            }
-            __syncwarp(); // buffer k read before the copies of unit u + 2 nwarp
-        }
-    } else for (uint32_t base = a0 + wid * 8u; base < a1; base += nwarp * 8u) { // uniform per warp
-        const uint32_t a = base + (lane >> 2);
-        const bool valid = a < a1;
-        const uint32_t key = d_tah_ent_tile(x, g, (uint64_t)b * na + (valid ? a : a0), valid, lane, amax);
-        if (valid && (lane & 3u) == 0)
-            sk[a - a0] = key;
-    }
-    amax = __reduce_max_sync(CU_FULL, amax);
-    if (lane == 0) {
-        if (amax >= 0x7f800000u) { // non-finite x: the payload is unspecified, the absmax left alone
-            d_flag(head, CU_ST_NONFINITE);
-            amax = 0;
-        }
-        ws[wid] = amax;
-    }
-    if (tid == 0) {
-        sh_gtb = 0;
-        sh_eqb = 0;
-        while (*(volatile unsigned long long *)z.flag != head.tag) // CTA 0's zeroing (done long ago)
-            __nanosleep(S_POLL_NS);
-        while (!all && *(volatile unsigned long long *)&z.ztag[b] != head.tag) // and CTA (b, 0)'s
-            __nanosleep(S_POLL_NS);
-        d_fence_gpu();
-    }
-    __syncthreads();
-    const unsigned long long tag36 = head.tag & 0xfffffffffull; // cnt slots: a slot of an earlier call reads as unwritten
-    if (tid == 0) {
-        uint32_t m = 0;
-        for (uint32_t w = 0; w < nwarp; w++)
-            m = max(m, ws[w]);
-        atomicMax(z.gamax, m);
-    }
-
-    // 2. select
-    if (!all) // lh: a window of S_LH bins around the CTA's first key
-        d_hist_window<S_LH, false>(sk, L, lh, H);
-    d_fence_gpu(); // this thread's atomics before the CTA's arrival below
-    __syncthreads();
-    if (tid == 0) {
-        atomicAdd(z.gdone, 1u);
-        atomicAdd(&z.sdone[b], 1u);
-    }
-    // every CTA of sample b, once all have counted their keys: T, the largest key with at least
-    // n_hi keys >= T, and need, how many keys == T are high (the lowest indices); e from the
-    // frame's absmax once every CTA has added its own
-    if (tid == 0 && !all) {
-        while (*(volatile uint32_t *)&z.sdone[b] != P)
-            __nanosleep(S_POLL_NS);
-        d_fence_gpu();
-    }
-    if (tid == 32) {
-        while (*(volatile uint32_t *)z.gdone != gridDim.x)
-            __nanosleep(S_POLL_NS);
-        d_fence_gpu();
-        sh_amax = *(volatile uint32_t *)z.gamax;
-    }
-    __syncthreads();
-    const uint32_t per = (L + blockDim.x - 1) / blockDim.x;
-    const uint32_t i0 = min(tid * per, L), i1 = min(i0 + per, L);
-    uint32_t T = 0, need = 0, e = 0, run; // run: the sample's high tiles before key i0
-    if (!all) {
-        d_tah_threshold<false>(H, (uint32_t)g.n_hi, ws, &sh_T, &sh_need);
-        __syncthreads();
-        T = sh_T;
-        need = sh_need;
-        // (keys > T, keys == T) of this CTA to the CTAs after it; those of the CTAs before it
-        uint32_t gt = 0, eq = 0;
-        for (uint32_t i = i0; i < i1; i++) {
-            gt += (uint32_t)(sk[i] > T);
-            eq += (uint32_t)(sk[i] == T);
-        }
-        uint32_t tc; // L <= S_FUSE_MAXL < 2^14: (gt, eq) in one word, no carry between them
-        const uint32_t xs = d_block_scan(gt | (eq << 14), ws, &tc);
-        if (tid == 0)
-            *(volatile unsigned long long *)&z.cnt[cta] = (tag36 << 28) | tc;
-        uint32_t cg = 0, ce = 0;
-        for (uint32_t i = tid; i < j; i += blockDim.x) {
-            unsigned long long v;
-            while (((v = *(volatile unsigned long long *)&z.cnt[(size_t)b * P + i]) >> 28) != tag36)
-                __nanosleep(S_POLL_NS);
-            cg += (uint32_t)v & 0x3fffu;
-            ce += ((uint32_t)v >> 14) & 0x3fffu;
-        }
-        cg = __reduce_add_sync(CU_FULL, cg);
-        ce = __reduce_add_sync(CU_FULL, ce);
-        if (lane == 0 && (cg | ce) != 0) {
-            atomicAdd(&sh_gtb, cg);
-            atomicAdd(&sh_eqb, ce);
-        }
-        __syncthreads();
-        e = sh_eqb + (xs >> 14); // the sample's keys == T before key i0
-        run = sh_gtb + (xs & 0x3fffu) + min(e, need);
-    } else {
-        run = g.n_hi != 0 ? a0 + i0 : 0u;
-    }
-    for (uint32_t i = i0; i < i1; i++) {
-        const bool hi = d_sel_hi(sk[i], T, need, all, g.n_hi != 0, e);
-        sk[i] = (run * g.k) | ((uint32_t)hi << 31); // high quant tiles before (r == k: k per high tile)
-        run += (uint32_t)hi;
-    }
-    __syncthreads();
-
-    // 3. quant, this CTA's tiles in reverse
-    const int32_t ex = d_tah_exp(sh_amax, g.lg);
-    if (cta == 0 && tid == 0) {
-        d_put_u32(p, (uint32_t)ex);
-        d_put_u32(p + 4, 0);
-    }
-    const float down = __uint_as_float((uint32_t)(127 - ex) << 23);
-    const float rho_down = __fmul_rn(g.rho, down);
-    const uint32_t tpg = TPG ? TPG : g.G / 8u, spw = 32u / tpg, seg = lane / tpg;
-    const uint32_t nq = L * g.k;
-    const uint64_t t0 = (uint64_t)b * g.S * g.Q + (uint64_t)a0 * g.k;
-    uint32_t range = 0;
-    if constexpr (TPT) {
-        // this warp's phase-1 units in reverse (i = cnt - 1 .. 0; its unit i, wid + i nwarp,
-        // lives in buffer i & 1 in both phases): the last two are still in its buffers, each
-        // earlier one is staged two steps ahead, the most recently read first (L2)
-        const uint32_t cnt = wid < nU ? (nU - 1u - wid) / nwarp + 1u : 0u;
-        for (uint32_t j = 0; j < cnt; j++) { // uniform per warp
-            const uint32_t i = cnt - 1u - j, u = wid + i * nwarp, kb = i & 1u;
-            float *ub = wb + kb * S_ST_UNIT * S_ST_ROWW;
-            if (j >= 2u) { // unit i was staged at step j - 2
-                d_cp_wait1();
-                __syncwarp();
-            }
-            const uint32_t lt = S_ST_UNIT * u + (lane & 15u);
-            const bool valid = lt < nq; // pair-uniform
-            d_tah_quant_p64<BH, BL>(ub, s_mm[wid], valid, p, g, t0 + lt, b, a0 + lt, valid ? sk[lt] : 0u, down,
-                                    rho_down, lane, range);
-            __syncwarp(); // buffer kb read before it is refilled
-            if (i >= 2u) {
-                const uint32_t u2 = u - 2u * nwarp;
-                d_stage_unit(ub, x, t0 + S_ST_UNIT * u2, min(S_ST_UNIT, nq - S_ST_UNIT * u2), lane);
-            } else {
-                d_cp_commit(); // an empty group: the wait counts stay in step
-            }
-        }
-    } else for (uint32_t base = wid * spw * U; base < nq; base += nwarp * spw * U) { // uniform per warp
-        uint64_t tiles[U];
-        bool valids[U];
-        uint32_t phv[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const uint32_t traw = base + (uint32_t)u * spw + seg;
-            valids[u] = traw < nq;
-            const uint32_t lt = valids[u] ? nq - 1u - traw : 0u;
-            tiles[u] = t0 + lt;
-            phv[u] = valids[u] ? sk[g.k > 1u ? lt / g.k : lt] : 0u;
-        }
-        d_tah_quant_u<U, TPG, BH, BL>(x, p, flagv, g, tiles, valids, phv, down, rho_down, flag_bytes, lane,
-                                              range);
-    }
-    if (range)
-        d_flag(head, CU_ST_RANGE);
-}
-
 // ---- encode, round 17: both code widths of every tile from one read of x (k_tah_spec), the
 // selection and the frame afterwards (k_tah_emit) ----
 //
-// k_tah_fused reads x twice (entropy keys, then the codes, once the select has ranked them) and
-// waits ~7 us for the select in between. Here the codes are not made to wait: k_tah_spec
+// Round 6's k_tah_fused (a persistent grid: entropy keys, the select across its CTAs, the codes
+// from a second read of x; removed in round 37) made the codes wait ~7 us for the select. Here
+// the codes are not made to wait: k_tah_spec
 // quantises every tile both ways (4 and 3 bits) right after its entropy key, from the same
 // staged row, into a record of 64 bytes per tile; k_tah_emit then ranks the keys and copies the
 // chosen width's codes into the frame. What makes this exact:
-//  - each tile is quantised at its own exponent e_t (tah.c's e for a frame whose absmax is the
-//    tile's), so no tile waits for the frame's absmax. e >= e_t, and scaling by 2^-(e - e_t)
+//  - each tile is quantised at its own exponent e_t (tah.c's e for a group whose absmax is the
+//    tile's), so no tile waits for its group's absmax (a unit's: k_tah_spec writes it to gmax
+//    after the unit, k_tah_emit reads it). e >= e_t, and scaling by 2^-(e - e_t)
 //    commutes with every rounding of tah.c's tile arithmetic as long as what it produces stays
 //    a normal float: the rotation test, the transform, min/max and the codes are the same; the
 //    fp16 min and step are the same with their exponent fields lowered by d = e - e_t. So
@@ -1612,11 +1216,13 @@ __global__ void __launch_bounds__(256, MINB) k_tah_fused(const float *__restrict
 // SM, and the tile's 64 floats held in registers from the entropy to the codes: ~7 % slower on
 // an H200, cuda/NOTES.md "Thirty-sixth version").
 #define S_SP_WARPS 4u
+#ifndef S_SP_CTAS
 #define S_SP_CTAS 4u
+#endif
 #define S_SP_WARPW (S_SP_UNIT * S_ST_ROWW)
 #define S_SP_CTA (S_SP_WARPS * S_SP_WARPW * 4u)
 #define S_SP_CAP 24u // units of keys in a CTA's bag for its histogram (an even share is ~12)
-#define S_SP_LH 256u // its histogram window (S_LH's half)
+#define S_SP_LH 256u // its histogram window: keys counted in shared memory first, a window of S_SP_LH bins
 
 // Copy tiles gt .. gt+n-1 (n <= 32) into buf's rows: chunk c = lane + 32 m is row c / 16's
 // chunk c % 16; one group of copies (committed also when n = 0). Full units evict first from
@@ -1725,7 +1331,7 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     uint32_t piv = 0;
     uint32_t rm = __ballot_sync(CU_FULL, rot); // bit t: tile t rotated
     while (rm != 0u) // warp-uniform
-        rm = d_rot_pass<true, X>(unit, mm, rm, lane, down, m1, g.norm, lane, piv);
+        rm = d_rot_pass<X>(unit, mm, rm, lane, down, m1, g.norm, lane, piv);
     if (!valid)
         return key;
     if (rot) { // the row holds the scaled, transformed tile now (valid), its min and max in mm
@@ -1811,11 +1417,12 @@ __device__ __forceinline__ uint32_t d_win_hi_before(uint64_t t, uint64_t n_hi, u
     return (uint32_t)__umul64hi(2u * t * n_hi + na, m2na); // m2na: s_magic(2 na), s_tg's mW
 }
 
-// k_tah_fused's phases 0 and 1 with each unit's codes right after its keys (d_tah_spec_t64), and
-// no select. WM, window mode (g.win == S_SP_UNIT: every unit is one of tah.c's windows): each
-// unit's tiles take their widths at once (d_tah_spec_t64's rank; the width rides in the record),
-// and no keys, bag or histogram are kept. CTA (b, j) works on sample b; the sample's units of 32
-// tiles go to its P * 4 warps: two rounds in a fixed order (warp w of CTA j: units 4P r + 4j + w), then one at a time from
+// The entropy keys and each unit's codes right after its keys (d_tah_spec_t64), and no select;
+// each unit's max |x| bits to gmax (a unit is an exponent group: k = 1). WM, window mode (g.win
+// == S_SP_UNIT: every unit is one of tah.c's windows): each unit's tiles take their widths at
+// once (d_tah_spec_t64's rank; the width rides in the record), and no keys, bag or histogram are
+// kept. CTA (b, j) works on sample b; the sample's units of 32 tiles go to its P * 4 warps: two
+// rounds in a fixed order (warp w of CTA j: units 4P r + 4j + w), then one at a time from
 // the sample's counter (sdone[b]), each claimed when the warp's unit is done, and its copy
 // waited for (the other warps fill the wait), so that the last units go to the warps free
 // first. (Round 25 claimed the next unit one ahead until the sample's last two rounds, with two
@@ -1823,12 +1430,11 @@ __device__ __forceinline__ uint32_t d_win_hi_before(uint64_t t, uint64_t n_hi, u
 // Until round 24 four rounds were fixed and claims made two units ahead: the last units were
 // handed out ~10 us before they ran; cuda/NOTES.md, "Twenty-fifth version".) Keys go to key16 (sample b's at
 // b * nk) and, for the CTA's histogram, to a bag in shared memory (lmax / 32 units; past that,
-// straight to the sample's histogram); the CTA's max |x| to gamax. The words the CTAs share:
-// CTA (b, 0) zeroes sample b's histogram and counter and tags ztag[b], CTA 0 zeroes gamax and
-// tags `flag`; every CTA waits for the tags before it uses them. An ordinary launch, not a
-// cooperative one (which had kept k_tah_emit's programmatic launch from starting before this
-// grid's end; cuda/NOTES.md, "Twenty-sixth version"): a CTA waits only for lower-numbered CTAs
-// (here CTA 0 and CTA (b, 0); in k_tah_emit's look-back, the sample's CTAs before it), and NVIDIA
+// straight to the sample's histogram). The words the CTAs share: CTA (b, 0) zeroes sample b's
+// histogram and counter and tags ztag[b]; every CTA waits for the tag before it uses them. An
+// ordinary launch, not a cooperative one (which had kept k_tah_emit's programmatic launch from
+// starting before this grid's end; cuda/NOTES.md, "Twenty-sixth version"): a CTA waits only for
+// lower-numbered CTAs (here CTA (b, 0); in k_tah_emit's look-back, the sample's CTAs before it), and NVIDIA
 // GPUs dispatch a grid's CTAs in increasing order, the property CUB's single-pass scan also
 // relies on; the grid is also no larger than fits on the GPU at once.
 template <typename X, bool WM>
@@ -1838,7 +1444,7 @@ __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict
 {
     d_mark(head);
     extern __shared__ __align__(16) uint32_t sk[]; // the bag of keys, then the staging buffers
-    __shared__ uint32_t ws[32], lh[S_SP_LH];
+    __shared__ uint32_t lh[S_SP_LH];
     __shared__ float2 s_mm[S_SP_WARPS][S_SP_UNIT];
     __shared__ uint32_t s_slot;
     const uint32_t tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, nwarp = blockDim.x >> 5;
@@ -1854,19 +1460,14 @@ __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict
                 H[i] = 0;
         if (tid == 0)
             z.sdone[b] = 0;
-        if (cta == 0 && tid < 4u)
-            z.gdone[tid] = 0; // gdone, gamax
         d_fence_gpu();
         __syncthreads();
-        if (tid == 0) {
-            if (cta == 0)
-                *(volatile unsigned long long *)z.flag = head.tag;
+        if (tid == 0)
             *(volatile unsigned long long *)&z.ztag[b] = head.tag;
-        }
     }
     __syncthreads();
 
-    uint32_t amax = 0;
+    bool nonfinite = false;
     float *wb = (float *)(sk + ((lmax + 3u) & ~3u)) + (size_t)wid * S_SP_WARPW;
     const uint64_t t0 = (uint64_t)b * na; // the sample's first tile
     const uint32_t w4 = nwarp * j + wid, stride = nwarp * P;
@@ -1876,11 +1477,9 @@ __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict
     // the tags, read at the first iteration and looked at only when needed: a load that waits
     // behind the stream of x takes 2-5 us, and polling at the first claim had stalled every warp
     // (ncu: 6 % of the stall samples)
-    unsigned long long tz = 0, tf = 0;
-    if (lane == 0) {
+    unsigned long long tz = 0;
+    if (lane == 0)
         tz = *(volatile unsigned long long *)&z.ztag[b];
-        tf = *(volatile unsigned long long *)z.flag;
-    }
     auto claim = [&]() {
         uint32_t c = nUs;
         if (lane == 0) {
@@ -1901,7 +1500,12 @@ __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict
         const uint32_t share =
             wm ? d_win_hi_before(w0 + nval, g.n_hi, na, g.mW) - d_win_hi_before(w0, g.n_hi, na, g.mW) : 0xffffffffu;
         uint4 *rl = rec + ((size_t)b * nUs + u) * S_REC_BLOCK + lane;
+        uint32_t amax = 0; // the unit's max |x| bits: its exponent group's (k = 1)
         const uint32_t key = d_tah_spec_t64<X, WM>(wb, s_mm[wid], valid, rl, g, lane, share, nval, amax);
+        amax = __reduce_max_sync(CU_FULL, amax);
+        nonfinite |= amax >= 0x7f800000u; // the payload is unspecified then
+        if (lane == 0)
+            z.gmax[(size_t)b * nUs + u] = amax;
         if (!wm) {
             if (valid)
                 key16[(size_t)b * nk + lt] = (uint16_t)key;
@@ -1923,19 +1527,9 @@ __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict
         if (lane == 0 && it == 0u && tz != head.tag) // read again, to be current by the first claim
             tz = *(volatile unsigned long long *)&z.ztag[b];
     }
-    amax = __reduce_max_sync(CU_FULL, amax);
-    if (lane == 0) {
-        if (amax >= 0x7f800000u) {
-            d_flag(head, CU_ST_NONFINITE);
-            amax = 0;
-        }
-        ws[wid] = amax;
-    }
-    if (tid == 0) {
-        while (tf != head.tag) {
-            __nanosleep(S_POLL_NS);
-            tf = *(volatile unsigned long long *)z.flag;
-        }
+    if (lane == 0 && nonfinite)
+        d_flag(head, CU_ST_NONFINITE);
+    if (tid == 0) { // the sample's histogram zeroed before the bag's counts go in
         while (tz != head.tag) {
             __nanosleep(S_POLL_NS);
             tz = *(volatile unsigned long long *)&z.ztag[b];
@@ -1943,14 +1537,8 @@ __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict
         d_fence_gpu();
     }
     __syncthreads();
-    if (tid == 0) {
-        uint32_t m = 0;
-        for (uint32_t w = 0; w < nwarp; w++)
-            m = max(m, ws[w]);
-        atomicMax(z.gamax, m);
-    }
     const uint32_t nbag = S_SP_UNIT * min(s_slot, cap);
-    if (!all && nbag != 0u) // the bag's histogram as k_tah_fused counts its keys
+    if (!all && nbag != 0u) // the bag's histogram
         d_hist_window<S_SP_LH, true>(sk, nbag, lh, H);
 }
 
@@ -1976,7 +1564,7 @@ __device__ __forceinline__ bool d_hshift(uint32_t &h, int32_t d)
 }
 
 // The frame from k_tah_spec's records: CTA (b, j) writes tiles [512 j, 512 j + 512) of sample b.
-// Every CTA finds the sample's threshold T and `need` from its histogram (as k_tah_fused) and
+// Every CTA finds the sample's threshold T and `need` from its histogram and
 // counts its own keys > T and == T, publishes them in cnt[cta] with 36 bits of the call's tag,
 // and sums those of the sample's CTAs before it (lower-numbered: k_tah_spec's comment);
 // then each thread its two tiles (i = c0 + tid, c0 + 256 + tid): high or low, the high tiles
@@ -2020,10 +1608,21 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
             key[s] = i < n ? __ldcg(&key16[(size_t)b * nk + i]) : 0u;
         }
     }
-    const int32_t e = d_tah_exp(__ldcg(z.gamax), g.lg);
-    if (blockIdx.x == 0 && tid == 0) {
-        d_put_u32(p, (uint32_t)e);
-        d_put_u32(p + 4, 0);
+    // each tile's exponent: its group's, a unit of k_tah_spec (a warp's 32 tiles of a round), whose
+    // byte lane 0 writes
+    int32_t e[2];
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        const uint32_t i = c0 + 256u * (uint32_t)s + tid;
+        e[s] = i < n ? d_tah_exp(__ldcg(&z.gmax[(size_t)b * nu + i / S_SP_UNIT]), g.lg) : 0;
+        if (i < n && lane == 0)
+            p[g.eg_off + (size_t)b * nu + i / S_SP_UNIT] = (uint8_t)(int8_t)e[s];
+    }
+    if (blockIdx.x == 0 && tid < 8u) { // the reserved words, the exponent bytes' padding
+        if (tid < 2u)
+            d_put_u32(p + 4 * tid, 0);
+        if (g.B * g.n_eg + tid < g.eg_bytes)
+            p[g.eg_off + g.B * g.n_eg + tid] = 0;
     }
     uint32_t T = 0, need = 0;
     if (!all && !wm) {
@@ -2070,9 +1669,6 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
                           : make_uint4(0u, 0u, 0u, 0u);
         }
     }
-    const float down = __uint_as_float((uint32_t)(127 - e) << 23);
-    const float rho_down = __fmul_rn(g.rho, down);
-    const bool rho_ok = g.rho == 0.0f || (__float_as_uint(rho_down) & 0x7f800000u) != 0u;
     // the CTA's codes are one run of the sample's region, from the code offset of tile c0: each
     // thread puts its tiles' codes in shared memory at their place in the run (hl: the run's
     // high tiles before the tile), then the CTA writes the run in 8-byte words, consecutive per
@@ -2100,7 +1696,9 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
                 hl = (xs0[s] & 0xffffu) + min(E, need) - min(preE, need);
             }
             const uint32_t w14 = r[s][3].z, w15 = r[s][3].w;
-            const int32_t d = e - (int32_t)(int8_t)(w15 >> 24);
+            const int32_t d = e[s] - (int32_t)(int8_t)(w15 >> 24);
+            const float rho_down = __fmul_rn(g.rho, __uint_as_float((uint32_t)(127 - e[s]) << 23));
+            const bool rho_ok = g.rho == 0.0f || (__float_as_uint(rho_down) & 0x7f800000u) != 0u;
             uint32_t m16 = w14 & 0xffffu, st16 = hi ? w14 >> 16 : w15 & 0xffffu;
             const bool fast = d >= 0 && d <= 64 && (d == 0 || rho_ok) && d_hshift(m16, d) && d_hshift(st16, d);
             const uint32_t o = 8u * (BL * (i - c0) + (BH - BL) * hl); // in the run
@@ -2181,11 +1779,11 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
         uint32_t sm = __ballot_sync(CU_FULL, slow[s]);
         while (sm != 0u) { // warp-uniform
             bool act;
-            const uint32_t t = d_rot_pick<false>(sm, lane, act);
+            const uint32_t t = d_rot_pick(sm, lane, act);
             const uint64_t tiles[1] = { tb + c0 + 256u * (uint32_t)s + (tid - lane) + t };
             const bool valids[1] = { act };
             const uint32_t phv[1] = { __shfl_sync(CU_FULL, phs[s], (int)t) };
-            d_tah_quant_u<1, 8, BH, BL>(x, p, nullptr, g, tiles, valids, phv, down, rho_down, true, lane, range);
+            d_tah_quant_u<1, 8, BH, BL>(x, p, nullptr, g, tiles, valids, phv, z.gmax, true, lane, range);
             sm = d_rot_drop(sm);
         }
     }
@@ -2294,10 +1892,8 @@ __global__ void __launch_bounds__(256) k_tah_dcount(const uint8_t *__restrict__ 
     const uint8_t *flags = p + g.flags_off;
     const uint32_t SQ = (uint32_t)(g.S * g.Q);
     uint32_t corrupt = 0;
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        const int32_t e = (int32_t)d_get_u32(p);
-        corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
-    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) // the reserved words (exponents: k_tah_dchunk, at each tile)
+        corrupt |= (uint32_t)(d_get_u32(p) != 0 || d_get_u32(p + 4) != 0);
     for (uint64_t c = warp; c < g.B * cps; c += nwarps) {
         const uint64_t b = c / cps;
         const uint32_t t0 = (uint32_t)(c - b * cps) * CH;
@@ -2374,14 +1970,12 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
     const uint32_t SQ = (uint32_t)(g.S * g.Q), t0 = ci * CH, n = min(CH, SQ - t0);
     const uint8_t *flags = p + g.flags_off;
     uint32_t corrupt = 0, bad = 0;
-    int32_t e = (int32_t)d_get_u32(p);
     uint32_t pre = 0; // SELF: this thread's share of the sample's high tiles before the chunk
     if (SELF) {
-        if (tid == 0)
-            corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
+        if (tid == 0) // the reserved words (!SELF: k_tah_dcount)
+            corrupt |= (uint32_t)(d_get_u32(p) != 0 || d_get_u32(p + 4) != 0);
         pre = d_count_hi(flags + b * SQ, t0);
     }
-    e = e < -200 ? -200 : (e > 200 ? 200 : e); // a bad e is reported by k_tah_dcount (SELF: above)
     if (!SELF && wid == 0) { // the sample's high quant tiles before this chunk
         const unsigned long long *cb = cnt + b * cps;
         unsigned long long acc = 0;
@@ -2436,6 +2030,7 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
     const uint32_t i_w = wid * S_DEC_U * spw + seg; // this lane's tile in pass 0
     const uint8_t *codes = p + g.codes_off + b * g.code_bytes;
     uint32_t meta[S_DEC_U], fv[S_DEC_U];
+    int32_t ev[S_DEC_U]; // the tiles' exponents
     uint64_t word[S_DEC_U];
 #pragma unroll
     for (uint32_t u = 0; u < S_DEC_U; u++) { // every pass's loads first
@@ -2448,6 +2043,9 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
         corrupt |= (uint32_t)(valid && !in); // offsets from flags that failed k_tah_dcount's checks
         fv[u] = f;
         meta[u] = valid ? d_get_u32(p + g.meta_off + 4 * (b * SQ + t0 + i)) : 0u;
+        const uint32_t ts = valid ? t0 + i : 0u, s = d_div32(ts, g.Q, g.mQ);
+        ev[u] = valid ? (int32_t)(int8_t)p[g.eg_off + d_group(g, b, s, ts - s * g.Q)] : 0;
+        corrupt |= (uint32_t)(ev[u] < -126);
         word[u] = in ? d_load_upto8(codes + off + (uint64_t)tl * bits, bits) : 0ull;
     }
 #pragma unroll
@@ -2458,8 +2056,8 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
         const uint16_t min16 = (uint16_t)meta[u], step16 = (uint16_t)(meta[u] >> 16);
         corrupt |= (uint32_t)(valid && ((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u ||
                                         (step16 & 0x8000u)));
-        const float minf = ldexpf(d_half_to_f32(min16), e);
-        const float step = ldexpf(d_half_to_f32(step16), e);
+        const float minf = ldexpf(d_half_to_f32(min16), ev[u]);
+        const float step = ldexpf(d_half_to_f32(step16), ev[u]);
         uint32_t code[8];
         if (BH) {
             if (f & 1u)
@@ -2560,6 +2158,7 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
     // round's ballot and loads are issued before this round's arithmetic
     struct s_fetch {
         uint32_t f, meta, w[4];
+        int32_t e; // the tile's exponent (its group's: k = 1)
         bool in;
     };
     auto fetch = [&](uint32_t t0, uint32_t f, uint32_t meta) { // f, meta: flag_meta(t0)
@@ -2576,6 +2175,8 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
         r.in = valid && off + 8ull * (hi ? BH : BL) <= g.code_bytes;
         corrupt |= (uint32_t)(valid && !r.in);
         r.meta = r.in ? meta : 0u;
+        r.e = valid ? (int32_t)(int8_t)p[g.eg_off + b * g.n_eg + ts / CODEC_TAH_EXP_TILES] : 0;
+        corrupt |= (uint32_t)(r.e < -126);
 #pragma unroll
         for (int k = 0; k < 4; k++)
             r.w[k] = 0;
@@ -2591,12 +2192,8 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
         return r;
     };
     s_fetch cur = fetch(w0, f0, m0);
-    // the frame's exponent, loaded once the first round's loads are out (ncu: 8 % of the stall
-    // samples had waited for it, ahead of them)
-    int32_t e = (int32_t)d_get_u32(p);
-    if (blockIdx.x == 0 && tid == 0)
-        corrupt |= (uint32_t)(e < -200 || e > 200 || d_get_u32(p + 4) != 0);
-    e = e < -200 ? -200 : (e > 200 ? 200 : e);
+    if (blockIdx.x == 0 && tid == 0) // the reserved words
+        corrupt |= (uint32_t)(d_get_u32(p) != 0 || d_get_u32(p + 4) != 0);
     for (uint32_t t0 = w0; t0 < w1; t0 += 16u) { // rounds of 16 tiles, uniform per warp
         s_fetch nxt = cur;
         if (t0 + 16u < w1) { // uniform
@@ -2635,8 +2232,8 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
             }
             const uint16_t min16 = (uint16_t)meta, step16 = (uint16_t)(meta >> 16);
             corrupt |= (uint32_t)(in && ((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u || (step16 & 0x8000u)));
-            const float minf = d_ldexpf(d_half_to_f32(min16), e);
-            const float step = d_ldexpf(d_half_to_f32(step16), e);
+            const float minf = d_ldexpf(d_half_to_f32(min16), cur.e);
+            const float step = d_ldexpf(d_half_to_f32(step16), cur.e);
             // min + code * step in one rounding (an FMA) where code * step is exact: a normal step
             // (an fp16 value scaled by 2^e: at most 11 significant bits) times a code below 16 has at
             // most 15, and stays finite for steps up to 2^124; tah.c's product then sum round only the sum.
@@ -2681,7 +2278,7 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
         while (rm != 0u) { // warp-uniform
             const uint32_t tl = lane & 7u;
             bool act;
-            const uint32_t t = d_rot_pick<false>(rm, lane, act);
+            const uint32_t t = d_rot_pick(rm, lane, act);
             float4 *r4 = rows + t * S_DT_ROW + 2u * tl;
             const float4 q0 = r4[0], q1 = r4[1];
             float z[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
@@ -2748,25 +2345,20 @@ static int s_check_tile(const s_tg &g, char *err, size_t errlen)
     return 0;
 }
 
-// k_tah_fused's and k_tah_spec's words past the decoder's counts (s_tw.cnt)
+// k_tah_spec's and k_tah_emit's words past gmax
 static s_fz s_fz_carve(const s_tw &t, const s_tg &g)
 {
-    uint8_t *zb = (uint8_t *)(t.cnt + g.B * s_dec_cps(g));
+    uint8_t *zb = (uint8_t *)(t.gmax + ((g.B * g.n_eg + 3) & ~3ull));
     s_fz a_z;
-    a_z.flag = (unsigned long long *)zb;
-    a_z.cnt = (unsigned long long *)(zb + 8);
-    a_z.ztag = (unsigned long long *)(zb + 8 + 8 * S_FUSE_MAXGRID);
-    a_z.gdone = (uint32_t *)(((uintptr_t)zb + 8 + 16 * S_FUSE_MAXGRID + 15) & ~(uintptr_t)15);
-    a_z.gamax = a_z.gdone + 1;
-    a_z.sdone = a_z.gdone + 4;
-    a_z.hist = a_z.gdone + S_FZ_CTR;
+    a_z.cnt = (unsigned long long *)zb;
+    a_z.ztag = (unsigned long long *)(zb + 8 * S_FUSE_MAXGRID);
+    a_z.gmax = t.gmax;
+    a_z.sdone = (uint32_t *)(((uintptr_t)zb + 16 * S_FUSE_MAXGRID + 15) & ~(uintptr_t)15);
+    a_z.hist = a_z.sdone + S_FZ_CTR;
     return a_z;
 }
 
-// The one-launch encode (k_tah_fused) when the shape suits it: 0 or a TAH_E* code,
-// 1 when it does not apply (allocation tiles of fewer than k quant tiles, a sample
-// too large for P CTAs' shared memory, no cooperative launch on the device).
-// The lane-pair kernels' conditions: every quant tile full and an allocation tile
+// The conditions of k_tah_spec and k_tah_dw64 (one or two lanes a tile): every quant tile full and an allocation tile
 // (C % 64 == 0, G = A = 64), 16-byte aligned rows, 8-aligned code regions and 4-aligned
 // meta words (TAH_CU_TPT=0 turns them off, for a same-run comparison).
 static bool s_pair_ok(const s_tg &g, const void *x, const uint8_t *payload)
@@ -2805,7 +2397,7 @@ static int s_encode_spec(const s_tg &g, const X *x, uint8_t *payload, cu_hp head
     if (!cu_spec() || !s_spec_shape(g) || !s_pair_ok(g, x, payload) || g.B > S_FUSE_MAXGRID)
         return 1;
     const void *kern = g.win != 0 ? (const void *)k_tah_spec<X, true> : (const void *)k_tah_spec<X, false>;
-    const uint64_t lmax = S_SP_CAP * S_SP_UNIT; // the bag of keys
+    const uint64_t lmax = g.win != 0 ? 0 : S_SP_CAP * S_SP_UNIT; // the bag of keys (none in window mode)
     const size_t smem = S_SP_CTA + 4 * lmax;
     CUDA_CHECK(cu_smem_allow(kern, smem));
     uint64_t blocks = (uint64_t)cu_coop_blocks(kern, S_SP_WARPS * 32, smem);
@@ -2853,54 +2445,6 @@ static int s_encode_spec(const s_tg &g, const X *x, uint8_t *payload, cu_hp head
     return 0;
 }
 
-static int s_encode_fused(const s_tg &g, const float *x, uint8_t *payload, cu_hp head, const s_tw &t,
-                          cudaStream_t st, char *err, size_t errlen)
-{
-    if (g.r != g.k || g.n_alloc > 0xffffffffull || g.S * g.Q >= 0x80000000ull || g.B > S_FUSE_MAXGRID)
-        return 1;
-    const bool fast = g.G == 64 && g.bh == 4 && g.bl == 3; // the default spec: constant segment and widths
-    // one tile per segment per warp iteration at 4 CTAs per SM (64 registers): measured 2.6 %
-    // faster than 2 tiles at 3 CTAs per SM (0.1155 vs 0.1186 ms, H200, round 6)
-    const void *kern = fast ? (const void *)k_tah_fused<1, 4, 8, 4, 3, false> : (const void *)k_tah_fused<1, 4, 0, 0, 0, false>;
-    const bool tpt = fast && s_pair_ok(g, x, payload);
-    if (tpt) // 3 CTAs per SM: 80 registers, 3 x 70 KB of staging buffers
-        kern = (const void *)k_tah_fused<1, 3, 8, 4, 3, true>;
-    const size_t stage = tpt ? S_ST_CTA : 0;
-    if (tpt)
-        CUDA_CHECK(cu_smem_allow(kern, stage + 4 * S_FUSE_MAXL));
-    // P CTAs per sample from the occupancy at the largest key array, then at this P's
-    uint64_t P = 0, lmax = 0;
-    size_t smem = stage + 4 * S_FUSE_MAXL;
-    for (int pass = 0; pass < 2; pass++) {
-        uint64_t blocks = (uint64_t)cu_coop_blocks(kern, 256, smem);
-        blocks = blocks < S_FUSE_MAXGRID ? blocks : S_FUSE_MAXGRID;
-        P = blocks / g.B;
-        P = P < g.n_alloc ? P : g.n_alloc;
-        if (P == 0)
-            return 1;
-        lmax = (g.n_alloc + P - 1) / P;
-        if (lmax > S_FUSE_MAXL)
-            return 1;
-        smem = stage + 4 * ((lmax + 3) & ~3ull);
-    }
-    s_fz a_z = s_fz_carve(t, g);
-    const float *a_x = x;
-    uint16_t *a_flagv = t.flagv;
-    uint8_t *a_p = payload;
-    cu_hp a_head = head;
-    s_tg a_g = g;
-    uint32_t a_P = (uint32_t)P;
-    bool a_fb = g.fbits == 8;
-    uint32_t a_lmax = (uint32_t)lmax;
-    void *args[] = { &a_x, &a_flagv, &a_p, &a_z, &a_head, &a_g, &a_P, &a_fb, &a_lmax };
-    CUDA_CHECK(cudaLaunchCooperativeKernel(kern, dim3((unsigned int)(P * g.B)), dim3(256), args, smem, st));
-    if (!a_fb) {
-        k_tah_flags<<<cu_grid(g.flags_bytes, 256), 256, 0, st>>>(t.flagv, payload, g);
-        CU_CHECK_LAUNCH("k_tah_flags");
-    }
-    return 0;
-}
-
 int cu_tah_encode_bf16(const codec_spec_t *spec, codec_shape_t shape, const cu_bf16 *x, uint8_t *payload, cu_hp head,
                        void *work, cudaStream_t st, char *err, size_t errlen)
 {
@@ -2923,15 +2467,12 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
     if (stages == CU_TAH_ALL && cu_fuse() && (g.win == 0 || g.win == S_SP_UNIT)) {
         rc = s_encode_spec(g, x, payload, head, t, st, err, errlen); // windows: of one unit only
         if (rc <= 0)
-            return rc;
-        rc = g.win == 0 ? s_encode_fused(g, x, payload, head, t, st, err, errlen) : 1;
-        if (rc <= 0)
             return rc; // else the shape does not suit it: the kernels below (any window: k_tah_select)
     }
     if (stages & CU_TAH_MEMSET) // atomicMax starts at 0
-        CUDA_CHECK(cudaMemsetAsync(&head.p->absmax_bits, 0, sizeof head.p->absmax_bits, st));
+        CUDA_CHECK(cudaMemsetAsync(t.gmax, 0, 4 * g.B * g.n_eg, st));
     if (stages & CU_TAH_ENTROPY) {
-        k_tah_entropy<<<cu_grid(g.B * g.n_alloc, 64), 256, 0, st>>>(x, t.key, head, g);
+        k_tah_entropy<<<cu_grid(g.B * g.n_alloc, 64), 256, 0, st>>>(x, t.key, t.gmax, head, g);
         CU_CHECK_LAUNCH("k_tah_entropy");
     }
     const size_t sel_smem = 8 * (size_t)g.n_alloc; // keys + packed prefixes
@@ -2939,18 +2480,18 @@ int cu_tah_encode(const codec_spec_t *spec, codec_shape_t shape, const float *x,
         // benchmark split only (cu_codec_encode_stages)
     } else if (g.win == 0 && g.n_alloc <= 0xffffffffull && sel_smem <= cu_smem_optin(4096)) {
         CUDA_CHECK(cu_smem_allow((const void *)k_tah_select_sm, sel_smem));
-        k_tah_select_sm<<<(unsigned int)g.B, S_SEL_THREADS, sel_smem, st>>>(t.key, t.pre, payload, head, g);
+        k_tah_select_sm<<<(unsigned int)g.B, S_SEL_THREADS, sel_smem, st>>>(t.key, t.pre, t.gmax, payload, head, g);
         CU_CHECK_LAUNCH("k_tah_select_sm");
     } else {
-        k_tah_select<<<(unsigned int)g.B, S_SEL_THREADS, 0, st>>>(t.key, t.pre, payload, head, g);
+        k_tah_select<<<(unsigned int)g.B, S_SEL_THREADS, 0, st>>>(t.key, t.pre, t.gmax, payload, head, g);
         CU_CHECK_LAUNCH("k_tah_select");
     }
     const uint64_t per_block = 8u * (32u / (g.G / 8u));
     const bool flag_bytes = g.fbits == 8;
     if (!(stages & CU_TAH_QUANT))
         return 0;
-    k_tah_quant<S_QUANT_U><<<cu_grid(g.T, per_block * S_QUANT_U), 256, 0, st>>>(x, t.pre, t.flagv, payload, head, g,
-                                                                               flag_bytes);
+    k_tah_quant<S_QUANT_U><<<cu_grid(g.T, per_block * S_QUANT_U), 256, 0, st>>>(x, t.pre, t.gmax, t.flagv, payload,
+                                                                               head, g, flag_bytes);
     CU_CHECK_LAUNCH("k_tah_quant");
     if (!flag_bytes) {
         k_tah_flags<<<cu_grid(g.flags_bytes, 256), 256, 0, st>>>(t.flagv, payload, g);

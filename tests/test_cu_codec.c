@@ -148,7 +148,7 @@ static void s_fill(float *x, codec_shape_t shape, int kind, uint64_t seed)
         for (uint64_t i = 0; i < n; i++)
             x[i] = (float)(pow(10.0, -(double)((i / 128 + seed) % 12)) * codec_synth_normal(seed, i));
         break;
-    case IN_BIGSPIKE: /* ordinary values and one 1e30 (tah: the frame exponent; int: one block's) */
+    case IN_BIGSPIKE: /* ordinary values and one 1e30 (tah: one exponent group's; int: one block's) */
         for (uint64_t i = 0; i < n; i++)
             x[i] = (float)(0.02 * codec_synth_normal(seed, i));
         x[codec_synth_u64(seed, 0) % n] = 1e30f;
@@ -159,7 +159,7 @@ static void s_fill(float *x, codec_shape_t shape, int kind, uint64_t seed)
             x[i] = (float)(pow(10.0, -3.0 * (double)((i / 4096 + seed) % 13)) * codec_synth_normal(seed, i));
         break;
     case IN_MIXED: /* every element at its own scale 10^0 .. 10^-44 (some subnormal), and one
-                      1e30: tiles whose small elements leave the normal floats at the frame's
+                      1e30: tiles whose small elements leave the normal floats at their group's
                       exponent but not at their own (tah's k_tah_spec quantises at the tile's) */
         for (uint64_t i = 0; i < n; i++)
             x[i] = (float)(pow(10.0, -(double)(codec_synth_u64(seed + 2, i) % 45)) * codec_synth_normal(seed, i));
@@ -217,11 +217,21 @@ static void s_reserve(s_dev_t *d, size_t nx, size_t npayload, size_t nscratch)
     }
 }
 
-/* tah: the payload offset of the flags (past e, 0 and the index) */
+/* tah: the index entries of a frame (all samples) */
+static size_t s_tah_ix_entries(const codec_spec_t *spec, codec_shape_t shape)
+{
+    const uint64_t Q = (shape.c + spec->p.tah.tile - 1) / spec->p.tah.tile;
+    return (size_t)shape.b * (size_t)((shape.s * Q + 127) / 128);
+}
+
+/* tah: the payload offset of the flags (past the two reserved words, the index and the
+   exponent bytes with their padding) */
 static size_t s_tah_flags_off(const codec_spec_t *spec, codec_shape_t shape)
 {
     const uint64_t Q = (shape.c + spec->p.tah.tile - 1) / spec->p.tah.tile;
-    return 8 + 4 * (size_t)shape.b * (size_t)((shape.s * Q + 127) / 128);
+    const uint64_t k = spec->p.tah.alloc_tile / spec->p.tah.tile, nA = (Q + k - 1) / k;
+    const uint64_t n_eg = (shape.s * nA + 31) / 32;
+    return 8 + 4 * s_tah_ix_entries(spec, shape) + (size_t)((shape.b * n_eg + 7) & ~7ull);
 }
 
 /* tah: high allocation tiles of sample b, read from a frame's flags */
@@ -502,7 +512,7 @@ static void s_tah_index_entries(s_dev_t *d, const char *specstr, codec_shape_t s
     int64_t fsize = codec_frame_size(&spec, shape);
     uint8_t *f = malloc((size_t)fsize);
     codec_encode(&spec, shape, ix, f, (size_t)fsize, NULL, err, sizeof err);
-    const size_t nent = (s_tah_flags_off(&spec, shape) - 8) / 4;
+    const size_t nent = s_tah_ix_entries(&spec, shape);
     s_reserve(d, in, (size_t)fsize, cu_codec_scratch_bytes(&spec, shape));
     for (size_t k = 0; k < (ents ? n : nent); k++) {
         const size_t e = ents ? ents[k] : k;
@@ -599,13 +609,14 @@ static void s_test_status(s_dev_t *d)
         { "ash-fp8", 3, 0xff },            /* alpha NaN */
         { "fixpt", 1, 0x7c },              /* step Inf */
         { "int:symmetric=1", 5, 0xfc },    /* step negative Inf */
-        { "tah", 16, 0x00 },               /* a high tile turned low: count wrong (flags at 16) */
-        { "tah", 0, 0x00 },                /* e out of range (written below) */
-        { "tah", 16 + 3, 0x00 },           /* tile 3: a pivot without rotation (written below) */
+        { "tah", 24, 0x00 },               /* a high tile turned low: count wrong (flags at 24) */
+        { "tah", 0, 0x00 },                /* a reserved word not 0 (written below) */
+        { "tah", 24 + 3, 0x00 },           /* tile 3: a pivot without rotation (written below) */
         { "int", 0, 120 },                 /* block exponent above 114 */
         { "int:symmetric=1", 0, 0x80 },    /* block exponent -128 */
         { "int", 2, 0x01 },                /* a byte after the exponents (16 groups: 1 block) */
         { "tah", 12, 0x01 },               /* sample 1's index entry 0 not 0 */
+        { "tah", 17, 0x81 },               /* sample 1's exponent -127 (exponents at 16) */
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         codec_spec_t spec;
@@ -615,7 +626,7 @@ static void s_test_status(s_dev_t *d)
         float *y = malloc(n * sizeof *y);
         codec_encode(&spec, shape, x, f, (size_t)fsize, NULL, err, sizeof err);
         uint8_t *p = f + CODEC_HEADER_SIZE;
-        if (k == 5) { /* e far out of range */
+        if (k == 5) { /* the first reserved word 2^20 */
             p[0] = 0x00; p[1] = 0x10; p[2] = 0x00; p[3] = 0x00;
         } else if (k == 6) { /* tile 64: flag byte t is tile t's (high, rotated, pivot 6 bits) */
             p[bad[k].off] = (uint8_t)((p[bad[k].off] & 1u) | (5u << 2));
@@ -672,8 +683,8 @@ static void s_test_wide(s_dev_t *d)
     static const struct {
         const char *spec;
         size_t meta;     /* payload offset of group 3's metadata */
-        int e;           /* non-zero: payload bytes 0..3 set to e (int: block 0's i8 and its zero
-                            bytes; tah: the frame's i32) */
+        int e;           /* non-zero: int: payload bytes 0..3 set to e (block 0's i8 and its zero
+                            bytes); tah: the tile's exponent byte */
         uint16_t m0, m1; /* metadata words written there (int asym, tah: min, step) */
         int code0;       /* the CPU decode gives TAH_ENONFINITE (fixpt: group 3's first code set to 0,
                             -127 steps) */
@@ -702,14 +713,19 @@ static void s_test_wide(s_dev_t *d)
               cases[k].spec, err);
         uint8_t *p = f + CODEC_HEADER_SIZE;
         size_t meta = cases[k].meta;
-        if (spec.id == CODEC_TAH) { /* 32 tiles of 64: the index at 8 (1 entry a sample), a flag byte a tile
-                                       at 16, meta at 48 */
+        size_t eb = 0; /* where e goes */
+        if (spec.id == CODEC_TAH) { /* 2 x 16 tiles of 64: the index at 8 (1 entry a sample), one exponent
+                                       a sample at 16 (and 6 bytes of padding), a flag byte a tile at 24,
+                                       meta at 56 */
             size_t t = 0;
-            while (t < 31 && (p[16 + t] & 3u) != 1u)
+            while (t < 31 && (p[24 + t] & 3u) != 1u)
                 t++;
-            meta = 48 + 4 * t;
+            meta = 56 + 4 * t;
+            eb = 16 + t / 16;
         }
-        if (cases[k].e) {
+        if (cases[k].e && spec.id == CODEC_TAH) {
+            p[eb] = (uint8_t)cases[k].e;
+        } else if (cases[k].e) {
             p[0] = (uint8_t)cases[k].e; p[1] = 0; p[2] = 0; p[3] = 0;
         }
         p[meta] = (uint8_t)cases[k].m0;
@@ -836,14 +852,14 @@ int main(int argc, char **argv)
         /* the lane-pair decoder's grid larger than the GPU holds at once (the bench tensor) */
         s_case(&d, "tah", (codec_shape_t){ 8, 1024, 1600 }, IN_SYNTH, 723, 0, 0);
         s_case(&d, "tah", (codec_shape_t){ 16, 512, 1600 }, IN_NORMAL, 724, 0, 0);
-        /* samples of more than 2^16 tiles: the lane-pair decoder (the encode takes the fused
-         * kernel: k_tah_spec counts a sample's tiles in 16 bits) */
+        /* samples of more than 2^16 tiles: the lane-pair decoder (the encode takes the kernels of
+         * the generic path: k_tah_spec counts a sample's tiles in 16 bits) */
         s_case(&d, "tah", (codec_shape_t){ 2, 2700, 1600 }, IN_SYNTH, 722, 0, 0);
         /* TAH's one-launch decoder counts each sample's earlier flag bytes itself: a
          * payload whose flags are not 16-byte aligned, several chunks per sample */
         s_case(&d, "tah", (codec_shape_t){ 3, 40, 1000 }, IN_NORMAL, 720, 3, 5);
         s_case(&d, "tah", (codec_shape_t){ 2, 333, 1600 }, IN_SYNTH, 721, 0, 9);
-        /* k_tah_spec + k_tah_emit (every tile at its own exponent, lowered to the frame's in the
+        /* k_tah_spec + k_tah_emit (every tile at its own exponent, lowered to its group's in the
          * emit or quantised again there) on tensors of wide range, many CTAs per sample */
         for (int in = IN_HUGE; in < N_INPUTS; in++)
             s_case(&d, "tah", (codec_shape_t){ 3, 700, 1600 }, in, 730 + (uint64_t)in, 0, 0);

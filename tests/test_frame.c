@@ -170,7 +170,8 @@ static void test_forged_headers(void **state)
     FORGE(g[0] = 'X', TAH_EMAGIC);
     FORGE(g[4] = 1, TAH_EVERSION); /* version 1: int frames with one exponent */
     FORGE(g[4] = 2, TAH_EVERSION); /* version 2: TAH frames without an index */
-    FORGE(g[4] = 4, TAH_EVERSION);
+    FORGE(g[4] = 3, TAH_EVERSION); /* version 3: TAH frames with one exponent */
+    FORGE(g[4] = 5, TAH_EVERSION);
     FORGE(g[6] = 99, TAH_ECODEC);
     FORGE(g[6] = 0, TAH_ECODEC);
     FORGE(g[7] = 1, TAH_ECORRUPT);
@@ -187,12 +188,16 @@ static void test_forged_headers(void **state)
     FORGE(g[44] = 9, TAH_EPARAM);                          /* bits_hi */
     FORGE((g[46] = 0x01, g[47] = 0x04), TAH_EPARAM);       /* window 1025 > CODEC_TAH_WINDOW_MAX */
     FORGE(g[46] = 1, 0); /* window 1: the encoder's rule; decoders read every window's frame alike */
-    /* payload: e, 0, the index (4 tiles: one entry), 4 flag bytes, meta */
-    const size_t ix = CODEC_HEADER_SIZE + 8, fl = ix + 4, meta = fl + 4;
+    /* payload: 0, 0, the index (4 tiles: one entry), one exponent (8 bytes with its padding),
+     * 4 flag bytes, meta */
+    const size_t ix = CODEC_HEADER_SIZE + 8, eg = ix + 4, fl = eg + 8, meta = fl + 4;
     /* metadata: a NaN / Inf / negative fp16 step in the first tile */
     FORGE((g[meta + 2] = 0x00, g[meta + 3] = 0x7e), TAH_ECORRUPT);
     FORGE((g[meta + 2] = 0x00, g[meta + 3] = 0xbc), TAH_ECORRUPT);
-    FORGE(put_u32(g + CODEC_HEADER_SIZE, 5000), TAH_ECORRUPT); /* frame exponent */
+    FORGE(put_u32(g + CODEC_HEADER_SIZE, 5000), TAH_ECORRUPT); /* the reserved words */
+    FORGE(g[eg] = (uint8_t)-127, TAH_ECORRUPT);                /* an exponent below -126 */
+    FORGE(g[eg] = (uint8_t)-126, 0);                           /* the lowest: decodes (to tiny values) */
+    FORGE(g[eg + 1] = 7, 0);                                   /* padding: ignored */
     /* a pivot on a tile that is not rotated */
     FORGE(g[fl] = (uint8_t)((g[fl] & 1u) | (5u << 2)), TAH_ECORRUPT);
     /* one high tile too many or too few (flip the width bit of tile 0) */

@@ -4,13 +4,14 @@
  * prescribes: allocation-tile entropies and the top-p% selection, the
  * outlier test and pivot, the Hadamard rotation, and the tile's range. The
  * frame's documented layout is parsed here independently of the codec
- * (flags, fp16 metadata, per-frame exponent), then the decoded tensor is
+ * (flags, fp16 metadata, an exponent per 32 allocation tiles), then the decoded tensor is
  * checked against error bounds derived from the quantiser's arithmetic. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,10 +61,10 @@ static void enc_free(enc_t *e)
 
 typedef struct {
     uint32_t G, lg, k, Q, nA;
-    uint64_t tiles;
-    int32_t e;
-    uint64_t ix_n; /* index entries per sample */
+    uint64_t S, tiles;
+    uint64_t ix_n, n_eg; /* index entries and exponent groups per sample */
     const uint8_t *ix, *flags, *meta;
+    const int8_t *eg;
 } layout_t;
 
 static void read_layout(const enc_t *enc, layout_t *L)
@@ -77,12 +78,15 @@ static void read_layout(const enc_t *enc, layout_t *L)
     L->Q = (enc->shape.c + L->G - 1) / L->G;
     L->nA = (L->Q + L->k - 1) / L->k;
     L->tiles = (uint64_t)enc->shape.b * enc->shape.s * L->Q;
+    L->S = enc->shape.s;
     const uint8_t *payload = enc->frame + CODEC_HEADER_SIZE;
-    L->e = (int32_t)((uint32_t)payload[0] | (uint32_t)payload[1] << 8 | (uint32_t)payload[2] << 16 |
-                     (uint32_t)payload[3] << 24);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(payload[i], 0);
     L->ix_n = ((uint64_t)enc->shape.s * L->Q + 127) / 128;
+    L->n_eg = ((uint64_t)enc->shape.s * L->nA + 31) / 32;
     L->ix = payload + 8;
-    L->flags = L->ix + 4 * enc->shape.b * L->ix_n;
+    L->eg = (const int8_t *)(L->ix + 4 * enc->shape.b * L->ix_n);
+    L->flags = (const uint8_t *)L->eg + ((enc->shape.b * L->n_eg + 7) & ~(uint64_t)7);
     L->meta = L->flags + (L->tiles * (2 + L->lg) + 7) / 8;
 }
 
@@ -96,10 +100,17 @@ static uint32_t tile_flags(const layout_t *L, uint64_t t)
     return v;
 }
 
+/* the exponent of tile t's group: its sample's allocation tile s nA + q / k, over 32 */
+static int32_t tile_exp(const layout_t *L, uint64_t t)
+{
+    const uint64_t sq = L->S * L->Q, b = t / sq, s = t % sq / L->Q, q = t % L->Q;
+    return L->eg[b * L->n_eg + (s * L->nA + q / L->k) / 32];
+}
+
 static double tile_step(const layout_t *L, uint64_t t)
 {
     uint16_t h = (uint16_t)(L->meta[4 * t + 2] | L->meta[4 * t + 3] << 8);
-    return ldexp((double)half_to_f32(h), L->e);
+    return ldexp((double)half_to_f32(h), tile_exp(L, t));
 }
 
 /* ---- float64 reference pieces ---- */
@@ -241,7 +252,7 @@ static double check_against_reference(const enc_t *enc, const float *x)
                  * by at most 2^-10 |mn|; fp16 subnormal steps (2^-24 * 2^e) twice;
                  * the codec's float32 transform moves the range by ~1e-6 of the norm */
                 double tight = ((mx - mn) + ldexp(fabs(mn), -10)) / levels * (1.0 + ldexp(1.0, -10)) +
-                               2.0 * ldexp(1.0, L.e - 24) + 1e-6 * sqrt(norm2) / levels;
+                               2.0 * ldexp(1.0, tile_exp(&L, tile) - 24) + 1e-6 * sqrt(norm2) / levels;
                 if (!(step <= tight * (1.0 + 1e-6)))
                     fail_msg("tile %llu: step %.9g above the tight bound %.9g", (unsigned long long)tile, step, tight);
                 /* each code is within step/2 of its value in the (rotated)
@@ -534,6 +545,89 @@ static void test_index(void **state)
     }
 }
 
+/* The exponents (frame version 4): group g of sample b holds the sample's
+ * allocation tiles 32g .. 32g + 31 and its e is the one that puts the group's
+ * max |x| M below 2^(14 - ceil(lg/2)): 2^(e + 13 - ceil(lg/2)) <= M <
+ * 2^(e + 14 - ceil(lg/2)), computed here from x; tokens scaled over 2^60 so
+ * that groups differ. A group's codes and metadata do not depend on other
+ * groups: scaling group 0's elements by a power of two changes only its
+ * exponent, and every metadata byte stays as it was (all tiles high, as the
+ * entropy keys are scale-invariant only to their rounding; rho = 0, as rho is
+ * in x's units). */
+static void test_group_exponents(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *spec;
+        codec_shape_t shape;
+    } cases[] = {
+        { "tah", { 2, 40, 640 } },                        /* 400 allocation tiles a sample: 13 groups */
+        { "tah:tile=32,alloc_tile=64", { 2, 33, 200 } },  /* 4 allocation tiles a token */
+        { "tah:tile=8,alloc_tile=32,window=0", { 1, 9, 250 } },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const codec_shape_t sh = cases[c].shape;
+        float *x = make_activations(sh, 21 + c);
+        for (uint64_t t = 0; t < (uint64_t)sh.b * sh.s; t++)
+            for (uint32_t i = 0; i < sh.c; i++)
+                x[t * sh.c + i] = ldexpf(x[t * sh.c + i], (int)(t * 7 % 61) - 30);
+        enc_t e;
+        encode_decode(&e, cases[c].spec, sh, x);
+        layout_t L;
+        read_layout(&e, &L);
+        const uint32_t A = e.spec.p.tah.alloc_tile, half_lg = (L.lg + 1) / 2;
+        int distinct = 0;
+        for (uint64_t b = 0; b < sh.b; b++) {
+            for (uint64_t gi = 0; gi < L.n_eg; gi++) {
+                double M = 0.0;
+                for (uint64_t a = 32 * gi; a < 32 * gi + 32 && a < sh.s * L.nA; a++) {
+                    const uint64_t s = a / L.nA, c0 = (a % L.nA) * A;
+                    for (uint64_t i = c0; i < c0 + A && i < sh.c; i++)
+                        M = fmax(M, fabs((double)x[(b * sh.s + s) * sh.c + i]));
+                }
+                const int32_t eg = L.eg[b * L.n_eg + gi];
+                distinct += gi > 0 && eg != L.eg[b * L.n_eg + gi - 1];
+                assert_true(M > 0.0);
+                if (!(ldexp(1.0, eg + 13 - (int)half_lg) <= M && M < ldexp(1.0, eg + 14 - (int)half_lg)))
+                    fail_msg("%s: sample %llu group %llu: e = %d for max |x| %g", cases[c].spec,
+                             (unsigned long long)b, (unsigned long long)gi, eg, M);
+            }
+        }
+        assert_true(distinct > 0);
+        /* group 0 of sample 0 scaled by 2^-8 */
+        char hspec[64];
+        snprintf(hspec, sizeof hspec, "%s%shi_frac=1,rho=0", cases[c].spec, strchr(cases[c].spec, ':') ? "," : ":");
+        enc_free(&e);
+        encode_decode(&e, hspec, sh, x);
+        read_layout(&e, &L);
+        const uint64_t n = (uint64_t)sh.b * sh.s * sh.c;
+        uint8_t *in0 = calloc(n, 1);
+        assert_non_null(in0);
+        for (uint64_t a = 0; a < 32 && a < sh.s * L.nA; a++) {
+            const uint64_t s = a / L.nA, c0 = (a % L.nA) * A;
+            for (uint64_t i = c0; i < c0 + A && i < sh.c; i++) {
+                x[s * sh.c + i] = ldexpf(x[s * sh.c + i], -8);
+                in0[s * sh.c + i] = 1;
+            }
+        }
+        enc_t f;
+        encode_decode(&f, hspec, sh, x);
+        layout_t K;
+        read_layout(&f, &K);
+        assert_int_equal(K.eg[0], L.eg[0] - 8);
+        assert_memory_equal(K.eg + 1, L.eg + 1, sh.b * L.n_eg - 1);
+        assert_memory_equal(K.meta, L.meta, 4 * L.tiles);
+        for (uint64_t i = 0; i < n; i++)
+            if (!(f.y[i] == (in0[i] ? ldexpf(e.y[i], -8) : e.y[i])))
+                fail_msg("%s: element %llu decodes to %g, %g before the scaling", cases[c].spec,
+                         (unsigned long long)i, (double)f.y[i], (double)e.y[i]);
+        free(in0);
+        enc_free(&f);
+        enc_free(&e);
+        free(x);
+    }
+}
+
 static void test_deterministic(void **state)
 {
     (void)state;
@@ -560,6 +654,7 @@ int main(void)
         cmocka_unit_test(test_edge_values),
         cmocka_unit_test(test_nonfinite_input_rejected),
         cmocka_unit_test(test_index),
+        cmocka_unit_test(test_group_exponents),
         cmocka_unit_test(test_deterministic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
