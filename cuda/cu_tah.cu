@@ -86,7 +86,7 @@ struct s_tw {
     uint8_t *hi;
     uint16_t *flagv;
     unsigned long long *cnt;
-    uint32_t *gmax; // per exponent group of each sample: its max |x| bits (k_tah_entropy's atomicMax, k_tah_spec)
+    uint32_t *gmax; // per exponent group of each sample: its max |x| bits (k_tah_entropy's atomicMax)
 };
 
 // k_tah_spec's and k_tah_emit's scratch (past gmax). A word that carries the call's tag (cu_hp) needs no
@@ -95,7 +95,6 @@ struct s_tw {
 struct s_fz {
     unsigned long long *cnt;  // [S_FUSE_MAXGRID] per CTA: the tag's low 36 bits << 28 | keys == T << 14 | keys > T
     unsigned long long *ztag; // [S_FUSE_MAXGRID] per sample: the call's tag once its histogram is zeroed
-    uint32_t *gmax;           // s_tw's: per exponent group (a unit of k_tah_spec) its max |x| bits
     uint32_t *sdone;          // [S_FUSE_MAXGRID] per sample: the units it has handed out past the fixed rounds
     uint32_t *hist;           // [B][CODEC_TAH_KEY_BINS] per sample: its keys' histogram (k_tah_spec's: two bins a word)
 };
@@ -1184,28 +1183,23 @@ __device__ __forceinline__ void d_hist_window(const uint32_t *keys, uint32_t n, 
 __device__ __forceinline__ void d_fence_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 #define S_POLL_NS 100
 
-// ---- encode, round 17: both code widths of every tile from one read of x (k_tah_spec), the
+// ---- encode, round 17: every tile quantised from one read of x (k_tah_spec); for window 0 the
 // selection and the frame afterwards (k_tah_emit) ----
 //
 // Round 6's k_tah_fused (a persistent grid: entropy keys, the select across its CTAs, the codes
 // from a second read of x; removed in round 37) made the codes wait ~7 us for the select. Here
-// the codes are not made to wait: k_tah_spec
-// quantises every tile both ways (4 and 3 bits) right after its entropy key, from the same
-// staged row, into a record of 64 bytes per tile; k_tah_emit then ranks the keys and copies the
-// chosen width's codes into the frame. What makes this exact:
-//  - each tile is quantised at its own exponent e_t (tah.c's e for a group whose absmax is the
-//    tile's), so no tile waits for its group's absmax (a unit's: k_tah_spec writes it to gmax
-//    after the unit, k_tah_emit reads it). e >= e_t, and scaling by 2^-(e - e_t)
-//    commutes with every rounding of tah.c's tile arithmetic as long as what it produces stays
-//    a normal float: the rotation test, the transform, min/max and the codes are the same; the
-//    fp16 min and step are the same with their exponent fields lowered by d = e - e_t. So
-//    k_tah_emit lowers them and, where a field would leave the normal halves (or d > 64, or
-//    rho 2^-e is not a normal float), quantises the tile again from x at e (d_tah_quant_u): a
-//    rare path on activations, which test_cu_codec drives with tensors of wide range.
-//  - the minimum is the same for both widths; only the step and the codes differ.
+// the codes are not made to wait. A unit of k_tah_spec is 32 tiles, one exponent group (frame
+// version 4), so the warp has its group's exponent once it has the tiles' max |x|, and quantises
+// each tile as tah.c does right after its entropy key, from the same staged row:
+//  - window 0: both ways (4 and 3 bits) into a record of 64 bytes per tile; k_tah_emit then
+//    ranks the keys and copies the chosen width's codes into the frame;
+//  - window mode (window 32: a unit is a window): the unit's tiles rank themselves, each is coded
+//    at its width only, and the warp writes the frame itself: no records, no k_tah_emit (round
+//    37; until then, with one exponent per frame, each tile was quantised at its own exponent and
+//    k_tah_emit rescaled the fields, or quantised the tile again: H200 39.5 -> 45.5 % of copy).
 // Record, u32 words: [0..7] the tile's 4-bit codes and [8..13] its 3-bit codes (bitpack's
 // stream, as the frame holds them), [14] min16 | step16 (4-bit) << 16, [15] step16 (3-bit) |
-// the flag byte without its width bit << 16 | e_t << 24 (a signed byte; 127: quantise again).
+// the flag byte without its width bit << 16 (the minimum is the same for both widths).
 // Measured (H100, bench tensor): round 17 ~0.054 ms in all (k_tah_spec ~42 us, k_tah_emit ~11)
 // against k_tah_fused's ~0.059; round 18 0.0485 (x evict-first so the records stay in L2, the
 // records in planes, the emit's look-back overlapped; cuda/NOTES.md, "Nineteenth version").
@@ -1216,9 +1210,7 @@ __device__ __forceinline__ void d_fence_gpu() { asm volatile("fence.acq_rel.gpu;
 // SM, and the tile's 64 floats held in registers from the entropy to the codes: ~7 % slower on
 // an H200, cuda/NOTES.md "Thirty-sixth version").
 #define S_SP_WARPS 4u
-#ifndef S_SP_CTAS
 #define S_SP_CTAS 4u
-#endif
 #define S_SP_WARPW (S_SP_UNIT * S_ST_ROWW)
 #define S_SP_CTA (S_SP_WARPS * S_SP_WARPW * 4u)
 #define S_SP_CAP 24u // units of keys in a CTA's bag for its histogram (an even share is ~12)
@@ -1238,26 +1230,36 @@ __device__ __forceinline__ void d_stage_unit32(float *buf, const X *x, uint64_t 
         d_stage_rows<16u, S_ST_ROWW, 16u, true>(buf, x + gt * 64u, n, lane);
 }
 
-// The staged unit's tile of this lane (row `lane`; valid: the unit has it), as tah.c encodes
-// it at the tile's own exponent e_t, both widths (WM, window mode: `share` of the unit's nval
-// tiles are high, so each tile takes its own width, as nibbles): its entropy key (returned),
-// its record at rec (its 16-byte words S_SP_UNIT apart: the block's planes); amax folds in its
-// max |x| bits.
-// Warp-uniform call (the rotated tiles' pass).
+// 8 codes below 8 as nibbles (LSB first) -> the same codes as 24 bits, 3 each (k_tah_spec, window mode)
+__device__ __forceinline__ uint32_t d_nib3(uint32_t w)
+{
+    const uint32_t y = (w & 0x07070707u) | ((w >> 1) & 0x38383838u); // byte k: codes 2k, 2k + 1
+    const uint32_t u = (y & 0x003f003fu) | ((y >> 2) & 0x0fc00fc0u); // half h: codes 4h .. 4h + 3
+    return (u & 0xfffu) | ((u >> 4) & 0xfff000u);
+}
+
+// The staged unit's tile of this lane (row `lane`; valid: the unit has it; unit u of sample b, an
+// exponent group), as tah.c encodes it at the group's exponent e, both widths (WM, window mode:
+// `share` of the unit's nval tiles are high, so each tile takes its own width, as nibbles): its
+// entropy key (returned); the group's exponent byte; its record at rec (its 16-byte words
+// S_SP_UNIT apart: the block's planes) or, WM, its flag byte, fields and codes in the frame at p
+// (hb0: the sample's high tiles before the unit); nonfinite set for non-finite x.
+// Warp-uniform call (the group's max, the rotated tiles' pass, the run of codes).
 //  - one pass over the row: tah.c's 16 entropy accumulators in its order, the largest
-//    and second largest |x| (as bits), min and max, all on x itself: scaling by 2^-e_t is
+//    and second largest |x| (as bits), min and max, all on x itself: scaling by 2^-e is
 //    monotone, so these are the scaled tile's once scaled (a zero minimum, whose sign tah.c
 //    takes from its lane order, is looked up again: d_zkey);
-//  - the codes of an unrotated tile at x's own scale, (x - minf 2^e_t) (inv 2^-e_t): the same
-//    products as tah.c's (v - minf) inv when both scalings are exact, which |e_t| <= 100
-//    ensures (otherwise the record's e_t is 127: k_tah_emit quantises the tile again);
+//  - the codes of an unrotated tile at x's own scale, (x - minf 2^e) (inv 2^-e): the same
+//    products as tah.c's (v - minf) inv when both scalings are exact, which |e| <= 100
+//    ensures (beyond it, rare, the row is scaled first, as tah.c does);
 //  - rotated tiles (about 3 in 16) in d_rot_pass, 4 at a time on their rows.
 // Each pass reads the row 8 floats at a time (the bf16 row widened as read; a rotated row holds
 // the transformed floats), so the tile is not held in registers.
 template <typename X, bool WM>
 __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool valid, uint4 *__restrict__ rec,
-                                                   const s_tg &g, uint32_t lane, uint32_t share, uint32_t nval,
-                                                   uint32_t &amax)
+                                                   uint8_t *__restrict__ p, const s_tg &g, uint32_t lane, uint32_t b,
+                                                   uint32_t u, uint32_t share, uint32_t hb0, uint32_t nval,
+                                                   bool &nonfinite)
 {
     constexpr uint32_t BH = 4u, BL = 3u;
     const float *row = unit + lane * S_ST_ROWW;
@@ -1305,13 +1307,15 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
         const uint32_t eq = __ballot_sync(CU_FULL, valid && key == T) & ((1u << lane) - 1u);
         hib = (uint32_t)(valid && share != 0u && (key > T || (key == T && gt + (uint32_t)__popc((int)eq) < share)));
     }
-    amax = max(amax, valid ? b1 : 0u);
-    const int32_t et = d_tah_exp(b1 < 0x7f800000u ? b1 : 0u, g.lg); // non-finite x: payload unspecified
-    const bool rawok = et >= -100 && et <= 100;
+    // the unit's exponent: its group's (k = 1), from its tiles' largest |x|
+    const uint32_t gb = __reduce_max_sync(CU_FULL, valid ? b1 : 0u);
+    nonfinite |= gb >= 0x7f800000u; // the payload is unspecified then
+    const int32_t et = d_tah_exp(gb < 0x7f800000u ? gb : 0u, g.lg);
+    const bool rawok = et >= -100 && et <= 100; // warp-uniform
     const float down = __uint_as_float((uint32_t)(127 - et) << 23);
     const float m1 = __fmul_rn(__uint_as_float(b1), down), m2 = __fmul_rn(__uint_as_float(b2), down);
     float mns = __fmul_rn(mn, down), mxs = __fmul_rn(mx, down);
-    if (mns == 0.0f) { // rare on activations: which zero (d_minmax_p64's rule, one lane per tile)
+    if (mns == 0.0f) { // rare on activations: which zero (one lane per tile)
         uint32_t z = 0xffffffffu;
         for (int c = 0; c < 8; c++) {
             float e8[8];
@@ -1332,12 +1336,23 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     uint32_t rm = __ballot_sync(CU_FULL, rot); // bit t: tile t rotated
     while (rm != 0u) // warp-uniform
         rm = d_rot_pass<X>(unit, mm, rm, lane, down, m1, g.norm, lane, piv);
-    if (!valid)
-        return key;
     if (rot) { // the row holds the scaled, transformed tile now (valid), its min and max in mm
         const float2 q = mm[lane];
         mns = q.x;
         mxs = q.y;
+    }
+    // beyond |e| <= 100 (values near the ends of the float range) an unrotated tile's codes come
+    // from its scaled row, as tah.c computes them: scaled as floats in place, last chunk first (a
+    // bf16 row's chunk c is overwritten only by chunks c/2 and below)
+    const bool scaled = !rawok && valid && !rot;
+    if (scaled) {
+        for (int c = 7; c >= 0; c--) {
+            float z[8];
+            d_row8<X>(row, (uint32_t)c, z);
+            float4 *r4 = (float4 *)row + 2 * c;
+            r4[0] = make_float4(__fmul_rn(z[0], down), __fmul_rn(z[1], down), __fmul_rn(z[2], down), __fmul_rn(z[3], down));
+            r4[1] = make_float4(__fmul_rn(z[4], down), __fmul_rn(z[5], down), __fmul_rn(z[6], down), __fmul_rn(z[7], down));
+        }
     }
     // tah.c's s_quant_tile metadata for both widths: one minimum, two steps (window mode: the
     // tile's width only, its step in both fields)
@@ -1349,18 +1364,18 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     const uint16_t stl = WM ? sth : d_half_from_f32_up(__fdiv_rn(span, (float)((1u << BL) - 1u)));
     const float fh = __half2float(__ushort_as_half(sth)), fl = __half2float(__ushort_as_half(stl));
     float ih = fh > 0.0f ? __frcp_rn(fh) : 0.0f, il = WM ? ih : fl > 0.0f ? __frcp_rn(fl) : 0.0f, cm = minf;
-    if (!rot) { // x's own scale
-        cm = __fmul_rn(minf, __uint_as_float((uint32_t)(127 + (rawok ? et : 0)) << 23));
+    if (!rot && !scaled) { // x's own scale
+        cm = __fmul_rn(minf, __uint_as_float((uint32_t)(127 + et) << 23));
         ih = __fmul_rn(ih, down);
         il = __fmul_rn(il, down);
     }
-    // both widths' codes, packed as they come (d_tah_quant_p64: the clamps never act). tah.c's
+    // both widths' codes, packed as they come (the clamps never act). tah.c's
     // code is t = dv inv in [0, 2^B - 1/2) rounded to nearest, ties to even: t + 2^23 rounded so
     // is 2^23 + that code exactly (ulp 1 there), so each code is one float add (FP32 pipe)
     // instead of a conversion (16 per clock per SM), and it is packed as its float's bits, 2^23's bits
     // (K) included: K's share of every word is a constant (kh, kl: folded by the compiler),
     // taken off at the end. A non-finite t (non-finite x: payload unspecified) spoils only its
-    // record.
+    // tile.
     constexpr uint32_t K = 0x4b000000u;
     uint32_t wh[8] = {}, wl[6] = {}, kh[8] = {}, kl[6] = {};
     auto pack = [](uint32_t *w4, uint32_t *w3, int r, uint32_t c4, uint32_t c3) {
@@ -1373,7 +1388,7 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
 #pragma unroll
     for (int c = 0; c < 8; c++) {
         float z[8];
-        if (sizeof(X) == 4 || rot) // the row: x, or the transformed floats of a rotated tile
+        if (sizeof(X) == 4 || rot || scaled) // the row: x, or the floats of a rotated or scaled tile
             d_row8<float>(row, (uint32_t)c, z);
         else
             d_row8<X>(row, (uint32_t)c, z);
@@ -1382,8 +1397,8 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
             const int r = 8 * c + i;
             const float dv = __fsub_rn(z[i], cm);
             const uint32_t ch = __float_as_uint(__fadd_rn(__fmul_rn(dv, ih), 8388608.0f));
-            if (WM) { // the tile's width only, as nibbles (a low tile's codes are below 8: k_tah_emit
-                wh[r / 8] += ch << (4 * (r % 8)); // narrows them to its 3-bit stream, d_nib3)
+            if (WM) { // the tile's width only, as nibbles (a low tile's codes are below 8: narrowed
+                wh[r / 8] += ch << (4 * (r % 8)); // to its 3-bit stream below, d_nib3)
                 kh[r / 8] += K << (4 * (r % 8));
                 continue;
             }
@@ -1399,13 +1414,52 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     for (int i = 0; i < 6; i++)
         wl[i] -= kl[i];
     const uint32_t fv = hib | ((uint32_t)rot << 1) | ((rot ? piv : 0u) << 2); // hib: window mode's width
-    const uint32_t w14 = (uint32_t)min16 | ((uint32_t)sth << 16);
-    const uint32_t w15 = (uint32_t)stl | (fv << 16) | ((uint32_t)(rawok ? et : 127) << 24);
-    rec[0] = make_uint4(wh[0], wh[1], wh[2], wh[3]); // the record's planes (S_REC_BLOCK)
-    rec[S_SP_UNIT] = make_uint4(wh[4], wh[5], wh[6], wh[7]);
-    if (!WM) // window mode: plane 2 unused, plane 3's first half 0
+    const uint64_t tb = (uint64_t)b * g.n_alloc, t = S_SP_UNIT * u + lane; // the sample's first tile; this one
+    if (lane == 0)
+        p[g.eg_off + (uint64_t)b * g.n_eg + u] = (uint8_t)(int8_t)et;
+    if (!WM) {
+        if (!valid)
+            return key;
+        const uint32_t w14 = (uint32_t)min16 | ((uint32_t)sth << 16);
+        const uint32_t w15 = (uint32_t)stl | (fv << 16);
+        rec[0] = make_uint4(wh[0], wh[1], wh[2], wh[3]); // the record's planes (S_REC_BLOCK)
+        rec[S_SP_UNIT] = make_uint4(wh[4], wh[5], wh[6], wh[7]);
         rec[2u * S_SP_UNIT] = make_uint4(wl[0], wl[1], wl[2], wl[3]);
-    rec[3u * S_SP_UNIT] = make_uint4(wl[4], wl[5], w14, w15);
+        rec[3u * S_SP_UNIT] = make_uint4(wl[4], wl[5], w14, w15);
+        return key;
+    }
+    // window mode: the frame itself. Flag byte, fields; the index entry at the unit's first tile
+    // when it is one; the unit's codes are one run of the sample's region from hb0 (the high
+    // tiles before the unit), placed in the unit's buffer (its rows are read) and written in
+    // 8-byte words, consecutive across the warp
+    if (valid) {
+        p[g.flags_off + tb + t] = (uint8_t)fv;
+        *(uint32_t *)(p + g.meta_off + 4 * (tb + t)) = (uint32_t)min16 | ((uint32_t)sth << 16);
+    }
+    if (lane == 0 && (S_SP_UNIT * u) % CODEC_TAH_IX_TILES == 0u)
+        d_put_u32(p + 8 + 4 * ((uint64_t)b * g.ix_n + S_SP_UNIT * u / CODEC_TAH_IX_TILES), hb0);
+    const uint32_t hm = __ballot_sync(CU_FULL, hib != 0u);
+    const uint32_t o = BL * lane + (uint32_t)__popc((int)(hm & ((1u << lane) - 1u))); // in 8-byte words
+    const uint32_t nw = BL * nval + (uint32_t)__popc((int)hm);
+    uint64_t *run = (uint64_t *)unit;
+    __syncwarp(); // every row read before the buffer holds the run
+    if (valid && hib) {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            run[o + (uint32_t)k] = (uint64_t)wh[2 * k] | ((uint64_t)wh[2 * k + 1] << 32);
+    } else if (valid) { // 8 codes below 8 a word -> 24 bits
+        uint32_t v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = d_nib3(wh[k]);
+        run[o] = (uint64_t)(v[0] | v[1] << 24) | ((uint64_t)(v[1] >> 8 | v[2] << 16) << 32);
+        run[o + 1] = (uint64_t)(v[2] >> 16 | v[3] << 8) | ((uint64_t)(v[4] | v[5] << 24) << 32);
+        run[o + 2] = (uint64_t)(v[5] >> 8 | v[6] << 16) | ((uint64_t)(v[6] >> 16 | v[7] << 8) << 32);
+    }
+    __syncwarp();
+    uint64_t *dst = (uint64_t *)(p + g.codes_off + (uint64_t)b * g.code_bytes) + BL * S_SP_UNIT * u + hb0;
+    for (uint32_t q = lane; q < nw; q += 32u)
+        dst[q] = run[q];
     return key;
 }
 
@@ -1439,10 +1493,16 @@ __device__ __forceinline__ uint32_t d_win_hi_before(uint64_t t, uint64_t n_hi, u
 // relies on; the grid is also no larger than fits on the GPU at once.
 template <typename X, bool WM>
 __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict__ x, uint4 *__restrict__ rec,
-                                                     uint16_t *__restrict__ key16, s_fz z, cu_hp head, s_tg g,
-                                                     uint32_t P, uint32_t nk, uint32_t lmax)
+                                                     uint16_t *__restrict__ key16, uint8_t *__restrict__ p, s_fz z,
+                                                     cu_hp head, s_tg g, uint32_t P, uint32_t nk, uint32_t lmax)
 {
     d_mark(head);
+    if (blockIdx.x == 0 && threadIdx.x < 8u) { // the payload's reserved words, the exponent bytes' padding
+        if (threadIdx.x < 2u)
+            d_put_u32(p + 4 * threadIdx.x, 0);
+        if (g.B * g.n_eg + threadIdx.x < g.eg_bytes)
+            p[g.eg_off + g.B * g.n_eg + threadIdx.x] = 0;
+    }
     extern __shared__ __align__(16) uint32_t sk[]; // the bag of keys, then the staging buffers
     __shared__ uint32_t lh[S_SP_LH];
     __shared__ float2 s_mm[S_SP_WARPS][S_SP_UNIT];
@@ -1497,15 +1557,11 @@ __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict
         const uint32_t lt = S_SP_UNIT * u + lane;
         const bool valid = lt < na;
         const uint32_t w0 = S_SP_UNIT * u, nval = min(S_SP_UNIT, na - w0);
-        const uint32_t share =
-            wm ? d_win_hi_before(w0 + nval, g.n_hi, na, g.mW) - d_win_hi_before(w0, g.n_hi, na, g.mW) : 0xffffffffu;
+        const uint32_t hb0 = wm ? d_win_hi_before(w0, g.n_hi, na, g.mW) : 0u;
+        const uint32_t share = wm ? d_win_hi_before(w0 + nval, g.n_hi, na, g.mW) - hb0 : 0xffffffffu;
         uint4 *rl = rec + ((size_t)b * nUs + u) * S_REC_BLOCK + lane;
-        uint32_t amax = 0; // the unit's max |x| bits: its exponent group's (k = 1)
-        const uint32_t key = d_tah_spec_t64<X, WM>(wb, s_mm[wid], valid, rl, g, lane, share, nval, amax);
-        amax = __reduce_max_sync(CU_FULL, amax);
-        nonfinite |= amax >= 0x7f800000u; // the payload is unspecified then
-        if (lane == 0)
-            z.gmax[(size_t)b * nUs + u] = amax;
+        const uint32_t key = d_tah_spec_t64<X, WM>(wb, s_mm[wid], valid, rl, p, g, lane, b, u, share, hb0, nval,
+                                                   nonfinite);
         if (!wm) {
             if (valid)
                 key16[(size_t)b * nk + lt] = (uint16_t)key;
@@ -1542,37 +1598,16 @@ __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict
         d_hist_window<S_SP_LH, true>(sk, nbag, lh, H);
 }
 
-// 8 codes below 8 as nibbles (LSB first) -> the same codes as 24 bits, 3 each (k_tah_emit, window mode)
-__device__ __forceinline__ uint32_t d_nib3(uint32_t w)
-{
-    const uint32_t y = (w & 0x07070707u) | ((w >> 1) & 0x38383838u); // byte k: codes 2k, 2k + 1
-    const uint32_t u = (y & 0x003f003fu) | ((y >> 2) & 0x0fc00fc0u); // half h: codes 4h .. 4h + 3
-    return (u & 0xfffu) | ((u >> 4) & 0xfff000u);
-}
-
-// an fp16 field (min or step) at an exponent d lower: false when it would leave the normal
-// halves (a zero stays a zero of its sign)
-__device__ __forceinline__ bool d_hshift(uint32_t &h, int32_t d)
-{
-    if ((h & 0x7fffu) == 0u || d == 0)
-        return true;
-    const int32_t E = (int32_t)((h >> 10) & 31u);
-    if (E == 0 || E <= d)
-        return false;
-    h -= (uint32_t)d << 10;
-    return true;
-}
-
-// The frame from k_tah_spec's records: CTA (b, j) writes tiles [512 j, 512 j + 512) of sample b.
-// Every CTA finds the sample's threshold T and `need` from its histogram and
+// The frame from k_tah_spec's records (window 0): CTA (b, j) writes tiles [512 j, 512 j + 512) of
+// sample b. Every CTA finds the sample's threshold T and `need` from its histogram and
 // counts its own keys > T and == T, publishes them in cnt[cta] with 36 bits of the call's tag,
 // and sums those of the sample's CTAs before it (lower-numbered: k_tah_spec's comment);
 // then each thread its two tiles (i = c0 + tid, c0 + 256 + tid): high or low, the high tiles
-// before it, and the record's codes of that width into the frame.
-template <typename X>
-__global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, const uint4 *__restrict__ rec,
-                                                  const uint16_t *__restrict__ key16, s_fz z, uint8_t *__restrict__ p,
-                                                  cu_hp head, s_tg g, uint32_t PB, uint32_t nk)
+// before it, and the record's codes of that width into the frame (the fields are the frame's:
+// k_tah_spec quantised at the group's exponent and wrote it).
+__global__ void __launch_bounds__(256, 4) k_tah_emit(const uint4 *__restrict__ rec, const uint16_t *__restrict__ key16,
+                                                  s_fz z, uint8_t *__restrict__ p, cu_hp head, s_tg g, uint32_t PB,
+                                                  uint32_t nk)
 {
     constexpr uint32_t BH = 4u, BL = 3u;
 #if __CUDA_ARCH__ >= 900
@@ -1589,43 +1624,18 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
     const uint32_t n = (uint32_t)g.n_alloc, c0 = j * S_EM_TILES;
     const uint64_t tb = (uint64_t)b * n; // the sample's first tile
     const bool all = g.n_hi == 0 || g.n_hi == g.n_alloc;
-    const bool wm = g.win != 0; // window mode: each record carries its width, its codes as nibbles
     const uint32_t nu = (n + S_SP_UNIT - 1u) / S_SP_UNIT;
     const uint4 *rb = rec + ((size_t)b * nu + c0 / S_SP_UNIT) * S_REC_BLOCK; // the CTA's blocks
     // the keys first; the records (13 MB in all) only once the counts are published, so that
-    // their reads do not queue ahead of the histogram's and the counts' (2 us, H100); in window
-    // mode no keys, and each record's last plane (its fields and width) first
-    uint32_t key[2] = {}, hiw[2] = {};
-    uint4 r[2][4];
+    // their reads do not queue ahead of the histogram's and the counts' (2 us, H100)
+    uint32_t key[2] = {};
 #pragma unroll
     for (int s = 0; s < 2; s++) {
         const uint32_t i = c0 + 256u * (uint32_t)s + tid;
-        if (wm) {
-            const uint4 *q = &rb[(256u * (uint32_t)s + tid - lane) / S_SP_UNIT * S_REC_BLOCK + 3u * S_SP_UNIT + lane];
-            r[s][3] = i < n ? __ldcg(q) : make_uint4(0u, 0u, 0u, 0u);
-            hiw[s] = (r[s][3].w >> 16) & 1u;
-        } else {
-            key[s] = i < n ? __ldcg(&key16[(size_t)b * nk + i]) : 0u;
-        }
-    }
-    // each tile's exponent: its group's, a unit of k_tah_spec (a warp's 32 tiles of a round), whose
-    // byte lane 0 writes
-    int32_t e[2];
-#pragma unroll
-    for (int s = 0; s < 2; s++) {
-        const uint32_t i = c0 + 256u * (uint32_t)s + tid;
-        e[s] = i < n ? d_tah_exp(__ldcg(&z.gmax[(size_t)b * nu + i / S_SP_UNIT]), g.lg) : 0;
-        if (i < n && lane == 0)
-            p[g.eg_off + (size_t)b * nu + i / S_SP_UNIT] = (uint8_t)(int8_t)e[s];
-    }
-    if (blockIdx.x == 0 && tid < 8u) { // the reserved words, the exponent bytes' padding
-        if (tid < 2u)
-            d_put_u32(p + 4 * tid, 0);
-        if (g.B * g.n_eg + tid < g.eg_bytes)
-            p[g.eg_off + g.B * g.n_eg + tid] = 0;
+        key[s] = i < n ? __ldcg(&key16[(size_t)b * nk + i]) : 0u;
     }
     uint32_t T = 0, need = 0;
-    if (!all && !wm) {
+    if (!all) {
         d_tah_threshold<true>(z.hist + (size_t)b * CODEC_TAH_KEY_BINS, (uint32_t)g.n_hi, ws, &sh_T, &sh_need);
         __syncthreads();
         T = sh_T;
@@ -1636,38 +1646,36 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
 #pragma unroll
     for (int s = 0; s < 2; s++) {
         const bool ok = c0 + 256u * (uint32_t)s + tid < n;
-        cs[s] = wm ? hiw[s] : ok && !all ? (uint32_t)(key[s] > T) | ((uint32_t)(key[s] == T) << 16) : 0u;
+        cs[s] = ok && !all ? (uint32_t)(key[s] > T) | ((uint32_t)(key[s] == T) << 16) : 0u;
         uint32_t tot;
         xs0[s] = ctot + d_block_scan(cs[s], ws, &tot);
         ctot += tot;
     }
-    if (!all && !wm) { // published with the tag; the sample's CTAs before this one summed
+    if (!all) { // published with the tag; the sample's CTAs before this one summed
         const unsigned long long tag36 = head.tag & 0xfffffffffull;
         if (tid == 0)
             *(volatile unsigned long long *)&z.cnt[blockIdx.x] =
                 (tag36 << 28) | ((unsigned long long)(ctot >> 16) << 14) | (ctot & 0x3fffu);
     }
     unsigned long long pv = 0; // the predecessor's slot of this thread, first read
-    if (!all && !wm && tid < j)
+    if (!all && tid < j)
         pv = *(volatile unsigned long long *)&z.cnt[(size_t)b * PB + tid];
     asm volatile("" ::: "memory"); // the record loads after the publication
     // each thread's two records, plane by plane: a warp's loads are 512 consecutive bytes (a
     // warp's 32 tiles are one block of records: c0 and 256 are multiples of S_SP_UNIT)
     // (the planes of the width a tile cannot take are not loaded: 4-bit codes for keys below T,
-    // 3-bit codes above it; in window mode the last plane is in already)
+    // 3-bit codes above it)
+    uint4 r[2][4];
 #pragma unroll
     for (int s = 0; s < 2; s++) {
         const uint32_t i = c0 + 256u * (uint32_t)s + tid;
-        const bool mh = wm || (all ? g.n_hi != 0 : key[s] >= T); // window mode: nibbles, both widths
-        const bool ml = !wm && (all ? g.n_hi == 0 : key[s] <= T);
+        const bool mh = all ? g.n_hi != 0 : key[s] >= T;
+        const bool ml = all ? g.n_hi == 0 : key[s] <= T;
 #pragma unroll
-        for (int m = 0; m < 4; m++) {
-            if (wm && m == 3)
-                continue;
+        for (int m = 0; m < 4; m++)
             r[s][m] = i < n && (m == 3 || (m < 2 ? mh : ml))
                           ? __ldcg(&rb[(256u * (uint32_t)s + tid - lane) / S_SP_UNIT * S_REC_BLOCK + S_SP_UNIT * (uint32_t)m + lane])
                           : make_uint4(0u, 0u, 0u, 0u);
-        }
     }
     // the CTA's codes are one run of the sample's region, from the code offset of tile c0: each
     // thread puts its tiles' codes in shared memory at their place in the run (hl: the run's
@@ -1676,7 +1684,6 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
     // cost ~5 us more, H100). Only a tile at T needs the ties before the run (preE) to know
     // its width; a CTA without one places its run while the counts before it arrive.
     uint32_t hls[2];
-    bool slow[2];
     auto place = [&](uint32_t preE) {
 #pragma unroll
         for (int s = 0; s < 2; s++) {
@@ -1688,53 +1695,36 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
             if (all) {
                 hi = g.n_hi != 0;
                 hl = hi ? i - c0 : 0u;
-            } else if (wm) {
-                hi = hiw[s] != 0u;
-                hl = xs0[s] & 0xffffu;
             } else {
                 hi = key[s] > T || (key[s] == T && E < need);
                 hl = (xs0[s] & 0xffffu) + min(E, need) - min(preE, need);
             }
             const uint32_t w14 = r[s][3].z, w15 = r[s][3].w;
-            const int32_t d = e[s] - (int32_t)(int8_t)(w15 >> 24);
-            const float rho_down = __fmul_rn(g.rho, __uint_as_float((uint32_t)(127 - e[s]) << 23));
-            const bool rho_ok = g.rho == 0.0f || (__float_as_uint(rho_down) & 0x7f800000u) != 0u;
-            uint32_t m16 = w14 & 0xffffu, st16 = hi ? w14 >> 16 : w15 & 0xffffu;
-            const bool fast = d >= 0 && d <= 64 && (d == 0 || rho_ok) && d_hshift(m16, d) && d_hshift(st16, d);
             const uint32_t o = 8u * (BL * (i - c0) + (BH - BL) * hl); // in the run
-            if (ok)
+            if (ok) {
                 atomicMax(&sh_end, o + 8u * (hi ? BH : BL)); // the run's end
-            if (ok && fast) {
                 uint64_t *dst = (uint64_t *)((uint8_t *)srun + o);
                 if (hi) {
                     dst[0] = (uint64_t)r[s][0].x | ((uint64_t)r[s][0].y << 32);
                     dst[1] = (uint64_t)r[s][0].z | ((uint64_t)r[s][0].w << 32);
                     dst[2] = (uint64_t)r[s][1].x | ((uint64_t)r[s][1].y << 32);
                     dst[3] = (uint64_t)r[s][1].z | ((uint64_t)r[s][1].w << 32);
-                } else if (wm) { // the nibbles of k_tah_spec's window mode, narrowed to 3 bits
-                    const uint32_t v[8] = { d_nib3(r[s][0].x), d_nib3(r[s][0].y), d_nib3(r[s][0].z),
-                                            d_nib3(r[s][0].w), d_nib3(r[s][1].x), d_nib3(r[s][1].y),
-                                            d_nib3(r[s][1].z), d_nib3(r[s][1].w) };
-                    dst[0] = (uint64_t)(v[0] | v[1] << 24) | ((uint64_t)(v[1] >> 8 | v[2] << 16) << 32);
-                    dst[1] = (uint64_t)(v[2] >> 16 | v[3] << 8) | ((uint64_t)(v[4] | v[5] << 24) << 32);
-                    dst[2] = (uint64_t)(v[5] >> 8 | v[6] << 16) | ((uint64_t)(v[6] >> 16 | v[7] << 8) << 32);
                 } else {
                     dst[0] = (uint64_t)r[s][2].x | ((uint64_t)r[s][2].y << 32);
                     dst[1] = (uint64_t)r[s][2].z | ((uint64_t)r[s][2].w << 32);
                     dst[2] = (uint64_t)r[s][3].x | ((uint64_t)r[s][3].y << 32);
                 }
-                *(uint32_t *)(p + g.meta_off + 4 * (tb + i)) = m16 | (st16 << 16);
+                *(uint32_t *)(p + g.meta_off + 4 * (tb + i)) = (w14 & 0xffffu) | ((hi ? w14 >> 16 : w15 & 0xffffu) << 16);
                 p[g.flags_off + tb + i] = (uint8_t)((hi ? 1u : 0u) | ((w15 >> 16) & 0xfeu));
             }
-            slow[s] = ok && !fast;
-            hls[s] = hl | ((hi ? 1u : 0u) << 31);
+            hls[s] = hl;
         }
     };
-    const bool local = all || wm || (ctot >> 16) == 0u; // no tile of this CTA at T
+    const bool local = all || (ctot >> 16) == 0u; // no tile of this CTA at T
     if (local)
         place(0u);
     uint32_t pre = 0; // (> T) | (== T) << 16 before c0 (a sample has < 2^16 keys)
-    if (!all && !wm) { // the predecessors' counts (read above; again until they are this call's)
+    if (!all) { // the predecessors' counts (read above; again until they are this call's)
         const unsigned long long tag36 = head.tag & 0xfffffffffull;
         uint32_t pc = 0;
         for (uint32_t i = tid; i < j; i += blockDim.x) {
@@ -1753,17 +1743,13 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
         if (!local)
             place(pre >> 16);
     }
-    const uint32_t hq0 = all  ? (g.n_hi != 0 ? c0 : 0u)
-                         : wm ? d_win_hi_before(c0, g.n_hi, n, g.mW) // c0: a window's first tile
-                              : (pre & 0xffffu) + min(pre >> 16, need);
+    const uint32_t hq0 = all ? (g.n_hi != 0 ? c0 : 0u) : (pre & 0xffffu) + min(pre >> 16, need);
     const uint64_t cb = 8ull * ((uint64_t)BL * c0 + (uint64_t)(BH - BL) * hq0); // the run's offset
-    uint32_t range = 0, phs[2]; // for the rare tiles: the sample's high tiles before the tile | is_hi << 31
 #pragma unroll
     for (int s = 0; s < 2; s++) {
-        phs[s] = (hq0 + (hls[s] & 0x7fffffffu)) | (hls[s] & 0x80000000u);
         const uint32_t i = c0 + 256u * (uint32_t)s + tid;
         if (i < n && i % CODEC_TAH_IX_TILES == 0u) // the index entry at this tile
-            d_put_u32(p + 8 + 4 * ((uint64_t)b * g.ix_n + i / CODEC_TAH_IX_TILES), phs[s] & 0x7fffffffu);
+            d_put_u32(p + 8 + 4 * ((uint64_t)b * g.ix_n + i / CODEC_TAH_IX_TILES), hq0 + hls[s]);
     }
     __syncthreads();
     {
@@ -1772,29 +1758,12 @@ __global__ void __launch_bounds__(256, 4) k_tah_emit(const X *__restrict__ x, co
         for (uint32_t q = tid; q < sh_end / 8u; q += blockDim.x)
             dst[q] = src[q];
     }
-    __syncthreads(); // the run written before the rare tiles below write their own codes in it
-    // the tiles whose fields would leave the normal halves: again from x at e, 4 per pass
-#pragma unroll
-    for (int s = 0; s < 2; s++) {
-        uint32_t sm = __ballot_sync(CU_FULL, slow[s]);
-        while (sm != 0u) { // warp-uniform
-            bool act;
-            const uint32_t t = d_rot_pick(sm, lane, act);
-            const uint64_t tiles[1] = { tb + c0 + 256u * (uint32_t)s + (tid - lane) + t };
-            const bool valids[1] = { act };
-            const uint32_t phv[1] = { __shfl_sync(CU_FULL, phs[s], (int)t) };
-            d_tah_quant_u<1, 8, BH, BL>(x, p, nullptr, g, tiles, valids, phv, z.gmax, true, lane, range);
-            sm = d_rot_drop(sm);
-        }
-    }
     // the records are not read again: their L2 lines go without a write-back (13 MB of the
     // bench tensor's would otherwise reach DRAM while the frame is written: 2 us). The CTA's
     // blocks of records are its own: each thread drops one 128-byte line once all are used.
     __syncthreads();
     if (tid < (min(c0 + S_EM_TILES, n) - c0 + S_SP_UNIT - 1u) / S_SP_UNIT * (S_REC_BLOCK / 8u))
         asm volatile("discard.global.L2 [%0], 128;" ::"l"(rb + 8u * tid) : "memory");
-    if (range)
-        d_flag(head, CU_ST_RANGE);
 }
 
 __global__ void __launch_bounds__(256) k_tah_flags(const uint16_t *__restrict__ flagv, uint8_t *__restrict__ p,
@@ -2352,7 +2321,6 @@ static s_fz s_fz_carve(const s_tw &t, const s_tg &g)
     s_fz a_z;
     a_z.cnt = (unsigned long long *)zb;
     a_z.ztag = (unsigned long long *)(zb + 8 * S_FUSE_MAXGRID);
-    a_z.gmax = t.gmax;
     a_z.sdone = (uint32_t *)(((uintptr_t)zb + 16 * S_FUSE_MAXGRID + 15) & ~(uintptr_t)15);
     a_z.hist = a_z.sdone + S_FZ_CTR;
     return a_z;
@@ -2371,8 +2339,7 @@ static bool s_pair_ok(const s_tg &g, const void *x, const uint8_t *payload)
 // Whether k_tah_emit may be a programmatic dependent launch on the current device: only where the
 // code it runs was compiled for sm_90 or later (its PTX then has the griddepcontrol.wait the
 // launch relies on; a build for an older architecture JIT-compiled on a Hopper has not). Cached
-// per device and input type (a benign race: every thread computes the same answer).
-template <typename X>
+// per device (a benign race: every thread computes the same answer).
 static bool s_emit_pdl()
 {
     static signed char known[64]; // [device]: 0 unknown, 1 yes, -1 no
@@ -2381,14 +2348,15 @@ static bool s_emit_pdl()
         return false;
     if (known[dev] == 0) {
         cudaFuncAttributes fa;
-        const bool ok = cudaFuncGetAttributes(&fa, (const void *)k_tah_emit<X>) == cudaSuccess && fa.ptxVersion >= 90;
+        const bool ok = cudaFuncGetAttributes(&fa, (const void *)k_tah_emit) == cudaSuccess && fa.ptxVersion >= 90;
         known[dev] = ok ? 1 : -1;
     }
     return known[dev] > 0;
 }
 
-// Round 17's encode (k_tah_spec + k_tah_emit) where it applies: 0 or a TAH_E* code, 1 when it
-// does not (the lane-pair conditions, the default widths, samples of fewer than 2^16 tiles).
+// Round 17's encode (k_tah_spec + k_tah_emit; window mode: k_tah_spec alone) where it applies: 0
+// or a TAH_E* code, 1 when it does not (the lane-pair conditions, the default widths, samples of
+// fewer than 2^16 tiles).
 // X: fp32 or bf16 input (cu_bf16: the staged rows are the bf16 tiles, widened as read).
 template <typename X>
 static int s_encode_spec(const s_tg &g, const X *x, uint8_t *payload, cu_hp head, const s_tw &t,
@@ -2412,8 +2380,8 @@ static int s_encode_spec(const s_tg &g, const X *x, uint8_t *payload, cu_hp head
     // CTAs start as k_tah_spec's end and wait at griddepcontrol.wait for its writes, instead of
     // after the grid's completion (~1.5 us, H100)
     uint32_t a_PB = (uint32_t)((g.n_alloc + S_EM_TILES - 1) / S_EM_TILES);
-    const void *ekern = (const void *)k_tah_emit<X>;
-    if (g.B * a_PB > (uint64_t)cu_coop_blocks(ekern, 256, 0) || g.B * a_PB > S_FUSE_MAXGRID)
+    const void *ekern = (const void *)k_tah_emit;
+    if (g.win == 0 && (g.B * a_PB > (uint64_t)cu_coop_blocks(ekern, 256, 0) || g.B * a_PB > S_FUSE_MAXGRID))
         return 1;
     s_fz a_z = s_fz_carve(t, g);
     uint8_t *a_p = payload;
@@ -2423,9 +2391,11 @@ static int s_encode_spec(const s_tg &g, const X *x, uint8_t *payload, cu_hp head
     cu_hp a_head = head;
     s_tg a_g = g;
     uint32_t a_P = (uint32_t)P, a_nk = (uint32_t)s_spec_nk(g), a_lmax = (uint32_t)lmax;
-    void *args[] = { &a_x, &a_rec, &a_key, &a_z, &a_head, &a_g, &a_P, &a_nk, &a_lmax };
+    void *args[] = { &a_x, &a_rec, &a_key, &a_p, &a_z, &a_head, &a_g, &a_P, &a_nk, &a_lmax };
     CUDA_CHECK(cudaLaunchKernel(kern, dim3((unsigned int)(P * g.B)), dim3(S_SP_WARPS * 32), args, smem, st));
-    void *eargs[] = { &a_x, &a_rec, &a_key, &a_z, &a_p, &a_head, &a_g, &a_PB, &a_nk };
+    if (g.win != 0)
+        return 0; // the frame is written
+    void *eargs[] = { &a_rec, &a_key, &a_z, &a_p, &a_head, &a_g, &a_PB, &a_nk };
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned int)(g.B * a_PB));
     cfg.blockDim = dim3(256);
@@ -2434,7 +2404,7 @@ static int s_encode_spec(const s_tg &g, const X *x, uint8_t *payload, cu_hp head
     at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at.val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = &at;
-    cfg.numAttrs = s_emit_pdl<X>() ? 1 : 0;
+    cfg.numAttrs = s_emit_pdl() ? 1 : 0;
     cudaError_t le = cudaLaunchKernelExC(&cfg, ekern, eargs);
     if (le != cudaSuccess && cfg.numAttrs != 0) { // a driver that refuses the attribute: a plain launch
         (void)cudaGetLastError();
