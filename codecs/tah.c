@@ -23,11 +23,14 @@
  *   2. per quant tile, if |a(1)| > tau (|a(2)| + rho): swap the largest-
  *      magnitude element to position 0 and apply H_G/sqrt(G) (fwht_f32);
  *   3. asymmetric uniform quantisation: fp16 minimum rounded down, fp16 step
- *      rounded up (so min + step*(2^b-1) covers the tile), codes round to
- *      nearest (ties to even) and are clamped.
+ *      rounded up (so min + step*(2^b-1) covers the tile), codes
+ *      (v - min) * (1/step) rounded once to nearest (ties to even; a fused
+ *      multiply-add) and clamped.
  *      (Until November 2026 the test of 2. was |a(1)| / (|a(2)| + rho) > tau
  *      and 3.'s ties went up: a division per tile and an add per code more
- *      on the GPU, about 3 % of its encode. Frames decode the same way.)
+ *      on the GPU, about 3 % of its encode; until round 37 the code's
+ *      product was rounded before the rounding to an integer, and the
+ *      entropy's products before their sums. Frames decode the same way.)
  * All fp16 metadata is relative to a power of two 2^e per exponent group,
  * 32 consecutive allocation tiles of a sample (CODEC_TAH_EXP_TILES; the last
  * one may be shorter), chosen from the group's absmax, so any finite float32
@@ -181,7 +184,7 @@ static inline float s_mlog(float v) { return (float)((int32_t)(codec_f32_bits(v)
 
 /* Entropy key (0..4095) of the normalised magnitudes of a[0..n); also folds
  * max|a| into *absmax. H = log2(D) * S1/D - SL/D with S1 = sum |a|,
- * SL = sum |a| * s_mlog(|a|), D = S1 + eps (log2(D) by the polynomial: an
+ * SL = sum |a| * s_mlog(|a|) (fused multiply-adds), D = S1 + eps (log2(D) by the polynomial: an
  * error there would shift whole tiles), in 16 lane sums added in lane order;
  * key = floor(H * scale), H clamped to >= 0. Mitchell's error on the element
  * logs averages over the tile (for 64 Gaussian values its spread between
@@ -196,7 +199,7 @@ static uint32_t s_entropy_key(const float *a, uint32_t n, float kscale, float *a
         for (uint32_t j = 0; j < L; j++) {
             float v = fabsf(a[i + j]);
             s1[j] += v;
-            sl[j] += v * s_mlog(v);
+            sl[j] = fmaf(v, s_mlog(v), sl[j]);
             mx[j] = mx[j] > v ? mx[j] : v;
         }
     }
@@ -209,7 +212,7 @@ static uint32_t s_entropy_key(const float *a, uint32_t n, float kscale, float *a
     for (; i < n; i++) {
         float v = fabsf(a[i]);
         S1 += v;
-        SL += v * s_mlog(v);
+        SL = fmaf(v, s_mlog(v), SL);
         M = M > v ? M : v;
     }
     *absmax = M;
@@ -361,8 +364,9 @@ static void s_quant_tile(const float *v, uint32_t G, uint32_t bits, float mn, fl
     float step = half_to_f32(*step16);
     float inv = step > 0.0f ? 1.0f / step : 0.0f;
     for (uint32_t i = 0; i < G; i++) {
-        float q = (v[i] - minf) * inv;
-        q = (q + 0x1p23f) - 0x1p23f; /* to nearest, ties to even, where |q| < 2^22; beyond, the clamps */
+        /* (v - minf) inv to nearest, ties to even, in one rounding (the fused add of 2^23, whose
+         * ulp is 1), where |q| < 2^22; beyond, the clamps */
+        float q = fmaf(v[i] - minf, inv, 0x1p23f) - 0x1p23f;
         q = q < levels ? q : levels;
         q = q > 0.0f ? q : 0.0f; /* only padding lies below the minimum */
         codes[i] = (uint16_t)q;  /* an integer in [0, levels] */

@@ -393,7 +393,7 @@ __device__ __forceinline__ void d_ent_step(const float f[N], float s1[N], float 
     for (int i = 0; i < N; i++) {
         const float v = fabsf(f[i]);
         s1[i] = __fadd_rn(s1[i], v);
-        sl[i] = __fadd_rn(sl[i], __fmul_rn(v, d_mlog(v)));
+        sl[i] = __fmaf_rn(v, d_mlog(v), sl[i]);
         mb = max(mb, __float_as_uint(v));
     }
 }
@@ -443,7 +443,7 @@ __device__ __forceinline__ uint32_t d_tah_ent_tile(const float *__restrict__ x, 
     for (uint32_t i = 16u * nfull; i < w; i++) { // tail, in order, by every lane of the tile
         const float v = fabsf(row[i]);
         S1 = __fadd_rn(S1, v);
-        SL = __fadd_rn(SL, __fmul_rn(v, d_mlog(v)));
+        SL = __fmaf_rn(v, d_mlog(v), SL);
         amax = max(amax, __float_as_uint(v));
     }
     return d_ent_key(S1, SL, g.kscale);
@@ -932,8 +932,8 @@ __device__ __forceinline__ void d_tah_quant_u(const X *__restrict__ x, uint8_t *
         uint32_t code[8];
 #pragma unroll
         for (int r = 0; r < 8; r++) {
-            float t = __fmul_rn(__fsub_rn(v[r], minf), inv);
-            t = __fsub_rn(__fadd_rn(t, 8388608.0f), 8388608.0f); // tah.c: to nearest, ties to even
+            float t = __fmaf_rn(__fsub_rn(v[r], minf), inv, 8388608.0f);
+            t = __fsub_rn(t, 8388608.0f); // tah.c: (v - minf) inv to nearest, ties to even, one rounding
             t = t < levels ? t : levels;
             t = t > 0.0f ? t : 0.0f;
             code[r] = (uint32_t)t;
@@ -1275,11 +1275,11 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
         for (int i = 0; i < 8; i++) {
             const float x = valid ? z[i] : 0.0f, a = fabsf(x);
             const int jq = 8 * (c % 2) + i;
-            const float pr = __fmul_rn(a, d_mlog(a));
-            // tah.c's accumulators start at +0: 0 + a is a; 0 + pr is pr but for pr = -0 (a = 0),
-            // whose sign never reaches the key (h = log2 D S1/D - SL/D is the same for SL = +-0)
+            const float ml = d_mlog(a);
+            // tah.c's accumulators start at +0: 0 + a is a; fma(a, ml, 0) is a ml but for a ml = -0
+            // (a = 0), whose sign never reaches the key (h = log2 D S1/D - SL/D is the same for SL = +-0)
             s1[jq] = c < 2 ? a : __fadd_rn(s1[jq], a);
-            sl[jq] = c < 2 ? pr : __fadd_rn(sl[jq], pr);
+            sl[jq] = c < 2 ? __fmul_rn(a, ml) : __fmaf_rn(a, ml, sl[jq]);
             const uint32_t bb = __float_as_uint(a);
             b2 = max(b2, min(bb, b1));
             b1 = max(b1, bb);
@@ -1396,13 +1396,13 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
         for (int i = 0; i < 8; i++) {
             const int r = 8 * c + i;
             const float dv = __fsub_rn(z[i], cm);
-            const uint32_t ch = __float_as_uint(__fadd_rn(__fmul_rn(dv, ih), 8388608.0f));
+            const uint32_t ch = __float_as_uint(__fmaf_rn(dv, ih, 8388608.0f));
             if (WM) { // the tile's width only, as nibbles (a low tile's codes are below 8: narrowed
                 wh[r / 8] += ch << (4 * (r % 8)); // to its 3-bit stream below, d_nib3)
                 kh[r / 8] += K << (4 * (r % 8));
                 continue;
             }
-            const uint32_t cl = __float_as_uint(__fadd_rn(__fmul_rn(dv, il), 8388608.0f));
+            const uint32_t cl = __float_as_uint(__fmaf_rn(dv, il, 8388608.0f));
             pack(wh, wl, r, ch, cl);
             pack(kh, kl, r, K, K);
         }
