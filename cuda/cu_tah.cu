@@ -1370,9 +1370,9 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
         il = __fmul_rn(il, down);
     }
     // both widths' codes, packed as they come (the clamps never act). tah.c's
-    // code is t = dv inv in [0, 2^B - 1/2) rounded to nearest, ties to even: t + 2^23 rounded so
-    // is 2^23 + that code exactly (ulp 1 there), so each code is one float add (FP32 pipe)
-    // instead of a conversion (16 per clock per SM), and it is packed as its float's bits, 2^23's bits
+    // code is t = dv inv in [0, 2^B - 1/2) rounded once to nearest, ties to even: dv inv + 2^23
+    // rounded so (one FMA) is 2^23 + that code exactly (ulp 1 there), so each code is one FFMA (FP32
+    // pipe) instead of a conversion (16 per clock per SM), and it is packed as its float's bits, 2^23's bits
     // (K) included: K's share of every word is a constant (kh, kl: folded by the compiler),
     // taken off at the end. A non-finite t (non-finite x: payload unspecified) spoils only its
     // tile.
