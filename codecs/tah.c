@@ -121,6 +121,12 @@ static void s_geometry(const codec_tah_params_t *p, codec_shape_t shape, s_geom_
     g->code_bytes = g->hi_q_max * g->G * g->bh / 8 + (sq - g->hi_q_max) * g->G * g->bl / 8;
 }
 
+/* The exponent of sample b's quant tile (s, q): its allocation tile's group's */
+static int32_t s_tile_exp(const s_geom_t *g, const int8_t *eg, uint64_t b, uint64_t s, uint32_t q)
+{
+    return eg[b * g->n_eg + (s * g->nA + q / g->k) / CODEC_TAH_EXP_TILES];
+}
+
 static uint64_t s_payload_size(const codec_spec_t *spec, codec_shape_t shape)
 {
     s_geom_t g;
@@ -439,7 +445,7 @@ static int s_encode(const codec_spec_t *spec, codec_shape_t shape, const float *
                 if (t % CODEC_TAH_IX_TILES == 0)
                     codec_put_u32(ix + 4 * (b * g.ix_n + t / CODEC_TAH_IX_TILES), (uint32_t)hq);
                 uint32_t c0 = q * G, w = (C - c0 < G) ? C - c0 : G;
-                const float down = ldexpf(1.0f, -eg[b * g.n_eg + (s * g.nA + q / g.k) / CODEC_TAH_EXP_TILES]);
+                const float down = ldexpf(1.0f, -s_tile_exp(&g, eg, b, s, q));
                 /* scale into the metadata's range; top two magnitudes decide rotation */
                 s_tile_stats_t st;
                 s_load_tile(v, row + c0, w, G, down, &st);
@@ -530,7 +536,7 @@ static int s_decode(const codec_spec_t *spec, codec_shape_t shape, const uint8_t
                 uint16_t step16 = codec_get_u16(meta + 4 * tile + 2);
                 if ((min16 & 0x7c00u) == 0x7c00u || (step16 & 0x7c00u) == 0x7c00u || (step16 & 0x8000u))
                     return TAH_ECORRUPT;
-                const int32_t e = eg[b * g.n_eg + (s * g.nA + q / g.k) / CODEC_TAH_EXP_TILES];
+                const int32_t e = s_tile_exp(&g, eg, b, s, q);
                 float minf = ldexpf(half_to_f32(min16), e), step = ldexpf(half_to_f32(step16), e);
                 bitpack_unpack(codes, in, G, bits);
                 in += (size_t)G * bits / 8;

@@ -113,8 +113,8 @@ __device__ __forceinline__ float d_fmax_nan(float a, float b)
 
 // ---- cp.async staging (round 8: TAH and int encoders) ----
 // 16 bytes global -> shared, through L2 only; groups committed and waited on per thread
-// (a warp's copies of a group are all visible once each lane has waited for it, d_cp_wait1 or
-// d_cp_wait0, and __syncwarp).
+// (a warp's copies of a group are all visible once each lane has waited for it, d_cp_wait0, and
+// __syncwarp).
 __device__ __forceinline__ void d_cp16s(uint32_t sa, const float *gmem) // sa: a shared-window address
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
@@ -137,46 +137,26 @@ __device__ __forceinline__ uint64_t d_l2_evict_first()
     return pol;
 }
 __device__ __forceinline__ void d_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// every group but the newest complete
-__device__ __forceinline__ void d_cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 __device__ __forceinline__ void d_cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-// 32 consecutive floats at src (16-byte aligned; shared memory in the staged kernels)
-__device__ __forceinline__ void d_load32(const float *src, float v[32])
-{
-    const float4 *s4 = (const float4 *)src;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const float4 f4 = s4[i];
-        v[4 * i] = f4.x;
-        v[4 * i + 1] = f4.y;
-        v[4 * i + 2] = f4.z;
-        v[4 * i + 3] = f4.w;
-    }
-}
 
 // Copy n rows of CPR 16-byte chunks, contiguous at src, into buf's rows of ROWW words
 // (CPR * n <= 32 M: M copies per lane at most), then commit the group of copies (also when
-// n = 0, which keeps the wait counts in step). EF: a full unit's copies evict first from L2
+// n = 0, which keeps the wait counts in step). A full unit's copies evict first from L2
 // (data read once, d_l2_evict_first).
 // A full unit (CPR * n = 32 M) takes the first form: both addresses of copy m are a lane's
 // base plus a constant (the general form cost ~20 instructions per copy, ncu: a fifth of
 // TAH encode's first phase).
-template <uint32_t CPR, uint32_t ROWW, uint32_t M = 8u, bool EF = false>
+template <uint32_t CPR, uint32_t ROWW, uint32_t M>
 __device__ __forceinline__ void d_stage_rows(float *buf, const float *src, uint32_t n, uint32_t lane)
 {
     static_assert(32u % CPR == 0u, "a warp's copy covers whole rows");
     if (CPR * n == 32u * M) {
         const uint32_t sa = (uint32_t)__cvta_generic_to_shared(buf + (lane / CPR) * ROWW + (lane % CPR) * 4u);
         const float *g = src + 4u * lane;
-        const uint64_t pol = EF ? d_l2_evict_first() : 0u;
+        const uint64_t pol = d_l2_evict_first();
 #pragma unroll
-        for (uint32_t m = 0; m < M; m++) { // copy m: rows (32 / CPR) m + lane / CPR
-            if (EF)
-                d_cp16s_pol(sa + 4u * ROWW * (32u / CPR) * m, g + 128u * m, pol);
-            else
-                d_cp16s(sa + 4u * ROWW * (32u / CPR) * m, g + 128u * m);
-        }
+        for (uint32_t m = 0; m < M; m++) // copy m: rows (32 / CPR) m + lane / CPR
+            d_cp16s_pol(sa + 4u * ROWW * (32u / CPR) * m, g + 128u * m, pol);
     } else {
 #pragma unroll
         for (uint32_t m = 0; m < M; m++) {

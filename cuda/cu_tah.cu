@@ -254,18 +254,22 @@ __device__ __forceinline__ uint64_t d_group(const s_tg &g, uint64_t b, uint64_t 
     return b * g.n_eg + (s * g.nA + (g.k > 1u ? q / g.k : q)) / CODEC_TAH_EXP_TILES;
 }
 
-// Sample b's exponent bytes from gmax (threads tid of nt); sample 0's call also the payload's two
-// reserved words and the bytes' padding.
+// The payload's two reserved words and the exponent bytes' padding, by threads 0..7 of one CTA.
+__device__ __forceinline__ void d_put_head(uint8_t *p, const s_tg &g, uint32_t tid)
+{
+    if (tid < 2u)
+        d_put_u32(p + 4 * tid, 0);
+    if (tid < 8u && g.B * g.n_eg + tid < g.eg_bytes)
+        p[g.eg_off + g.B * g.n_eg + tid] = 0;
+}
+
+// Sample b's exponent bytes from gmax (threads tid of nt); sample 0's call also d_put_head.
 __device__ void d_put_exps(uint8_t *p, const s_tg &g, const uint32_t *gmax, uint64_t b, uint32_t tid, uint32_t nt)
 {
     for (uint64_t i = b * g.n_eg + tid; i < (b + 1) * g.n_eg; i += nt)
         p[g.eg_off + i] = (uint8_t)(int8_t)d_tah_exp(__ldcg(&gmax[i]), g.lg);
-    if (b == 0 && tid < 8u) {
-        if (tid < 2u)
-            d_put_u32(p + 4 * tid, 0);
-        if (g.B * g.n_eg + tid < g.eg_bytes)
-            p[g.eg_off + g.B * g.n_eg + tid] = 0;
-    }
+    if (b == 0)
+        d_put_head(p, g, tid);
 }
 
 __device__ __forceinline__ uint32_t d_get_bits(const uint8_t *stream, uint64_t bitpos, uint32_t nbits)
@@ -1225,9 +1229,9 @@ template <typename X>
 __device__ __forceinline__ void d_stage_unit32(float *buf, const X *x, uint64_t gt, uint32_t n, uint32_t lane)
 {
     if constexpr (sizeof(X) == 2)
-        d_stage_rows<8u, S_ST_ROWW, 8u, true>(buf, (const float *)(x + gt * 64u), n, lane);
+        d_stage_rows<8u, S_ST_ROWW, 8u>(buf, (const float *)(x + gt * 64u), n, lane);
     else
-        d_stage_rows<16u, S_ST_ROWW, 16u, true>(buf, x + gt * 64u, n, lane);
+        d_stage_rows<16u, S_ST_ROWW, 16u>(buf, x + gt * 64u, n, lane);
 }
 
 // 8 codes below 8 as nibbles (LSB first) -> the same codes as 24 bits, 3 each (k_tah_spec, window mode)
@@ -1497,12 +1501,8 @@ __global__ void __launch_bounds__(128, S_SP_CTAS) k_tah_spec(const X *__restrict
                                                      cu_hp head, s_tg g, uint32_t P, uint32_t nk, uint32_t lmax)
 {
     d_mark(head);
-    if (blockIdx.x == 0 && threadIdx.x < 8u) { // the payload's reserved words, the exponent bytes' padding
-        if (threadIdx.x < 2u)
-            d_put_u32(p + 4 * threadIdx.x, 0);
-        if (g.B * g.n_eg + threadIdx.x < g.eg_bytes)
-            p[g.eg_off + g.B * g.n_eg + threadIdx.x] = 0;
-    }
+    if (blockIdx.x == 0)
+        d_put_head(p, g, threadIdx.x);
     extern __shared__ __align__(16) uint32_t sk[]; // the bag of keys, then the staging buffers
     __shared__ uint32_t lh[S_SP_LH];
     __shared__ float2 s_mm[S_SP_WARPS][S_SP_UNIT];
