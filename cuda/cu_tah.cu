@@ -1101,6 +1101,109 @@ __device__ __forceinline__ uint32_t d_rot_pass(float *unit, float2 *mm, uint32_t
     return d_rot_drop(rm);
 }
 
+// d_rot_pass at x's own scale (round 38; the caller's exponent e in [-100, -3]): the row's
+// tile is transformed unscaled and without 1/sqrt(64) = 2^-3, which makes every value the
+// scaled one's times 2^(e+3) exactly (scaling by 2^-e >= 8 is exact, a sum that falls below
+// FLT_MIN is exact in both scales, and the scaled values are multiples of 2^-146, so the
+// scaled tile's final 1/8 is exact too); the caller scales its min and max and its codes'
+// constants instead. The pivot (first index of the largest |x|, m1 unscaled) is the same on x.
+// The pivot is swapped on the row, then stages h = 1, 2, 4 run on a lane's 8 consecutive
+// elements and h = 8, 16, 32 on elements sl + 8k (the row written and read back between), so
+// no stage crosses lanes: ~60 fewer instructions a pass than d_rot_pass's shuffles and
+// register swap. Lane sl then holds tah.c's SIMD lane sl (element i: lane i % 8), so its
+// min/max is tah.c's lane order directly.
+template <typename X>
+__device__ __forceinline__ uint32_t d_rot_pass_xs(float *unit, float2 *mm, uint32_t rm, uint32_t me, float m1,
+                                                  uint32_t lane, uint32_t &piv)
+{
+    const uint32_t sl = lane & 7u;
+    bool act;
+    const uint32_t t = d_rot_pick(rm, lane, act);
+    float *row = unit + t * S_ST_ROWW;
+    float z[8];
+    d_row8<X>(row, sl, z);
+    const uint32_t tp = d_first_max(z, __shfl_sync(CU_FULL, m1, (int)t), sl, 8u);
+    const uint32_t rank = (uint32_t)__popc((int)(rm & ((1u << me) - 1u)));
+    const bool mine = ((rm >> me) & 1u) && rank < 4u;
+    const uint32_t pv = __shfl_sync(CU_FULL, tp, (int)(mine ? 8u * rank : lane));
+    if (mine)
+        piv = pv;
+    __syncwarp(); // every segment's row read before a pivot is swapped
+    if (act && sl == 0u && tp != 0u) {
+        if constexpr (sizeof(X) == 2) {
+            uint16_t *r16 = (uint16_t *)row;
+            const uint16_t a = r16[0];
+            r16[0] = r16[tp];
+            r16[tp] = a;
+        } else {
+            const float a = row[0];
+            row[0] = row[tp];
+            row[tp] = a;
+        }
+    }
+    __syncwarp();
+    d_row8<X>(row, sl, z);
+#pragma unroll
+    for (int h = 1; h < 8; h *= 2) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            if ((i & h) == 0) {
+                const float a = z[i], b = z[i + h];
+                z[i] = __fadd_rn(a, b);
+                z[i + h] = __fsub_rn(a, b);
+            }
+        }
+    }
+    __syncwarp(); // a bf16 row's lanes read before the floats overwrite it
+    float4 *r4 = (float4 *)row + 2u * sl;
+    if (act) {
+        r4[0] = make_float4(z[0], z[1], z[2], z[3]);
+        r4[1] = make_float4(z[4], z[5], z[6], z[7]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        z[k] = row[sl + 8u * (uint32_t)k];
+#pragma unroll
+    for (int h = 1; h < 8; h *= 2) { // h = 8, 16, 32 of the tile
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            if ((i & h) == 0) {
+                const float a = z[i], b = z[i + h];
+                z[i] = __fadd_rn(a, b);
+                z[i + h] = __fsub_rn(a, b);
+            }
+        }
+    }
+    float a = z[0], b = z[0];
+#pragma unroll
+    for (int k = 1; k < 8; k++) {
+        a = fminf(a, z[k]);
+        b = fmaxf(b, z[k]);
+    }
+    a = d_seg_minf(a, 8u);
+    b = d_seg_maxf(b, 8u);
+    if (__any_sync(CU_FULL, a == 0.0f)) { // which zero: d_zkey's unordered key of element sl + 8k
+        uint32_t zk = 0xffffffffu;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (z[k] == 0.0f)
+                zk = min(zk, d_zkey(sl + 8u * (uint32_t)k, 64u, false, z[k]));
+        zk = d_seg_minu(zk, 8u);
+        if (a == 0.0f)
+            a = (zk & 1u) ? -0.0f : 0.0f;
+    }
+    if (act) { // lane sl wrote and reads only its own elements here
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            row[sl + 8u * (uint32_t)k] = z[k];
+        if (sl == 0u)
+            mm[t] = make_float2(a, b);
+    }
+    __syncwarp();
+    return d_rot_drop(rm);
+}
+
 // A sample's threshold from its key histogram H (CODEC_TAH_KEY_BINS bins, read through L2),
 // by a CTA of 256 threads (16 bins each, thread 0 the top ones, one block scan): T, the largest
 // key with at least nh keys >= T, to *sh_T and need, how many keys == T are high (the lowest
@@ -1256,7 +1359,8 @@ __device__ __forceinline__ uint32_t d_nib3(uint32_t w)
 //  - the codes of an unrotated tile at x's own scale, (x - minf 2^e) (inv 2^-e): the same
 //    products as tah.c's (v - minf) inv when both scalings are exact, which |e| <= 100
 //    ensures (beyond it, rare, the row is scaled first, as tah.c does);
-//  - rotated tiles (about 3 in 16) in d_rot_pass, 4 at a time on their rows.
+//  - rotated tiles (about 3 in 16) in d_rot_pass, 4 at a time on their rows; at x's own scale
+//    (d_rot_pass_xs) where the exponent allows, as it does on activations.
 // Each pass reads the row 8 floats at a time (the bf16 row widened as read; a rotated row holds
 // the transformed floats), so the tile is not held in registers.
 template <typename X, bool WM>
@@ -1277,7 +1381,7 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
         d_row8<X>(row, (uint32_t)c, z);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const float x = valid ? z[i] : 0.0f, a = fabsf(x);
+            const float x = z[i], a = fabsf(x); // an invalid lane's row is stale: its results are never used
             const int jq = 8 * (c % 2) + i;
             const float ml = d_mlog(a);
             // tah.c's accumulators start at +0: 0 + a is a; fma(a, ml, 0) is a ml but for a ml = -0
@@ -1338,12 +1442,18 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     const bool rot = valid && m1 > __fmul_rn(g.tau, __fadd_rn(m2, __fmul_rn(g.rho, down)));
     uint32_t piv = 0;
     uint32_t rm = __ballot_sync(CU_FULL, rot); // bit t: tile t rotated
-    while (rm != 0u) // warp-uniform
-        rm = d_rot_pass<X>(unit, mm, rm, lane, down, m1, g.norm, lane, piv);
-    if (rot) { // the row holds the scaled, transformed tile now (valid), its min and max in mm
+    const bool xs = et >= -100 && et <= -3;    // warp-uniform: rotated rows at x's scale (d_rot_pass_xs)
+    if (xs)
+        while (rm != 0u)
+            rm = d_rot_pass_xs<X>(unit, mm, rm, lane, __uint_as_float(b1), lane, piv);
+    else
+        while (rm != 0u)
+            rm = d_rot_pass<X>(unit, mm, rm, lane, down, m1, g.norm, lane, piv);
+    if (rot) { // the row holds the transformed tile now (valid; xs: times 2^(e+3)), its min and max in mm
         const float2 q = mm[lane];
-        mns = q.x;
-        mxs = q.y;
+        const float up = xs ? __uint_as_float((uint32_t)(124 - et) << 23) : 1.0f; // 2^(-e-3)
+        mns = __fmul_rn(q.x, up);
+        mxs = __fmul_rn(q.y, up);
     }
     // beyond |e| <= 100 (values near the ends of the float range) an unrotated tile's codes come
     // from its scaled row, as tah.c computes them: scaled as floats in place, last chunk first (a
@@ -1368,10 +1478,12 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     const uint16_t stl = WM ? sth : d_half_from_f32_up(__fdiv_rn(span, (float)((1u << BL) - 1u)));
     const float fh = __half2float(__ushort_as_half(sth)), fl = __half2float(__ushort_as_half(stl));
     float ih = fh > 0.0f ? __frcp_rn(fh) : 0.0f, il = WM ? ih : fl > 0.0f ? __frcp_rn(fl) : 0.0f, cm = minf;
-    if (!rot && !scaled) { // x's own scale
-        cm = __fmul_rn(minf, __uint_as_float((uint32_t)(127 + et) << 23));
-        ih = __fmul_rn(ih, down);
-        il = __fmul_rn(il, down);
+    if (rot ? xs : !scaled) { // the row at x's own scale, 2^es times tah.c's values
+        const int32_t es = rot ? et + 3 : et;
+        const float dn = __uint_as_float((uint32_t)(127 - es) << 23);
+        cm = __fmul_rn(minf, __uint_as_float((uint32_t)(127 + es) << 23));
+        ih = __fmul_rn(ih, dn);
+        il = __fmul_rn(il, dn);
     }
     // both widths' codes, packed as they come (the clamps never act). tah.c's
     // code is t = dv inv in [0, 2^B - 1/2) rounded once to nearest, ties to even: dv inv + 2^23
