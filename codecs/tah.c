@@ -53,7 +53,7 @@
  *          of high tiles; inside, tiles in (s, q) order, G*bits/8 bytes each
  *          (bitpack layout), zero after the last tile.
  * Entropies are float32 sums: a tile whose L1 norm overflows float32 (values
- * above ~1e36) ranks as entropy 0; the count of high tiles stays exact.
+ * above ~1e35) ranks as entropy 0; the count of high tiles stays exact.
  * (Until November 2026 the per-element log2 was a degree-5 polynomial and the
  * key the entropy's float bits: frames then differ only in which tiles near
  * the threshold are high; both decode the same way.)
@@ -178,19 +178,22 @@ static inline float s_log2f(float x)
     return e + f * q;
 }
 
-/* Mitchell's log2 of v >= 0: for v = (1 + f) 2^e, e + f with f cut to 15 bits,
- * i.e. (v's bits >> 8 less 127 * 2^15) * 2^-15. The integer is below 2^23 in
- * magnitude, so the conversion and the scaling are exact; e + f is at most
- * 0.086 below log2 v (exact at powers of two). Per element a shift, an add and
- * a conversion (the GPU: an add to 384.0f's bits and a subtraction of 384),
- * where the polynomial above costs about 15 operations. */
-static inline float s_mlog(float v) { return (float)((int32_t)(codec_f32_bits(v) >> 8) - (127 << 15)) * 0x1p-15f; }
+/* 384 + Mitchell's log2 of v >= 0: for v = (1 + f) 2^e, e + f with f cut to 15
+ * bits, i.e. (v's bits >> 8 less 127 * 2^15) * 2^-15, which is in [-127, 128]
+ * for finite v; added to the bits of 384 = 1.5 * 2^8, whose binade [256, 512)
+ * has ulp 2^-15, it gives 384 + e + f exactly: a shift and an add per element
+ * (where the polynomial above costs about 15 operations). e + f is at most
+ * 0.086 below log2 v (exact at powers of two). The entropy's sum keeps the 384
+ * of every element and takes 384 * S1 off once (round 38: a subtraction per
+ * element fewer on the GPU; keys within ~2e-4 bits of the unbiased sum's). */
+static inline float s_mlog384(float v) { return codec_bits_f32((codec_f32_bits(v) >> 8) + (0x43c00000u - (127u << 15))); }
 
 #define S_KEY_BINS CODEC_TAH_KEY_BINS /* entropy keys are 12-bit (codec_tah_key_scale) */
 
 /* Entropy key (0..4095) of the normalised magnitudes of a[0..n); also folds
  * max|a| into *absmax. H = log2(D) * S1/D - SL/D with S1 = sum |a|,
- * SL = sum |a| * s_mlog(|a|) (fused multiply-adds), D = S1 + eps (log2(D) by the polynomial: an
+ * SL = sum |a| * s_mlog384(|a|) (fused multiply-adds) less 384 * S1 (one more),
+ * D = S1 + eps (log2(D) by the polynomial: an
  * error there would shift whole tiles), in 16 lane sums added in lane order;
  * key = floor(H * scale), H clamped to >= 0. Mitchell's error on the element
  * logs averages over the tile (for 64 Gaussian values its spread between
@@ -205,7 +208,7 @@ static uint32_t s_entropy_key(const float *a, uint32_t n, float kscale, float *a
         for (uint32_t j = 0; j < L; j++) {
             float v = fabsf(a[i + j]);
             s1[j] += v;
-            sl[j] = fmaf(v, s_mlog(v), sl[j]);
+            sl[j] = fmaf(v, s_mlog384(v), sl[j]);
             mx[j] = mx[j] > v ? mx[j] : v;
         }
     }
@@ -218,12 +221,13 @@ static uint32_t s_entropy_key(const float *a, uint32_t n, float kscale, float *a
     for (; i < n; i++) {
         float v = fabsf(a[i]);
         S1 += v;
-        SL = fmaf(v, s_mlog(v), SL);
+        SL = fmaf(v, s_mlog384(v), SL);
         M = M > v ? M : v;
     }
     *absmax = M;
     if (S1 == 0.0f)
         return 0;
+    SL = fmaf(-384.0f, S1, SL);
     float D = S1 + S_ENTROPY_EPS;
     float h = s_log2f(D) * (S1 / D) - SL / D;
     float k = h > 0.0f ? h * kscale : 0.0f; /* NaN (S1 overflowed) ranks 0 */

@@ -221,12 +221,11 @@ __device__ __forceinline__ float d_log2f(float x)
     return __fadd_rn(e, __fmul_rn(f, q));
 }
 
-// tah.c's s_mlog (Mitchell's log2 of v >= 0): k = (v's bits >> 8) - 127 * 2^15 is
-// in [-2^22, 2^22) for finite v, and adding it to the bits of 384 = 1.5 * 2^8 (ulp 2^-15,
-// its binade [256, 512) covers 384 +- 128) gives 384 + k 2^-15 exactly: no I2F
+// tah.c's s_mlog384: 384 + Mitchell's log2 of v >= 0, one shift-and-add (d_ent_key takes the
+// 384 S1 off the tile's sum)
 __device__ __forceinline__ float d_mlog(float v)
 {
-    return __fsub_rn(__uint_as_float((__float_as_uint(v) >> 8) + (0x43c00000u - (127u << 15))), 384.0f);
+    return __uint_as_float((__float_as_uint(v) >> 8) + (0x43c00000u - (127u << 15)));
 }
 
 // ldexpf(x, e): for -126 <= e <= 127 one product with the normal float 2^e, which
@@ -380,6 +379,7 @@ __device__ __forceinline__ uint32_t d_ent_key(float S1, float SL, float kscale)
 {
     if (S1 == 0.0f)
         return 0u;
+    SL = __fmaf_rn(-384.0f, S1, SL); // SL summed d_mlog's 384 + log2 |a|
     const float D = __fadd_rn(S1, S_ENT_EPS);
     const float h = __fsub_rn(__fmul_rn(d_log2f(D), __fdiv_rn(S1, D)), __fdiv_rn(SL, D));
     const float k = h > 0.0f ? __fmul_rn(h, kscale) : 0.0f;
@@ -1384,8 +1384,7 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
             const float x = z[i], a = fabsf(x); // an invalid lane's row is stale: its results are never used
             const int jq = 8 * (c % 2) + i;
             const float ml = d_mlog(a);
-            // tah.c's accumulators start at +0: 0 + a is a; fma(a, ml, 0) is a ml but for a ml = -0
-            // (a = 0), whose sign never reaches the key (h = log2 D S1/D - SL/D is the same for SL = +-0)
+            // tah.c's accumulators start at +0: 0 + a is a, fma(a, ml, 0) is a ml (ml >= 257)
             s1[jq] = c < 2 ? a : __fadd_rn(s1[jq], a);
             sl[jq] = c < 2 ? __fmul_rn(a, ml) : __fmaf_rn(a, ml, sl[jq]);
             const uint32_t bb = __float_as_uint(a);

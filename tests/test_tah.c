@@ -452,7 +452,7 @@ static void test_edge_values(void **state)
     enc_free(&e);
     /* magnitudes far from 1 stay finite and within the bounds (entropies
      * are computed in float32: tiles whose L1 norm overflows it, above
-     * ~1e36 per element, rank as zero entropy; see tah.c) */
+     * ~1e35 per element, rank as zero entropy; see tah.c) */
     const float mags[] = { 1.0e34f, 1.0e-30f, 1.0e-40f /* subnormal */ };
     for (size_t m = 0; m < 3; m++) {
         for (uint64_t i = 0; i < n; i++)
