@@ -467,10 +467,10 @@ __device__ __forceinline__ void d_store8h(float *out, uint64_t off, uint32_t len
 // keeps the compiler from forming others).
 __device__ __forceinline__ float d_bfly(float v, float sgn, float other) { return __fmaf_rn(v, sgn, other); }
 
-// Hadamard stages h = 1, 2, 4 on a lane's 8 consecutive elements, then
-// h = 8*o for o = 1 .. tpg/2 across the segment; butterflies in the CPU's
-// order (ascending h; lower gets u + v, upper u - v), so bit-identical.
-__device__ __forceinline__ void d_fwht_seg(float v[8], uint32_t lane, uint32_t tpg)
+// Hadamard stages h = 1, 2, 4 of 8 elements in registers (element i in v[i]), the
+// CPU's butterflies (lower gets u + v, upper u - v). Also stages 8, 16, 32 of a
+// 64-element tile whose lane holds elements l + 8i (TAH's transposed passes).
+__device__ __forceinline__ void d_fwht8(float v[8])
 {
 #pragma unroll
     for (int h = 1; h < 8; h *= 2) {
@@ -483,6 +483,14 @@ __device__ __forceinline__ void d_fwht_seg(float v[8], uint32_t lane, uint32_t t
             }
         }
     }
+}
+
+// Hadamard stages h = 1, 2, 4 on a lane's 8 consecutive elements, then
+// h = 8*o for o = 1 .. tpg/2 across the segment; butterflies in the CPU's
+// order (ascending h; lower gets u + v, upper u - v), so bit-identical.
+__device__ __forceinline__ void d_fwht_seg(float v[8], uint32_t lane, uint32_t tpg)
+{
+    d_fwht8(v);
     for (uint32_t o = 1; o < tpg; o *= 2) {
         const float sgn = (lane & o) ? -1.0f : 1.0f;
 #pragma unroll

@@ -1143,17 +1143,7 @@ __device__ __forceinline__ uint32_t d_rot_pass_xs(float *unit, float2 *mm, uint3
     }
     __syncwarp();
     d_row8<X>(row, sl, z);
-#pragma unroll
-    for (int h = 1; h < 8; h *= 2) {
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            if ((i & h) == 0) {
-                const float a = z[i], b = z[i + h];
-                z[i] = __fadd_rn(a, b);
-                z[i + h] = __fsub_rn(a, b);
-            }
-        }
-    }
+    d_fwht8(z);
     __syncwarp(); // a bf16 row's lanes read before the floats overwrite it
     float4 *r4 = (float4 *)row + 2u * sl;
     if (act) {
@@ -1164,17 +1154,7 @@ __device__ __forceinline__ uint32_t d_rot_pass_xs(float *unit, float2 *mm, uint3
 #pragma unroll
     for (int k = 0; k < 8; k++)
         z[k] = row[sl + 8u * (uint32_t)k];
-#pragma unroll
-    for (int h = 1; h < 8; h *= 2) { // h = 8, 16, 32 of the tile
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            if ((i & h) == 0) {
-                const float a = z[i], b = z[i + h];
-                z[i] = __fadd_rn(a, b);
-                z[i + h] = __fsub_rn(a, b);
-            }
-        }
-    }
+    d_fwht8(z); // h = 8, 16, 32 of the tile
     float a = z[0], b = z[0];
 #pragma unroll
     for (int k = 1; k < 8; k++) {
