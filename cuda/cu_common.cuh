@@ -119,6 +119,13 @@ __device__ __forceinline__ void d_cp16s(uint32_t sa, const float *gmem) // sa: a
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
 }
+// 8 bytes global -> shared (8-byte aligned; cp.async's .ca form, the only one for 8)
+__device__ __forceinline__ void d_cp8(uint64_t *smem, const uint64_t *gmem)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(gmem)
+                 : "memory");
+}
 __device__ __forceinline__ void d_cp16(float *smem, const float *gmem)
 {
     d_cp16s((uint32_t)__cvta_generic_to_shared(smem), gmem);

@@ -2183,7 +2183,8 @@ __global__ void __launch_bounds__(256) k_tah_dchunk(const uint8_t *__restrict__ 
 // unrotated tile is checked only when codes 0 and 15 bound it beyond FLT_MAX: the value
 // is monotonic in the code).
 #define S_DT_ROW 17u // float4 per shared-memory row
-#define S_DT_SMEM (8u * 16u * S_DT_ROW * 16u) // 8 warps, 16 tiles each
+#define S_DT_RUNW 128u // 8-byte words of a window's codes (32 tiles of at most 4 words)
+#define S_DT_SMEM (8u * 16u * S_DT_ROW * 16u + 8u * 8u * S_DT_RUNW) // 8 warps: 16 tiles each, a window's codes
 
 template <uint32_t BH, uint32_t BL, uint32_t R>
 __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__ p, float *__restrict__ out,
@@ -2204,6 +2205,30 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
         return; // no CTA barrier below
     const uint32_t lt = lane & 15u; // the pair's tile in a round
     const uint32_t *mw = (const uint32_t *)(p + g.meta_off) + b * SQ; // 4-byte aligned (host)
+    // Round 38: the warp's tiles [w0, w1) are one window of tah.c's window rule at its default of
+    // 32 (w0 is a multiple of 32), so the default encoder put h(w0) = round(w0 n_hi / SQ) high
+    // tiles before them and the window's codes are the 8-byte words [sb, sb + nw) of the sample's
+    // region. Those are copied to the warp's shared buffer now, beside the flag, meta and index
+    // loads, instead of after the count of high tiles (two dependent DRAM trips were a fifth of
+    // the kernel's stall samples, round 27). The count checks the prediction (spec below); a frame
+    // encoded otherwise (window 0) reads its codes from global memory as before. The bounds come
+    // from the geometry alone (h(w1) <= n_hi), so the copies stay inside the sample's region.
+    uint64_t *rb = (uint64_t *)(s_rows + 8u * 16u * S_DT_ROW) + (size_t)wid * S_DT_RUNW;
+    const bool pred = SQ < 65536u; // d_win_hi_before exact
+    uint32_t hs0 = 0, sb = 0, nw = 0;
+    if (pred) {
+        hs0 = d_win_hi_before(w0, g.n_hi, SQ, g.mW);
+        const uint32_t hs1 = d_win_hi_before(w1, g.n_hi, SQ, g.mW);
+        sb = BL * w0 + (BH - BL) * hs0;
+        nw = BL * (w1 - w0) + (BH - BL) * (hs1 - hs0); // <= S_DT_RUNW
+        const uint64_t *src = (const uint64_t *)(p + g.codes_off + b * g.code_bytes) + sb + lane;
+#pragma unroll
+        for (uint32_t k = 0; k < S_DT_RUNW / 32u; k++)
+            if (lane + 32u * k < nw)
+                d_cp8(rb + lane + 32u * k, src + 32u * k);
+        d_cp_commit();
+    }
+    bool spec = false; // the prediction held: fetch reads the codes from rb
     // tile t0 + lt's flag and meta words (0 past the warp's run); the first round's are loaded
     // before the count below, which they do not need
     auto flag_meta = [&](uint32_t t0, uint32_t &f, uint32_t &meta) {
@@ -2223,6 +2248,7 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
     for (uint32_t q = 0; q < CODEC_TAH_IX_TILES / 32u; q++)
         c += lane + 32u * q < nb ? fs[CODEC_TAH_IX_TILES * k0 + lane + 32u * q] & 1u : 0u;
     uint32_t run = ix0 + __reduce_add_sync(CU_FULL, c); // high tiles before the next round
+    spec = pred && run == hs0; // warp-uniform
     if (w0 == 0u && lane == 0)
         corrupt |= (uint32_t)(ix0 != 0u); // each later entry is checked where its block ends (below)
     // a round's flag, meta word and raw code words, fetched one round ahead: the next
@@ -2252,16 +2278,30 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
         for (int k = 0; k < 4; k++)
             r.w[k] = 0;
         if (r.in) {
-            const uint8_t *src = p + g.codes_off + b * g.code_bytes + off;
-            const uint32_t *s4 = (const uint32_t *)(src + (hi ? 16u : 12u) * h);
+            const uint32_t wo = (uint32_t)(off / 8u) - sb; // in rb (wraps below sb: outside)
+            if (spec && wo < nw && nw - wo >= (hi ? BH : BL)) {
+                const uint32_t *s4 = (const uint32_t *)(rb + wo) + (hi ? 4u : 3u) * h;
 #pragma unroll
-            for (int k = 0; k < 3; k++)
-                r.w[k] = s4[k];
-            if (hi)
-                r.w[3] = s4[3];
+                for (int k = 0; k < 3; k++)
+                    r.w[k] = s4[k];
+                if (hi)
+                    r.w[3] = s4[3];
+            } else {
+                const uint8_t *src = p + g.codes_off + b * g.code_bytes + off;
+                const uint32_t *s4 = (const uint32_t *)(src + (hi ? 16u : 12u) * h);
+#pragma unroll
+                for (int k = 0; k < 3; k++)
+                    r.w[k] = s4[k];
+                if (hi)
+                    r.w[3] = s4[3];
+            }
         }
         return r;
     };
+    if (pred) { // the window's codes in rb, visible to the warp
+        d_cp_wait0();
+        __syncwarp();
+    }
     s_fetch cur = fetch(w0, f0, m0);
     if (blockIdx.x == 0 && tid == 0) // the reserved words
         corrupt |= (uint32_t)(d_get_u32(p) != 0 || d_get_u32(p + 4) != 0);
