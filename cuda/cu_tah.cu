@@ -1034,6 +1034,17 @@ __device__ __forceinline__ uint32_t d_rot_drop(uint32_t rm)
     return rm;
 }
 
+// The pass's pivots (tp: segment lane >> 3's tile's) to the lanes of their tiles: tile `me` is
+// in this pass when it is among rm's first 4 bits, its segment the rank of its bit.
+__device__ __forceinline__ void d_rot_take_piv(uint32_t rm, uint32_t me, uint32_t tp, uint32_t lane, uint32_t &piv)
+{
+    const uint32_t rank = (uint32_t)__popc((int)(rm & ((1u << me) - 1u)));
+    const bool mine = ((rm >> me) & 1u) && rank < 4u;
+    const uint32_t pv = __shfl_sync(CU_FULL, tp, (int)(mine ? 8u * rank : lane));
+    if (mine)
+        piv = pv;
+}
+
 // Elements 8 i .. 8 i + 7 of a staged row: fp32 rows hold 64 floats; bf16 rows hold the tile's
 // 64 bf16 in their first 128 bytes (k_tah_spec<cu_bf16>), widened here exactly.
 template <typename X>
@@ -1078,11 +1089,7 @@ __device__ __forceinline__ uint32_t d_rot_pass(float *unit, float2 *mm, uint32_t
     for (int r = 0; r < 8; r++)
         z[r] = __fmul_rn(z[r], dt);
     const uint32_t tp = d_first_max(z, __shfl_sync(CU_FULL, m1, (int)t), sl, 8u);
-    const uint32_t rank = (uint32_t)__popc((int)(rm & ((1u << me) - 1u)));
-    const bool mine = ((rm >> me) & 1u) && rank < 4u;
-    const uint32_t pv = __shfl_sync(CU_FULL, tp, (int)(mine ? 8u * rank : lane));
-    if (mine)
-        piv = pv;
+    d_rot_take_piv(rm, me, tp, lane, piv);
     d_swap0(z, lane, sl, 8u, tp);
     d_fwht_seg(z, lane, 8u);
 #pragma unroll
@@ -1123,11 +1130,7 @@ __device__ __forceinline__ uint32_t d_rot_pass_xs(float *unit, float2 *mm, uint3
     float z[8];
     d_row8<X>(row, sl, z);
     const uint32_t tp = d_first_max(z, __shfl_sync(CU_FULL, m1, (int)t), sl, 8u);
-    const uint32_t rank = (uint32_t)__popc((int)(rm & ((1u << me) - 1u)));
-    const bool mine = ((rm >> me) & 1u) && rank < 4u;
-    const uint32_t pv = __shfl_sync(CU_FULL, tp, (int)(mine ? 8u * rank : lane));
-    if (mine)
-        piv = pv;
+    d_rot_take_piv(rm, me, tp, lane, piv);
     __syncwarp(); // every segment's row read before a pivot is swapped
     if (act && sl == 0u && tp != 0u) {
         if constexpr (sizeof(X) == 2) {
