@@ -2212,10 +2212,13 @@ __global__ void __launch_bounds__(256, 4) k_tah_dw64(const uint8_t *__restrict__
     // 32 (w0 is a multiple of 32), so the default encoder put h(w0) = round(w0 n_hi / SQ) high
     // tiles before them and the window's codes are the 8-byte words [sb, sb + nw) of the sample's
     // region. Those are copied to the warp's shared buffer now, beside the flag, meta and index
-    // loads, instead of after the count of high tiles (two dependent DRAM trips were a fifth of
-    // the kernel's stall samples, round 27). The count checks the prediction (spec below); a frame
-    // encoded otherwise (window 0) reads its codes from global memory as before. The bounds come
-    // from the geometry alone (h(w1) <= n_hi), so the copies stay inside the sample's region.
+    // loads, instead of after the count of high tiles (two dependent DRAM trips: a fifth of the
+    // kernel's stall samples in round 27, 39 % in round 38's profile). The bounds come from the
+    // geometry alone (h(w1) <= n_hi), so the copies stay inside the sample's region, and the
+    // buffer holds exactly the frame's words [sb, sb + nw): a lane whose code words lie there
+    // reads the same bytes from it as from global memory, whatever the frame holds. The count
+    // checks the prediction (spec below) only so that a frame encoded otherwise (window 0) goes
+    // to global memory without the test.
     uint64_t *rb = (uint64_t *)(s_rows + 8u * 16u * S_DT_ROW) + (size_t)wid * S_DT_RUNW;
     const bool pred = SQ < 65536u; // d_win_hi_before exact
     uint32_t hs0 = 0, sb = 0, nw = 0;
