@@ -1068,67 +1068,40 @@ __device__ __forceinline__ void d_row8(const float *row, uint32_t i, float z[8])
 #define S_ST_ROWW 68u // words per staged tile (64 + 4 pad: 16-byte accesses of 8 rows hit 8 bank groups)
 
 // One pass over a staged unit's rotated tiles (bit t of rm: row t rotated), 4 per pass, a
-// segment of 8 lanes each (lane sl: elements 8sl..8sl+7): scale, the pivot, swap element 0 with
-// it, the transform and its min/max as tah.c (d_swap0, d_fwht_seg, d_tile_minmax, the segment
-// kernels' bit-exact helpers); the transformed floats go back to the row, (min, max) to mm[t].
-// The lanes of tile `me` take its pivot into piv from the segment that had it (rank among rm's
-// bits); m1 and the tile's scale factor dscale are read from lane t (k_tah_spec: a lane a tile).
-// Returns rm less the pass's tiles.
-template <typename X>
-__device__ __forceinline__ uint32_t d_rot_pass(float *unit, float2 *mm, uint32_t rm, uint32_t me, float dscale, float m1,
-                                               float norm, uint32_t lane, uint32_t &piv)
-{
-    const uint32_t sl = lane & 7u;
-    bool act;
-    const uint32_t t = d_rot_pick(rm, lane, act);
-    float4 *r4 = (float4 *)(unit + t * S_ST_ROWW) + 2u * sl;
-    float z[8];
-    d_row8<X>(unit + t * S_ST_ROWW, sl, z);
-    const float dt = __shfl_sync(CU_FULL, dscale, (int)t);
-#pragma unroll
-    for (int r = 0; r < 8; r++)
-        z[r] = __fmul_rn(z[r], dt);
-    const uint32_t tp = d_first_max(z, __shfl_sync(CU_FULL, m1, (int)t), sl, 8u);
-    d_rot_take_piv(rm, me, tp, lane, piv);
-    d_swap0(z, lane, sl, 8u, tp);
-    d_fwht_seg(z, lane, 8u);
-#pragma unroll
-    for (int r = 0; r < 8; r++)
-        z[r] = __fmul_rn(z[r], norm);
-    float rmn, rmx;
-    d_tile_minmax(z, sl, 8u, 64u, 64u, false, rmn, rmx);
-    __syncwarp(); // every segment's row read before any is written
-    if (act) {
-        r4[0] = make_float4(z[0], z[1], z[2], z[3]);
-        r4[1] = make_float4(z[4], z[5], z[6], z[7]);
-        if (sl == 0)
-            mm[t] = make_float2(rmn, rmx);
-    }
-    __syncwarp();
-    return d_rot_drop(rm);
-}
-
-// d_rot_pass at x's own scale (round 38; the caller's exponent e in [-100, -3]): the row's
-// tile is transformed unscaled and without 1/sqrt(64) = 2^-3, which makes every value the
-// scaled one's times 2^(e+3) exactly (scaling by 2^-e >= 8 is exact, a sum that falls below
-// FLT_MIN is exact in both scales, and the scaled values are multiples of 2^-146, so the
-// scaled tile's final 1/8 is exact too); the caller scales its min and max and its codes'
-// constants instead. The pivot (first index of the largest |x|, m1 unscaled) is the same on x.
+// segment of 8 lanes each: the pivot, element 0 swapped with it, the transform and its min/max
+// as tah.c; the transformed floats go back to the row, (min, max) to mm[t]. The lanes of tile
+// `me` take its pivot into piv (d_rot_take_piv); m1 and the tile's scale factor dscale are read
+// from lane t (k_tah_spec: a lane a tile). Returns rm less the pass's tiles.
+// xs (round 38; warp-uniform, the caller's exponent e in [-100, -3], as on activations): the
+// tile is transformed at x's own scale, without 2^-e and without 1/sqrt(64) = 2^-3, which makes
+// every value the scaled one's times 2^(e+3) exactly (scaling by 2^-e >= 8 is exact, a sum that
+// falls below FLT_MIN is exact at both scales, and the scaled values are multiples of 2^-146, so
+// the scaled tile's final 1/8 is exact too); the caller scales its min and max and its codes'
+// constants instead, and passes m1 unscaled (the pivot is the same index on x). Otherwise each
+// load is scaled by dscale and the transform by norm, as tah.c computes them.
 // The pivot is swapped on the row, then stages h = 1, 2, 4 run on a lane's 8 consecutive
-// elements and h = 8, 16, 32 on elements sl + 8k (the row written and read back between), so
-// no stage crosses lanes: ~60 fewer instructions a pass than d_rot_pass's shuffles and
-// register swap. Lane sl then holds tah.c's SIMD lane sl (element i: lane i % 8), so its
+// elements and h = 8, 16, 32 on elements sl + 8k (the row written and read back between), so no
+// butterfly crosses lanes (round 38: ~60 fewer instructions a pass than shuffled butterflies and
+// a register swap). Lane sl then holds tah.c's SIMD lane sl (element i: lane i % 8), so its
 // min/max is tah.c's lane order directly.
 template <typename X>
-__device__ __forceinline__ uint32_t d_rot_pass_xs(float *unit, float2 *mm, uint32_t rm, uint32_t me, float m1,
-                                                  uint32_t lane, uint32_t &piv)
+__device__ __forceinline__ uint32_t d_rot_pass(float *unit, float2 *mm, uint32_t rm, uint32_t me, bool xs, float dscale,
+                                               float m1, float norm, uint32_t lane, uint32_t &piv)
 {
     const uint32_t sl = lane & 7u;
     bool act;
     const uint32_t t = d_rot_pick(rm, lane, act);
     float *row = unit + t * S_ST_ROWW;
+    const float dt = __shfl_sync(CU_FULL, dscale, (int)t);
+    auto load = [&](float z[8]) {
+        d_row8<X>(row, sl, z);
+        if (!xs)
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                z[r] = __fmul_rn(z[r], dt);
+    };
     float z[8];
-    d_row8<X>(row, sl, z);
+    load(z);
     const uint32_t tp = d_first_max(z, __shfl_sync(CU_FULL, m1, (int)t), sl, 8u);
     d_rot_take_piv(rm, me, tp, lane, piv);
     __syncwarp(); // every segment's row read before a pivot is swapped
@@ -1145,7 +1118,7 @@ __device__ __forceinline__ uint32_t d_rot_pass_xs(float *unit, float2 *mm, uint3
         }
     }
     __syncwarp();
-    d_row8<X>(row, sl, z);
+    load(z);
     d_fwht8(z);
     __syncwarp(); // a bf16 row's lanes read before the floats overwrite it
     float4 *r4 = (float4 *)row + 2u * sl;
@@ -1158,6 +1131,10 @@ __device__ __forceinline__ uint32_t d_rot_pass_xs(float *unit, float2 *mm, uint3
     for (int k = 0; k < 8; k++)
         z[k] = row[sl + 8u * (uint32_t)k];
     d_fwht8(z); // h = 8, 16, 32 of the tile
+    if (!xs)
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            z[r] = __fmul_rn(z[r], norm);
     float a = z[0], b = z[0];
 #pragma unroll
     for (int k = 1; k < 8; k++) {
@@ -1343,7 +1320,7 @@ __device__ __forceinline__ uint32_t d_nib3(uint32_t w)
 //    products as tah.c's (v - minf) inv when both scalings are exact, which |e| <= 100
 //    ensures (beyond it, rare, the row is scaled first, as tah.c does);
 //  - rotated tiles (about 3 in 16) in d_rot_pass, 4 at a time on their rows; at x's own scale
-//    (d_rot_pass_xs) where the exponent allows, as it does on activations.
+//    where the exponent allows, as it does on activations.
 // Each pass reads the row 8 floats at a time (the bf16 row widened as read; a rotated row holds
 // the transformed floats), so the tile is not held in registers.
 template <typename X, bool WM>
@@ -1424,13 +1401,9 @@ __device__ __forceinline__ uint32_t d_tah_spec_t64(float *unit, float2 *mm, bool
     const bool rot = valid && m1 > __fmul_rn(g.tau, __fadd_rn(m2, __fmul_rn(g.rho, down)));
     uint32_t piv = 0;
     uint32_t rm = __ballot_sync(CU_FULL, rot); // bit t: tile t rotated
-    const bool xs = et >= -100 && et <= -3;    // warp-uniform: rotated rows at x's scale (d_rot_pass_xs)
-    if (xs)
-        while (rm != 0u)
-            rm = d_rot_pass_xs<X>(unit, mm, rm, lane, __uint_as_float(b1), lane, piv);
-    else
-        while (rm != 0u)
-            rm = d_rot_pass<X>(unit, mm, rm, lane, down, m1, g.norm, lane, piv);
+    const bool xs = et >= -100 && et <= -3; // warp-uniform: rotated rows at x's own scale (d_rot_pass)
+    while (rm != 0u)
+        rm = d_rot_pass<X>(unit, mm, rm, lane, xs, down, xs ? __uint_as_float(b1) : m1, g.norm, lane, piv);
     if (rot) { // the row holds the transformed tile now (valid; xs: times 2^(e+3)), its min and max in mm
         const float2 q = mm[lane];
         const float up = xs ? __uint_as_float((uint32_t)(124 - et) << 23) : 1.0f; // 2^(-e-3)
